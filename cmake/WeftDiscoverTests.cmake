@@ -1,0 +1,56 @@
+# Run at build time (POST_BUILD) by weft_discover_tests(): lists a doctest executable's cases and
+# writes a CTest include file with one test per case. Every case gets the labels in LABELS; a case
+# in a doctest test suite named like one of SUITE_LABELS (e.g. TEST_SUITE("slow")) also gets that
+# label. (doctest's own doctest_discover_tests flattens label lists and runs the binary once per
+# case to find suites; this lists each suite once.)
+#
+# Inputs: EXE, PREFIX, LABELS, SUITE_LABELS, TIMEOUT, OUT, WORKDIR (all -D).
+
+cmake_minimum_required(VERSION 3.25)
+
+function(_weft_list_cases out)
+  execute_process(COMMAND "${EXE}" --list-test-cases --no-version ${ARGN}
+                  OUTPUT_VARIABLE _o RESULT_VARIABLE _r WORKING_DIRECTORY "${WORKDIR}")
+  if(NOT _r EQUAL 0)
+    message(FATAL_ERROR "weft: listing the test cases of ${EXE} failed (${_r}):\n${_o}")
+  endif()
+  string(REPLACE ";" "\\;" _o "${_o}")
+  string(REPLACE "\n" ";" _lines "${_o}")
+  set(_cases)
+  foreach(_l IN LISTS _lines)
+    if(_l STREQUAL "" OR _l MATCHES "^\\[doctest\\]" OR _l MATCHES "^=+$")
+      continue()
+    endif()
+    list(APPEND _cases "${_l}")
+  endforeach()
+  set(${out} "${_cases}" PARENT_SCOPE)
+endfunction()
+
+string(REPLACE "," ";" LABELS "${LABELS}")
+string(REPLACE "," ";" SUITE_LABELS "${SUITE_LABELS}")
+
+_weft_list_cases(all_cases)
+foreach(s IN LISTS SUITE_LABELS)
+  _weft_list_cases(suite_${s} "--test-suite=${s}")
+endforeach()
+
+set(script "")
+foreach(c IN LISTS all_cases)
+  set(labels ${LABELS})
+  foreach(s IN LISTS SUITE_LABELS)
+    if(c IN_LIST suite_${s})
+      list(APPEND labels ${s})
+    endif()
+  endforeach()
+  # doctest filters treat ',' as a separator and '*'/'?' as wildcards: escape them.
+  string(REPLACE "\\" "\\\\" filter "${c}")
+  string(REPLACE "," "\\," filter "${filter}")
+  string(REPLACE "*" "\\*" filter "${filter}")
+  string(REPLACE "?" "\\?" filter "${filter}")
+  list(JOIN labels ";" label_value)
+  string(APPEND script
+    "add_test([==[${PREFIX}${c}]==] [==[${EXE}]==] [==[--test-case=${filter}]==])\n"
+    "set_tests_properties([==[${PREFIX}${c}]==] PROPERTIES LABELS [==[${label_value}]==] "
+    "TIMEOUT ${TIMEOUT} WORKING_DIRECTORY [==[${WORKDIR}]==])\n")
+endforeach()
+file(WRITE "${OUT}" "${script}")

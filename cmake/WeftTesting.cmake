@@ -1,0 +1,125 @@
+# WeftTesting.cmake — helpers for weft's own tests and nvcc checks (not installed).
+#
+# weft_target_defaults(<target>)       warnings, sanitizers and the C++ standard for weft's programs
+# weft_add_test_area(<name> DIR <dir> [LABELS ...] [LIBS ...] [NO_CUDA_TWIN])
+#     <dir>/*.test.cpp      -> executable weft.test.<name>, one CTest test per doctest case,
+#                              named "<name>/<case>", labelled <name> and LABELS, plus "slow",
+#                              "threads" or "mpi" for cases inside TEST_SUITE("slow") etc.
+#     with WEFT_ENABLE_CUDA -> the same *.test.cpp compiled by nvcc into weft.test.<name>.cuda,
+#                              registered as one test labelled gpu (run only where a GPU is present)
+# weft_add_cuh_check()                 compiles every include/weft/**/*.cuh alone in a .cu file
+
+include_guard(GLOBAL)
+
+function(weft_target_defaults target)
+  target_compile_features(${target} PRIVATE cxx_std_20)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion>)
+  if(WEFT_WARNINGS_AS_ERRORS)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+  endif()
+  if(WEFT_SANITIZE)
+    list(JOIN WEFT_SANITIZE "," _san)
+    target_compile_options(${target} PRIVATE
+      $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${_san} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
+    target_link_options(${target} PRIVATE -fsanitize=${_san})
+  endif()
+endfunction()
+
+function(_weft_test_main_lib out lang)
+  set(_lib weft_test_main_${lang})
+  if(NOT TARGET ${_lib})
+    if(lang STREQUAL "cuda")
+      set(_src "${CMAKE_BINARY_DIR}/weft_generated/test_main.cu")
+      file(CONFIGURE OUTPUT "${_src}" CONTENT "#include \"${PROJECT_SOURCE_DIR}/tests/support/main.cpp\"\n")
+      add_library(${_lib} OBJECT "${_src}")
+      target_link_libraries(${_lib} PUBLIC weft::cuda doctest::doctest)
+    else()
+      add_library(${_lib} OBJECT "${PROJECT_SOURCE_DIR}/tests/support/main.cpp")
+      target_link_libraries(${_lib} PUBLIC weft::weft doctest::doctest)
+      weft_target_defaults(${_lib})
+    endif()
+    target_include_directories(${_lib} PUBLIC "${PROJECT_SOURCE_DIR}/tests")
+  endif()
+  set(${out} ${_lib} PARENT_SCOPE)
+endfunction()
+
+# Registers every doctest case of <target> with CTest at build time (see WeftDiscoverTests.cmake).
+function(weft_discover_tests target)
+  cmake_parse_arguments(A "" "PREFIX;TIMEOUT" "LABELS;SUITE_LABELS" ${ARGN})
+  if(NOT A_TIMEOUT)
+    set(A_TIMEOUT 300)
+  endif()
+  set(_out "${CMAKE_CURRENT_BINARY_DIR}/${target}_tests.cmake")
+  list(JOIN A_LABELS "," _labels)
+  list(JOIN A_SUITE_LABELS "," _suites)
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND "${CMAKE_COMMAND}" -D "EXE=$<TARGET_FILE:${target}>" -D "PREFIX=${A_PREFIX}"
+            -D "LABELS=${_labels}" -D "SUITE_LABELS=${_suites}" -D "TIMEOUT=${A_TIMEOUT}"
+            -D "OUT=${_out}" -D "WORKDIR=${CMAKE_CURRENT_BINARY_DIR}"
+            -P "${PROJECT_SOURCE_DIR}/cmake/WeftDiscoverTests.cmake"
+    BYPRODUCTS "${_out}"
+    VERBATIM)
+  file(WRITE "${CMAKE_CURRENT_BINARY_DIR}/${target}_include.cmake"
+       "if(EXISTS \"${_out}\")\n  include(\"${_out}\")\nelse()\n  add_test(${target}_NOT_BUILT ${target}_NOT_BUILT)\nendif()\n")
+  set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${CMAKE_CURRENT_BINARY_DIR}/${target}_include.cmake")
+endfunction()
+
+# Suites whose name becomes a CTest label of their cases: TEST_SUITE("slow") { ... }.
+set(WEFT_SUITE_LABELS slow threads mpi CACHE INTERNAL "")
+
+function(weft_add_test_area name)
+  cmake_parse_arguments(A "NO_CUDA_TWIN" "DIR" "LABELS;LIBS" ${ARGN})
+  if(NOT A_DIR)
+    set(A_DIR "${CMAKE_CURRENT_SOURCE_DIR}/${name}")
+  endif()
+  file(GLOB _tests CONFIGURE_DEPENDS "${A_DIR}/*.test.cpp")
+  if(NOT _tests)
+    return()
+  endif()
+  _weft_test_main_lib(_main cxx)
+
+  set(_exe weft.test.${name})
+  add_executable(${_exe} ${_tests})
+  target_link_libraries(${_exe} PRIVATE ${_main} weft::weft ${A_LIBS})
+  weft_target_defaults(${_exe})
+  weft_discover_tests(${_exe} PREFIX "${name}/" LABELS ${name} ${A_LABELS}
+                      SUITE_LABELS ${WEFT_SUITE_LABELS} TIMEOUT 1800)
+
+  if(WEFT_ENABLE_CUDA AND NOT A_NO_CUDA_TWIN)
+    _weft_test_main_lib(_cmain cuda)
+    set(_cu_sources)
+    foreach(_t IN LISTS _tests)
+      get_filename_component(_stem "${_t}" NAME_WE)
+      set(_cu "${CMAKE_BINARY_DIR}/weft_generated/${name}/${_stem}.test.cu")
+      file(CONFIGURE OUTPUT "${_cu}" CONTENT "#include \"${_t}\"\n")
+      list(APPEND _cu_sources "${_cu}")
+    endforeach()
+    set(_cexe weft.test.${name}.cuda)
+    add_executable(${_cexe} ${_cu_sources})
+    target_link_libraries(${_cexe} PRIVATE ${_cmain} weft::cuda ${A_LIBS})
+    target_compile_options(${_cexe} PRIVATE
+      $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr>)
+    # One CTest test for the whole twin; slow cases are left to the host build.
+    add_test(NAME ${name}/cuda COMMAND ${_cexe} --test-suite-exclude=slow)
+    set_tests_properties(${name}/cuda PROPERTIES LABELS "gpu;${name}" TIMEOUT 900)
+  endif()
+endfunction()
+
+function(weft_add_cuh_check)
+  set(_sources)
+  foreach(_h IN LISTS WEFT_CUH_HEADERS)
+    string(MAKE_C_IDENTIFIER "${_h}" _id)
+    set(_cu "${CMAKE_BINARY_DIR}/weft_generated/cuh_check/${_id}.cu")
+    file(CONFIGURE OUTPUT "${_cu}" CONTENT "#include <${_h}>\n#include <${_h}>\n")
+    list(APPEND _sources "${_cu}")
+  endforeach()
+  if(NOT _sources)
+    return()
+  endif()
+  add_library(weft_cuh_check OBJECT ${_sources})
+  target_link_libraries(weft_cuh_check PRIVATE weft::cuda)
+  if(TARGET weft::nccl)
+    target_link_libraries(weft_cuh_check PRIVATE weft::nccl)
+  endif()
+endfunction()

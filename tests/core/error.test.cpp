@@ -1,0 +1,75 @@
+// Tests for weft/core/error.hpp: the hierarchy, codes, locations and message contents.
+#include <weft/core/error.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+namespace {
+
+void needs_positive(int count) { WEFT_EXPECTS(count > 0, "count", "> 0", count); }
+
+void needs_rank(int rank) { WEFT_EXPECTS_SHAPE(rank == 2, "tensor rank", 2, rank); }
+
+}  // namespace
+
+TEST_CASE("error: WEFT_EXPECTS names the argument, the expected and the actual value") {
+  CHECK_NOTHROW(needs_positive(3));
+  try {
+    needs_positive(-7);
+    FAIL("expected an exception");
+  } catch (weft::invalid_argument_error const& e) {
+    std::string const what = e.what();
+    CHECK(e.code() == weft::errc::invalid_argument);
+    CHECK(what.find("`count`") != std::string::npos);
+    CHECK(what.find("expected > 0") != std::string::npos);
+    CHECK(what.find("actual -7") != std::string::npos);
+    CHECK(what.find("count > 0") != std::string::npos);
+    // The location is the checking function's, taken in the macro.
+    CHECK(std::string(e.where().function_name()).find("needs_positive") != std::string::npos);
+    CHECK(std::string(e.where().file_name()).find("error.test.cpp") != std::string::npos);
+  }
+}
+
+TEST_CASE("error: shape_error is an invalid_argument_error and a weft::error") {
+  CHECK_THROWS_AS(needs_rank(3), weft::shape_error);
+  CHECK_THROWS_AS(needs_rank(3), weft::invalid_argument_error);
+  CHECK_THROWS_AS(needs_rank(3), weft::error);
+  CHECK_THROWS_WITH_AS(needs_rank(3), doctest::Contains("expected 2, actual 3"), weft::shape_error);
+  try {
+    needs_rank(1);
+  } catch (weft::error const& e) {
+    CHECK(e.code() == weft::errc::shape);
+    CHECK(e.message().find("tensor rank") != std::string::npos);
+  }
+}
+
+TEST_CASE("error: the comm hierarchy carries its payload") {
+  weft::timeout_error t("all_reduce waited 200 ms", {1, 3});
+  CHECK(t.code() == weft::errc::timeout);
+  CHECK(t.missing_ranks() == std::vector<int>{1, 3});
+  weft::comm_error const& as_comm = t;
+  CHECK(as_comm.code() == weft::errc::timeout);
+
+  weft::peer_aborted_error p("rank 2 threw", 2);
+  CHECK(p.origin_rank() == 2);
+  CHECK(p.code() == weft::errc::peer_aborted);
+
+  weft::backend_error b("ncclSystemError", "nccl", 2);
+  CHECK(b.backend() == "nccl");
+  CHECK(b.backend_code() == 2);
+  CHECK(b.code() == weft::errc::backend);
+
+  CHECK_THROWS_AS(throw weft::mismatch_error("op differs"), weft::comm_error);
+  CHECK_THROWS_AS(throw weft::schedule_error("rank 0 action 3"), weft::error);
+  CHECK(weft::to_string(weft::errc::mismatch) == "mismatch");
+}
+
+TEST_CASE("error: WEFT_THROW streams its arguments") {
+  try {
+    WEFT_THROW(weft::schedule_error, "rank ", 1, " action ", 4, ": recv before send");
+  } catch (weft::schedule_error const& e) {
+    CHECK(e.message() == "rank 1 action 4: recv before send");
+    CHECK(std::string(e.what()).rfind("weft: rank 1", 0) == 0);
+  }
+}
