@@ -27,6 +27,34 @@
 
 namespace weft {
 
+// std::source_location where the library provides it. libstdc++ 12 hides it from clang 14 (it
+// needs __builtin_source_location, which clang gained in 15), so weft carries an equivalent built
+// on the __builtin_FILE/LINE/FUNCTION intrinsics that every supported compiler has.
+#if defined(__cpp_lib_source_location)
+using source_location = std::source_location;
+#else
+struct source_location {
+  static constexpr source_location current(char const* file = __builtin_FILE(),
+                                           char const* function = __builtin_FUNCTION(),
+                                           std::uint_least32_t line = __builtin_LINE()) noexcept {
+    source_location loc;
+    loc.file_ = file;
+    loc.function_ = function;
+    loc.line_ = line;
+    return loc;
+  }
+  constexpr char const* file_name() const noexcept { return file_; }
+  constexpr char const* function_name() const noexcept { return function_; }
+  constexpr std::uint_least32_t line() const noexcept { return line_; }
+  constexpr std::uint_least32_t column() const noexcept { return 0; }
+
+ private:
+  char const* file_ = "";
+  char const* function_ = "";
+  std::uint_least32_t line_ = 0;
+};
+#endif
+
 //! What went wrong, coarsely; one value per class of the hierarchy below.
 enum class errc : std::uint8_t {
   invalid_argument,
@@ -62,15 +90,15 @@ constexpr std::string_view to_string(errc c) noexcept {
 class error : public std::runtime_error {
  public:
   error(errc code, std::string const& message,
-        std::source_location where = std::source_location::current())
+        source_location where = source_location::current())
       : std::runtime_error(compose(message, where)), code_(code), where_(where), message_(message) {}
 
   [[nodiscard]] errc code() const noexcept { return code_; }
-  [[nodiscard]] std::source_location const& where() const noexcept { return where_; }
+  [[nodiscard]] source_location const& where() const noexcept { return where_; }
   [[nodiscard]] std::string const& message() const noexcept { return message_; }
 
  private:
-  static std::string compose(std::string const& message, std::source_location const& where) {
+  static std::string compose(std::string const& message, source_location const& where) {
     std::string out = "weft: ";
     out += message;
     out += " [at ";
@@ -84,7 +112,7 @@ class error : public std::runtime_error {
   }
 
   errc code_;
-  std::source_location where_;
+  source_location where_;
   std::string message_;
 };
 
@@ -92,11 +120,11 @@ class error : public std::runtime_error {
 class invalid_argument_error : public error {
  public:
   explicit invalid_argument_error(std::string const& message,
-                                  std::source_location where = std::source_location::current())
+                                  source_location where = source_location::current())
       : error(errc::invalid_argument, message, where) {}
 
  protected:
-  invalid_argument_error(errc code, std::string const& message, std::source_location where)
+  invalid_argument_error(errc code, std::string const& message, source_location where)
       : error(code, message, where) {}
 };
 
@@ -104,7 +132,7 @@ class invalid_argument_error : public error {
 class shape_error : public invalid_argument_error {
  public:
   explicit shape_error(std::string const& message,
-                       std::source_location where = std::source_location::current())
+                       source_location where = source_location::current())
       : invalid_argument_error(errc::shape, message, where) {}
 };
 
@@ -112,11 +140,11 @@ class shape_error : public invalid_argument_error {
 class comm_error : public error {
  public:
   explicit comm_error(std::string const& message,
-                      std::source_location where = std::source_location::current())
+                      source_location where = source_location::current())
       : error(errc::comm, message, where) {}
 
  protected:
-  comm_error(errc code, std::string const& message, std::source_location where)
+  comm_error(errc code, std::string const& message, source_location where)
       : error(code, message, where) {}
 };
 
@@ -124,7 +152,7 @@ class comm_error : public error {
 class timeout_error : public comm_error {
  public:
   timeout_error(std::string const& message, std::vector<int> missing_ranks = {},
-                std::source_location where = std::source_location::current())
+                source_location where = source_location::current())
       : comm_error(errc::timeout, message, where), missing_(std::move(missing_ranks)) {}
   [[nodiscard]] std::vector<int> const& missing_ranks() const noexcept { return missing_; }
 
@@ -136,7 +164,7 @@ class timeout_error : public comm_error {
 class peer_aborted_error : public comm_error {
  public:
   peer_aborted_error(std::string const& message, int origin_rank,
-                     std::source_location where = std::source_location::current())
+                     source_location where = source_location::current())
       : comm_error(errc::peer_aborted, message, where), origin_(origin_rank) {}
   [[nodiscard]] int origin_rank() const noexcept { return origin_; }
 
@@ -148,7 +176,7 @@ class peer_aborted_error : public comm_error {
 class mismatch_error : public comm_error {
  public:
   explicit mismatch_error(std::string const& message,
-                          std::source_location where = std::source_location::current())
+                          source_location where = source_location::current())
       : comm_error(errc::mismatch, message, where) {}
 };
 
@@ -156,7 +184,7 @@ class mismatch_error : public comm_error {
 class backend_error : public comm_error {
  public:
   backend_error(std::string const& message, std::string_view backend, long long backend_code,
-                std::source_location where = std::source_location::current())
+                source_location where = source_location::current())
       : comm_error(errc::backend, message, where), backend_(backend), backend_code_(backend_code) {}
   [[nodiscard]] std::string const& backend() const noexcept { return backend_; }
   [[nodiscard]] long long backend_code() const noexcept { return backend_code_; }
@@ -170,7 +198,7 @@ class backend_error : public comm_error {
 class schedule_error : public error {
  public:
   explicit schedule_error(std::string const& message,
-                          std::source_location where = std::source_location::current())
+                          source_location where = source_location::current())
       : error(errc::schedule, message, where) {}
 };
 
@@ -206,14 +234,14 @@ std::string expectation_message(std::string_view condition, std::string_view nam
 }
 
 template <class Error, class Expected, class Actual>
-[[noreturn]] void fail_expectation(std::source_location where, std::string_view condition,
+[[noreturn]] void fail_expectation(source_location where, std::string_view condition,
                                    std::string_view name, Expected const& expected,
                                    Actual const& actual) {
   throw Error(expectation_message(condition, name, expected, actual), where);
 }
 
 #if WEFT_HAS_CUDA_RUNTIME
-inline void cuda_check(cudaError_t code, char const* expr, std::source_location where) {
+inline void cuda_check(cudaError_t code, char const* expr, source_location where) {
   if (code == cudaSuccess) return;
   throw backend_error(concat("CUDA call `", expr, "` failed: ", cudaGetErrorName(code), " (",
                              cudaGetErrorString(code), ")"),
@@ -221,14 +249,14 @@ inline void cuda_check(cudaError_t code, char const* expr, std::source_location 
 }
 #endif
 #if WEFT_HAS_NCCL
-inline void nccl_check(ncclResult_t code, char const* expr, std::source_location where) {
+inline void nccl_check(ncclResult_t code, char const* expr, source_location where) {
   if (code == ncclSuccess || code == ncclInProgress) return;
   throw backend_error(concat("NCCL call `", expr, "` failed: ", ncclGetErrorString(code)), "nccl",
                       static_cast<long long>(code), where);
 }
 #endif
 #if WEFT_HAS_MPI
-inline void mpi_check(int code, char const* expr, std::source_location where) {
+inline void mpi_check(int code, char const* expr, source_location where) {
   if (code == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
   int len = 0;
@@ -248,39 +276,39 @@ inline void mpi_check(int code, char const* expr, std::source_location where) {
   do {                                                                                         \
     if (!(cond)) [[unlikely]]                                                                  \
       ::weft::detail::fail_expectation<::weft::invalid_argument_error>(                        \
-          std::source_location::current(), #cond, (name), (expected), (actual));               \
+          ::weft::source_location::current(), #cond, (name), (expected), (actual));               \
   } while (0)
 
 //! As WEFT_EXPECTS for extents, strides and layouts: throws weft::shape_error.
 #define WEFT_EXPECTS_SHAPE(cond, name, expected, actual)                                       \
   do {                                                                                         \
     if (!(cond)) [[unlikely]]                                                                  \
-      ::weft::detail::fail_expectation<::weft::shape_error>(std::source_location::current(),  \
+      ::weft::detail::fail_expectation<::weft::shape_error>(::weft::source_location::current(),  \
                                                             #cond, (name), (expected),         \
                                                             (actual));                         \
   } while (0)
 
 //! Throws `ErrorType` with a message made by streaming the remaining arguments.
 #define WEFT_THROW(ErrorType, ...) \
-  throw ErrorType(::weft::detail::concat(__VA_ARGS__), std::source_location::current())
+  throw ErrorType(::weft::detail::concat(__VA_ARGS__), ::weft::source_location::current())
 
 //! Internal invariant; debug builds only, usable in device code.
 #define WEFT_ASSERT(cond) assert(cond)
 
 #if WEFT_HAS_CUDA_RUNTIME
-#  define WEFT_CUDA_TRY(expr) ::weft::detail::cuda_check((expr), #expr, std::source_location::current())
+#  define WEFT_CUDA_TRY(expr) ::weft::detail::cuda_check((expr), #expr, ::weft::source_location::current())
 #else
 #  define WEFT_CUDA_TRY(expr) \
     static_assert(sizeof(#expr) == 0, "weft: WEFT_CUDA_TRY needs WEFT_HAS_CUDA_RUNTIME (link weft::cuda)")
 #endif
 #if WEFT_HAS_NCCL
-#  define WEFT_NCCL_TRY(expr) ::weft::detail::nccl_check((expr), #expr, std::source_location::current())
+#  define WEFT_NCCL_TRY(expr) ::weft::detail::nccl_check((expr), #expr, ::weft::source_location::current())
 #else
 #  define WEFT_NCCL_TRY(expr) \
     static_assert(sizeof(#expr) == 0, "weft: WEFT_NCCL_TRY needs WEFT_HAS_NCCL (link weft::nccl)")
 #endif
 #if WEFT_HAS_MPI
-#  define WEFT_MPI_TRY(expr) ::weft::detail::mpi_check((expr), #expr, std::source_location::current())
+#  define WEFT_MPI_TRY(expr) ::weft::detail::mpi_check((expr), #expr, ::weft::source_location::current())
 #else
 #  define WEFT_MPI_TRY(expr) \
     static_assert(sizeof(#expr) == 0, "weft: WEFT_MPI_TRY needs WEFT_HAS_MPI (link weft::mpi)")
