@@ -14,6 +14,9 @@ function(_weft_list_cases out)
   if(NOT _r EQUAL 0)
     message(FATAL_ERROR "weft: listing the test cases of ${EXE} failed (${_r}):\n${_o}")
   endif()
+  # CMake lists group on unbalanced '[' ']', so brackets travel as placeholders until written out.
+  string(REPLACE "[" "<weft-lb>" _o "${_o}")
+  string(REPLACE "]" "<weft-rb>" _o "${_o}")
   string(REPLACE ";" "\\;" _o "${_o}")
   string(REPLACE "\n" ";" _lines "${_o}")
   set(_cases)
@@ -48,6 +51,10 @@ foreach(c IN LISTS all_cases)
   string(REPLACE "*" "\\*" filter "${filter}")
   string(REPLACE "?" "\\?" filter "${filter}")
   list(JOIN labels ";" label_value)
+  string(REPLACE "<weft-lb>" "[" c "${c}")
+  string(REPLACE "<weft-rb>" "]" c "${c}")
+  string(REPLACE "<weft-lb>" "[" filter "${filter}")
+  string(REPLACE "<weft-rb>" "]" filter "${filter}")
   string(APPEND script
     "add_test([==[${PREFIX}${c}]==] [==[${EXE}]==] [==[--test-case=${filter}]==])\n"
     "set_tests_properties([==[${PREFIX}${c}]==] PROPERTIES LABELS [==[${label_value}]==] "

@@ -1,0 +1,244 @@
+// weft/core/exec.hpp — executors: where and how per-element work runs. `exec::host` (a plain
+// loop, or an OpenMP team), `exec::cuda{stream}` (a kernel on a stream; needs weft::cuda and an
+// nvcc translation unit to launch), for_each_index over them, and fill/copy through an executor.
+#pragma once
+
+#include <weft/core/config.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/memory.hpp>
+#include <weft/core/tensor.hpp>
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#if WEFT_HAS_CUDA_RUNTIME
+#  include <cuda_runtime_api.h>
+#endif
+#if WEFT_CUDA_COMPILER && WEFT_HAS_CUDA_RUNTIME
+#  include <weft/core/cuda/for_each.cuh>
+#endif
+
+namespace weft {
+
+//! Opt-in tag: a type is an executor only if it says so (`using executor_concept = executor_tag`).
+struct executor_tag {};
+
+namespace exec {
+
+//! Runs work on the calling host thread, or on an OpenMP team when weft is compiled with OpenMP
+//! and num_threads != 1. Results are identical either way: for_each_index calls f(i) once per
+//! index and functors write disjoint elements, so the split across threads changes nothing.
+struct host {
+  using executor_concept = executor_tag;
+  using memory_space = host_space;
+
+  //! 1: sequential loop. 0: OpenMP's default team size. n > 1: n OpenMP threads.
+  //! Without OpenMP (_OPENMP undefined) every value runs the sequential loop.
+  int num_threads = 1;
+
+  //! An executor that uses OpenMP (n threads, or OpenMP's default for 0).
+  [[nodiscard]] static constexpr host parallel(int n = 0) noexcept { return host{n}; }
+
+  //! Host work completes before for_each_index returns: nothing to wait for.
+  void synchronize() const noexcept {}
+
+  friend constexpr bool operator==(host const&, host const&) = default;
+};
+
+#if WEFT_HAS_CUDA_RUNTIME
+//! Runs work as CUDA kernels on `stream` (nullptr: the legacy default stream). Launches are
+//! asynchronous: call synchronize() before the host reads what a kernel wrote.
+//! (Inside namespace weft::exec this struct hides ::cuda; spell CCCL as ::cuda::std there.)
+struct cuda {
+  using executor_concept = executor_tag;
+  using memory_space = cuda_space;
+
+  cudaStream_t stream = nullptr;
+
+  void synchronize() const { WEFT_CUDA_TRY(cudaStreamSynchronize(stream)); }
+
+  friend bool operator==(cuda const&, cuda const&) = default;
+};
+#endif
+
+}  // namespace exec
+
+//! Calls f(i) for every i in [0, n) on the calling thread or an OpenMP team (see exec::host).
+//! f must be callable as a const object (threads share it) and must not throw: an exception
+//! escaping an OpenMP region terminates the program. Throws invalid_argument_error for n < 0.
+template <class F>
+  requires std::invocable<F const&, std::int64_t>
+void for_each_index(exec::host const& e, std::int64_t n, F f) {
+  WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
+  WEFT_EXPECTS(e.num_threads >= 0, "exec.num_threads", ">= 0 (0: OpenMP default, 1: sequential)",
+               e.num_threads);
+  F const& fc = f;
+#if defined(_OPENMP)
+  if (e.num_threads > 1) {
+#  pragma omp parallel for schedule(static) num_threads(e.num_threads)
+    for (std::int64_t i = 0; i < n; ++i) fc(i);
+    return;
+  }
+  if (e.num_threads == 0) {
+#  pragma omp parallel for schedule(static)
+    for (std::int64_t i = 0; i < n; ++i) fc(i);
+    return;
+  }
+#endif
+  for (std::int64_t i = 0; i < n; ++i) fc(i);
+}
+
+#if WEFT_HAS_CUDA_RUNTIME
+//! Launches f(i) for every i in [0, n) as a grid-stride CUDA kernel on e.stream (asynchronous).
+//! f must be a WEFT_HD (or __device__) functor whose operator() is const. The kernel lives in
+//! weft/core/cuda/for_each.cuh, which this header includes in nvcc translation units; in a g++
+//! or clang++ translation unit this overload stops compilation with a static_assert.
+template <class F>
+void for_each_index(exec::cuda const& e, std::int64_t n, F f) {
+#  if WEFT_CUDA_COMPILER
+  WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
+  detail::launch_for_each_index(e.stream, n, f);
+#  else
+  (void)e;
+  (void)n;
+  (void)f;
+  static_assert(detail::false_for<F>,
+                "weft: for_each_index(exec::cuda, ...) launches a CUDA kernel, so it must be "
+                "instantiated in a .cu translation unit compiled by nvcc; g++/clang++ translation "
+                "units can run functors with exec::host only");
+#  endif
+}
+#endif
+
+namespace detail {
+
+// Does nothing for any index: lets the Executor concept ask "can this executor run a functor".
+struct index_probe {
+  WEFT_HD void operator()(std::int64_t) const noexcept {}
+};
+
+}  // namespace detail
+
+//! Executor: a copyable value choosing where and how per-element work runs.
+//!  - opts in with `using executor_concept = executor_tag` (a thread pool with a synchronize()
+//!    member is not thereby an executor);
+//!  - `E::memory_space` is the MemorySpace its work may touch: functions taking an executor and
+//!    tensors require TensorIn<memory_space_t<E>>, so host views never reach a CUDA kernel;
+//!  - `for_each_index(e, n, f)` calls f(i) exactly once for each i in [0, n), in unspecified
+//!    order and possibly concurrently, possibly asynchronously;
+//!  - `e.synchronize()` returns once all work submitted through `e` has completed.
+template <class E>
+concept Executor = std::copyable<E> && requires {
+  typename E::executor_concept;
+  typename E::memory_space;
+} && std::derived_from<typename E::executor_concept, executor_tag> &&
+                   MemorySpace<typename E::memory_space> &&
+                   requires(E const& e, std::int64_t n, detail::index_probe f) {
+                     e.synchronize();
+                     for_each_index(e, n, f);
+                   };
+
+static_assert(Executor<exec::host>);
+#if WEFT_HAS_CUDA_RUNTIME
+static_assert(Executor<exec::cuda>);
+#endif
+
+// ---- tensor algorithms over an executor -----------------------------------------------------
+
+namespace detail {
+
+// Row-major linear index -> element offset of a strided view; the same code on host and device.
+template <std::size_t R>
+struct strided_offset {
+  index_array<R> extents;
+  index_array<R> strides;
+  WEFT_HD constexpr index_t operator()(index_t i) const noexcept {
+    index_t offset = 0;
+    for (std::size_t k = R; k-- > 0;) {
+      index_t const q = i / extents[k];
+      offset += (i - q * extents[k]) * strides[k];
+      i = q;
+    }
+    return offset;
+  }
+};
+
+template <class T>
+struct fill_contiguous_fn {
+  T* data;
+  T value;
+  WEFT_HD void operator()(index_t i) const noexcept { data[i] = value; }
+};
+
+template <class T, std::size_t R>
+struct fill_strided_fn {
+  T* data;
+  strided_offset<R> at;
+  T value;
+  WEFT_HD void operator()(index_t i) const noexcept { data[at(i)] = value; }
+};
+
+template <class T>
+struct copy_contiguous_fn {
+  T* dst;
+  T const* src;
+  WEFT_HD void operator()(index_t i) const noexcept { dst[i] = src[i]; }
+};
+
+template <class T, std::size_t R>
+struct copy_strided_fn {
+  T* dst;
+  strided_offset<R> dst_at;
+  T const* src;
+  strided_offset<R> src_at;
+  WEFT_HD void operator()(index_t i) const noexcept { dst[dst_at(i)] = src[src_at(i)]; }
+};
+
+template <Tensor V>
+strided_offset<V::rank()> offsets_of(V const& v) {
+  return {extents_of(v), strides_of(v)};
+}
+
+}  // namespace detail
+
+//! Sets every element of `v` to `value`, running on `ex` (asynchronous for exec::cuda). The
+//! view must live in the executor's memory space. Call it qualified (weft::fill): unqualified,
+//! ADL also finds cuda::std::fill through the view's type.
+template <Executor E, TensorIn<memory_space_t<E>> V>
+  requires MutableTensor<V>
+void fill(E const& ex, V const& v, typename V::value_type const& value) {
+  using T = typename V::value_type;
+  auto const n = static_cast<index_t>(v.size());
+  if (n == 0) return;
+  if (is_contiguous(v)) {
+    for_each_index(ex, n, detail::fill_contiguous_fn<T>{v.data_handle(), value});
+  } else {
+    using fn = detail::fill_strided_fn<T, V::rank()>;
+    for_each_index(ex, n, fn{v.data_handle(), detail::offsets_of(v), value});
+  }
+}
+
+//! Element-wise copy between two views of the executor's memory space, any layouts (the
+//! cross-space copy is weft::copy(dst, src) in tensor.hpp). Extents must match (shape_error,
+//! checked before anything runs); the views must not overlap. Call it qualified (weft::copy).
+template <Executor E, TensorIn<memory_space_t<E>> Dst, TensorIn<memory_space_t<E>> Src>
+  requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
+           (Dst::rank() == Src::rank())
+void copy(E const& ex, Dst const& dst, Src const& src) {
+  using T = typename Dst::value_type;
+  detail::check_same_extents(dst, src);
+  auto const n = static_cast<index_t>(dst.size());
+  if (n == 0) return;
+  if (is_contiguous(dst) && is_contiguous(src)) {
+    for_each_index(ex, n, detail::copy_contiguous_fn<T>{dst.data_handle(), src.data_handle()});
+  } else {
+    using fn = detail::copy_strided_fn<T, Dst::rank()>;
+    for_each_index(ex, n,
+                   fn{dst.data_handle(), detail::offsets_of(dst), src.data_handle(),
+                      detail::offsets_of(src)});
+  }
+}
+
+}  // namespace weft
