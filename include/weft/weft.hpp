@@ -1,0 +1,15 @@
+// weft/weft.hpp — the umbrella header: every host-safe weft header (no .cuh, no optional backend
+// that needs a component's definitions, and nothing under pipeline/plan/, which uses range-v3).
+// Include single areas (weft/core/tensor.hpp, weft/mesh/mesh.hpp, ...) to pay only for what you use.
+#pragma once
+
+#include <weft/core/config.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/exec.hpp>
+#include <weft/core/memory.hpp>
+#include <weft/core/random.hpp>
+#include <weft/core/tensor.hpp>
+
+#include <weft/comm/concepts.hpp>
+#include <weft/mesh/mesh.hpp>
