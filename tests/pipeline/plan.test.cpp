@@ -1,0 +1,50 @@
+// Tests for weft/pipeline/plan/compare.hpp (host-only, range-v3): the comparison table for the
+// paper's 256k-vocabulary configuration and for the unit model. Skipped in the nvcc twin, as
+// range-v3 does not parse under nvcc.
+#if !defined(__CUDACC__)
+
+#include <weft/pipeline/plan/compare.hpp>
+
+#include <doctest/doctest.h>
+
+#include <string>
+
+using namespace weft::pipeline;
+
+TEST_CASE("plan: comparing every schedule for the paper's 256k-vocabulary model") {
+  plan::config c;  // 8 ranks, m = 128, v = 2, 32 layers, h 3072, ffn 12288, s 2048, V 256k
+  auto const rows = plan::compare(c);
+  REQUIRE(rows.size() == plan::all_kinds().size());
+  for (auto const& r : rows) {
+    CAPTURE(r.name);
+    CAPTURE(r.error);
+    REQUIRE(r.sim.has_value());
+  }
+  auto const& one = *rows[1].sim;
+  auto const& redis = *rows[2].sim;
+  auto const& vp1 = *rows[6].sim;
+  CHECK(rows[1].throughput == doctest::Approx(1.0));
+  CHECK(rows[6].throughput > rows[2].throughput);
+  CHECK(redis.makespan / vp1.makespan == doctest::Approx(1.30).epsilon(0.02));
+  CHECK(ranges::max(vp1.peak_memory_bytes) < ranges::max(one.peak_memory_bytes));
+  // Peak activations p-r+1 for the 1-barrier schedule, p-r+2 for the 2-barrier one.
+  CHECK(vp1.peak_in_flight.front() == 9);
+  CHECK(rows[7].sim->peak_in_flight.front() == 10);
+  auto const table = plan::markdown_table(rows);
+  CHECK(table.find("| VP 1F1B, 1 barrier |") != std::string::npos);
+  CHECK(table.find("| ZBV |") != std::string::npos);
+}
+
+TEST_CASE("plan: configurations a generator rejects are reported, not thrown") {
+  plan::config c;
+  c.p = 4;
+  c.m = 9;  // interleaved with g = p = 4 leaves a remainder of 1 < p
+  c.shape.layers = 16;
+  auto const rows = plan::compare(c, {plan::kind::one_f_one_b, plan::kind::interleaved});
+  CHECK(rows[0].sim.has_value());
+  CHECK_FALSE(rows[1].sim.has_value());
+  CHECK(rows[1].error.find("m % group") != std::string::npos);
+  CHECK(plan::markdown_table(rows).find("rejected: argument `m % group`") != std::string::npos);
+}
+
+#endif  // !__CUDACC__
