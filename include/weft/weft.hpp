@@ -13,3 +13,5 @@
 
 #include <weft/comm/concepts.hpp>
 #include <weft/mesh/mesh.hpp>
+
+#include <weft/pipeline/pipeline.hpp>
