@@ -1,0 +1,114 @@
+// weft/rl/cuda/logprobs.cuh — CUDA kernels for token log-probs, entropy and dlogits: one block
+// per token, per-thread online softmax statistics merged with a CUB block reduction, then the
+// same WEFT_HD functors as the CPU path (softmax_push/merge/finish, logit_grad) per logit.
+#pragma once
+
+#if !defined(__CUDACC__)
+#  error "weft/rl/cuda/logprobs.cuh holds CUDA kernels: include it only from .cu files compiled by nvcc"
+#endif
+
+#include <weft/core/config.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/rl/logprobs.hpp>
+
+#include <cub/block/block_reduce.cuh>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+// Kernels live in weft::rl::kernels, not weft::rl::cuda: a namespace named `cuda` inside weft::rl
+// would hide CCCL's ::cuda for every rl header parsed after this one.
+namespace weft::rl::kernels {
+
+//! Statistics of logits/tau for one token per block; writes logp, entropy and lse (f32 compute
+//! for f32/bf16/f16 logits, f64 for f64). Ignored targets give zeros.
+template <int Block, class L, class I, class T>
+__global__ void __launch_bounds__(Block) log_prob_forward_kernel(L const* __restrict__ logits, std::int64_t vocab,
+                                                                  I const* __restrict__ targets, std::int64_t tokens,
+                                                                  logit_compute_t<L> inv_tau, std::int64_t ignore_index,
+                                                                  T* __restrict__ logp, T* __restrict__ entropy,
+                                                                  T* __restrict__ lse) {
+  using C = logit_compute_t<L>;
+  using reduce = cub::BlockReduce<softmax_stats<C>, Block>;
+  __shared__ typename reduce::TempStorage temp;
+  std::int64_t const k = blockIdx.x;
+  if (k >= tokens) return;
+  auto const o = static_cast<std::int64_t>(targets[k]);
+  if (o == ignore_index) {
+    if (threadIdx.x == 0) {
+      logp[k] = entropy[k] = T(0);
+      if (lse != nullptr) lse[k] = T(0);
+    }
+    return;
+  }
+  L const* z = logits + k * vocab;
+  softmax_stats<C> s{};
+  for (std::int64_t v = threadIdx.x; v < vocab; v += Block)
+    s = softmax_push{}(s, static_cast<C>(static_cast<logit_compute_t<L>>(z[v])) * inv_tau);
+  softmax_stats<C> const total = reduce(temp).Reduce(s, softmax_merge{});
+  if (threadIdx.x == 0) {
+    C const l = softmax_finish{}.lse(total);
+    C const x = static_cast<C>(static_cast<logit_compute_t<L>>(z[o])) * inv_tau;
+    logp[k] = static_cast<T>(l > -::cuda::std::numeric_limits<C>::infinity() ? x - l : l);
+    entropy[k] = static_cast<T>(softmax_finish{}.entropy(total));
+    if (lse != nullptr) lse[k] = static_cast<T>(l);
+  }
+}
+
+//! dlogits for one token per block from the forward's lse and entropy (either upstream may be null).
+template <int Block, class L, class I, class T, class D>
+__global__ void __launch_bounds__(Block) log_prob_backward_kernel(
+    L const* __restrict__ logits, std::int64_t vocab, I const* __restrict__ targets, std::int64_t tokens,
+    logit_compute_t<L> inv_tau, std::int64_t ignore_index, T const* __restrict__ lse, T const* __restrict__ entropy,
+    T const* __restrict__ d_logp, T const* __restrict__ d_entropy, D* __restrict__ dlogits) {
+  using C = logit_compute_t<L>;
+  std::int64_t const k = blockIdx.x;
+  if (k >= tokens) return;
+  auto const o = static_cast<std::int64_t>(targets[k]);
+  L const* z = logits + k * vocab;
+  D* dz = dlogits + k * vocab;
+  bool const ignored = o == ignore_index;
+  C const gl = ignored || d_logp == nullptr ? C(0) : static_cast<C>(d_logp[k]);
+  C const ge = ignored || d_entropy == nullptr ? C(0) : static_cast<C>(d_entropy[k]);
+  C const l = static_cast<C>(lse[k]);
+  bool const zero = ignored || !(l > -::cuda::std::numeric_limits<C>::infinity()) || (gl == C(0) && ge == C(0));
+  logit_grad<C> const fn{l, static_cast<C>(static_cast<double>(lse[k]) - static_cast<double>(l)), static_cast<C>(entropy[k]),
+                         gl, ge, inv_tau};
+  for (std::int64_t v = threadIdx.x; v < vocab; v += Block) {
+    C g = C(0);
+    if (!zero) {
+      g = fn(static_cast<C>(static_cast<logit_compute_t<L>>(z[v])) * inv_tau);
+      if (v == o) g += gl * inv_tau;
+    }
+    dz[v] = static_cast<D>(g);
+  }
+}
+
+inline constexpr int logprob_block = 256;
+
+//! Launches the forward on `stream` (asynchronous); all pointers are device memory.
+template <class L, class I, class T>
+void log_prob_forward(cudaStream_t stream, L const* logits, std::int64_t vocab, I const* targets, std::int64_t tokens,
+                      logprob_options const& opt, T* logp, T* entropy, T* lse = nullptr) {
+  WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
+  WEFT_EXPECTS(opt.temperature > 0, "temperature", "> 0", opt.temperature);
+  if (tokens <= 0) return;
+  log_prob_forward_kernel<logprob_block, L, I, T><<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
+      logits, vocab, targets, tokens, static_cast<logit_compute_t<L>>(1.0 / opt.temperature), opt.ignore_index, logp,
+      entropy, lse);
+}
+
+//! Launches the backward on `stream` (asynchronous); all pointers are device memory.
+template <class L, class I, class T, class D>
+void log_prob_backward(cudaStream_t stream, L const* logits, std::int64_t vocab, I const* targets, std::int64_t tokens,
+                       logprob_options const& opt, T const* lse, T const* entropy, T const* d_logp,
+                       T const* d_entropy, D* dlogits) {
+  WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
+  WEFT_EXPECTS(opt.temperature > 0, "temperature", "> 0", opt.temperature);
+  if (tokens <= 0) return;
+  log_prob_backward_kernel<logprob_block, L, I, T, D><<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
+      logits, vocab, targets, tokens, static_cast<logit_compute_t<L>>(1.0 / opt.temperature), opt.ignore_index, lse,
+      entropy, d_logp, d_entropy, dlogits);
+}
+
+}  // namespace weft::rl::kernels

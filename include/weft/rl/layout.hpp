@@ -1,0 +1,133 @@
+// weft/rl/layout.hpp — how the tokens of an RL batch are laid out: `token_layout` (padded [B, T]
+// rows or packed sequences described by `cu_seqlens`), and the checks and view-to-span helpers
+// every rl entry point uses, so a bad shape throws shape_error naming the argument.
+#pragma once
+
+#include <weft/core/config.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/tensor.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace weft::rl {
+
+using index_t = std::int64_t;
+
+//! The rows (responses) of a token batch. Every per-token input of an rl function is one flat,
+//! contiguous array of `tokens()` elements; the layout says which of them form row i:
+//! [row_begin(i), row_end(i)). A padded [B, T] batch is the layout with offsets i*T (its mask marks
+//! the padding); a packed batch (verl's remove-padding path, flash-attention's varlen) stores
+//! the rows back to back and is described by `cu_seqlens` = {0, L_0, L_0+L_1, ...}. Both go
+//! through the same loops, which is why packed and padded inputs give identical results.
+class token_layout {
+ public:
+  token_layout() = default;
+
+  //! `rows` rows of `cols` tokens each, row-major.
+  static token_layout padded(index_t rows, index_t cols) {
+    WEFT_EXPECTS_SHAPE(rows >= 0, "rows", ">= 0", rows);
+    WEFT_EXPECTS_SHAPE(cols >= 0, "cols", ">= 0", cols);
+    token_layout l;
+    l.rows_ = rows;
+    l.cols_ = cols;
+    return l;
+  }
+
+  //! Packed rows: cu_seqlens has rows+1 non-decreasing offsets starting at 0.
+  template <class Int>
+    requires std::is_integral_v<Int>
+  static token_layout packed(std::span<Int const> cu_seqlens) {
+    WEFT_EXPECTS_SHAPE(!cu_seqlens.empty(), "cu_seqlens", "rows + 1 >= 1 offsets", 0);
+    WEFT_EXPECTS_SHAPE(cu_seqlens[0] == 0, "cu_seqlens[0]", 0, static_cast<long long>(cu_seqlens[0]));
+    token_layout l;
+    l.packed_ = true;
+    l.offsets_.assign(cu_seqlens.begin(), cu_seqlens.end());
+    for (std::size_t i = 1; i < l.offsets_.size(); ++i) {
+      WEFT_EXPECTS_SHAPE(l.offsets_[i] >= l.offsets_[i - 1], "cu_seqlens",
+                         "non-decreasing offsets", ::weft::detail::concat("offset ", i, " = ", l.offsets_[i],
+                                                                 " < ", l.offsets_[i - 1]));
+    }
+    l.rows_ = static_cast<index_t>(l.offsets_.size()) - 1;
+    return l;
+  }
+  template <class Int>
+    requires std::is_integral_v<Int>
+  static token_layout packed(std::vector<Int> const& cu_seqlens) {
+    return packed(std::span<Int const>(cu_seqlens));
+  }
+
+  [[nodiscard]] bool is_packed() const noexcept { return packed_; }
+  [[nodiscard]] index_t rows() const noexcept { return rows_; }
+  [[nodiscard]] index_t tokens() const noexcept {
+    return packed_ ? offsets_.back() : rows_ * cols_;
+  }
+  [[nodiscard]] index_t row_begin(index_t i) const noexcept {
+    return packed_ ? offsets_[static_cast<std::size_t>(i)] : i * cols_;
+  }
+  [[nodiscard]] index_t row_end(index_t i) const noexcept {
+    return packed_ ? offsets_[static_cast<std::size_t>(i) + 1] : (i + 1) * cols_;
+  }
+  //! Padded row length (T), or the longest packed row.
+  [[nodiscard]] index_t max_row_length() const noexcept {
+    if (!packed_) return cols_;
+    index_t m = 0;
+    for (index_t i = 0; i < rows_; ++i) m = row_end(i) - row_begin(i) > m ? row_end(i) - row_begin(i) : m;
+    return m;
+  }
+
+ private:
+  index_t rows_ = 0;
+  index_t cols_ = 0;
+  bool packed_ = false;
+  std::vector<index_t> offsets_;
+};
+
+namespace detail {
+
+//! Throws shape_error unless the per-token array `name` has one element per token.
+template <class S>
+void expect_tokens(S const& s, token_layout const& layout, std::string_view name) {
+  WEFT_EXPECTS_SHAPE(static_cast<index_t>(s.size()) == layout.tokens(), name,
+                     ::weft::detail::concat(layout.tokens(), " elements (one per token of the layout)"), s.size());
+}
+
+//! As expect_tokens, but an empty span means "not given".
+template <class S>
+void expect_tokens_or_empty(S const& s, token_layout const& layout, std::string_view name) {
+  if (!s.empty()) expect_tokens(s, layout, name);
+}
+
+template <class S>
+void expect_rows(S const& s, token_layout const& layout, std::string_view name) {
+  WEFT_EXPECTS_SHAPE(static_cast<index_t>(s.size()) == layout.rows(), name,
+                     ::weft::detail::concat(layout.rows(), " elements (one per row of the layout)"), s.size());
+}
+
+template <class M>
+constexpr bool valid(M m) noexcept {
+  return m != M{};
+}
+
+}  // namespace detail
+
+//! The elements of a host view as one flat span, for the rl functions (which take flat per-token
+//! arrays). Throws shape_error naming `name` unless the view is row-major contiguous.
+template <TensorIn<host_space> V>
+[[nodiscard]] std::span<typename V::element_type> flat(V const& v, std::string_view name = "view") {
+  WEFT_EXPECTS_SHAPE(is_contiguous(v), name, "a row-major contiguous view", shape_string(v));
+  return {v.data_handle(), static_cast<std::size_t>(v.size())};
+}
+
+//! The layout of a padded rank-2 view [B, T].
+template <TensorIn<host_space> V>
+  requires(V::rank() == 2)
+[[nodiscard]] token_layout padded_layout(V const& v) {
+  return token_layout::padded(static_cast<index_t>(v.extent(0)), static_cast<index_t>(v.extent(1)));
+}
+
+}  // namespace weft::rl

@@ -1,0 +1,320 @@
+// weft/rl/logprobs.hpp — token log-probs and entropy from logits [tokens, V], fused and streamed
+// over the vocabulary with an online log-sum-exp (no [tokens, V] softmax buffer), and their
+// backward into dlogits. f32, bf16, f16 or f64 logits; temperature; ignored targets; -inf logits.
+#pragma once
+
+#include <weft/core/config.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/rl/exp.hpp>
+#include <weft/rl/layout.hpp>
+
+#include <cuda/std/cmath>
+#include <cuda/std/limits>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <type_traits>
+
+namespace weft::rl {
+
+//! Temperature tau divides the logits (verl divides by the rollout temperature so that training
+//! log-probs match sampling); weft multiplies by 1/tau, which differs by at most one rounding.
+//! Tokens whose target equals ignore_index (prompt tokens, padding) get log-prob 0, entropy 0
+//! and a zero dlogits row, and are not computed at all.
+struct logprob_options {
+  double temperature = 1.0;
+  std::int64_t ignore_index = -100;
+};
+
+//! Arithmetic type used for logits of type L: double for double, float otherwise.
+template <class L>
+using logit_compute_t = std::conditional_t<std::is_same_v<L, double>, double, float>;
+
+//! Online softmax statistics of a set of logits x (already divided by tau), relative to their
+//! max: sum = sum_v e^{x_v - max}, ent = sum_v e^{x_v - max} (x_v - max). Then
+//! lse = max + log(sum) and entropy = log(sum) - ent / sum. Two sets merge exactly (merge), which
+//! is what chunks of one row and vocabulary shards on different ranks do. An empty set (or all
+//! -inf) has sum 0 and max -inf.
+template <class C>
+struct softmax_stats {
+  C max = -cuda::std::numeric_limits<C>::infinity();
+  C sum = C(0);
+  C ent = C(0);
+};
+
+struct softmax_merge {
+  template <class C>
+  WEFT_HD softmax_stats<C> operator()(softmax_stats<C> a, softmax_stats<C> b) const noexcept {
+    if (!(a.sum > C(0))) return b;
+    if (!(b.sum > C(0))) return a;
+    C const m = a.max > b.max ? a.max : b.max;
+    C const da = a.max - m;
+    C const db = b.max - m;
+    C const ea = cuda::std::exp(da);
+    C const eb = cuda::std::exp(db);
+    // sum_v e^{x-m}(x-m) = e^{M_a-m} (ent_a + (M_a - m) sum_a), likewise for b.
+    return {m, ea * a.sum + eb * b.sum, ea * (a.ent + da * a.sum) + eb * (b.ent + db * b.sum)};
+  }
+};
+
+//! Adds one logit x to running statistics (the per-thread loop of the CUDA kernel; the CPU path
+//! reduces whole chunks instead, which vectorises). -inf adds nothing; an empty state takes x.
+struct softmax_push {
+  template <class C>
+  WEFT_HD softmax_stats<C> operator()(softmax_stats<C> s, C x) const noexcept {
+    if (!(x > -cuda::std::numeric_limits<C>::infinity())) return s;
+    if (!(s.sum > C(0))) return {x, C(1), C(0)};
+    if (x > s.max) {
+      C const d = s.max - x;
+      C const e = exp_fn{}(d);
+      return {x, e * s.sum + C(1), e * (s.ent + d * s.sum)};
+    }
+    C const d = x - s.max;
+    C const e = exp_fn{}(d);
+    return {s.max, s.sum + e, s.ent + e * d};
+  }
+};
+
+//! log-sum-exp and entropy from merged statistics. Empty or all -inf: lse -inf, entropy 0.
+struct softmax_finish {
+  template <class C>
+  WEFT_HD C lse(softmax_stats<C> s) const noexcept {
+    return s.sum > C(0) ? s.max + cuda::std::log(s.sum) : -cuda::std::numeric_limits<C>::infinity();
+  }
+  template <class C>
+  WEFT_HD C entropy(softmax_stats<C> s) const noexcept {
+    return s.sum > C(0) ? cuda::std::log(s.sum) - s.ent / s.sum : C(0);
+  }
+};
+
+//! One logit's share of the backward: d/dx_v of (g_logp * logp + g_ent * H) without the target's
+//! indicator term, i.e. -p_v (g_logp + g_ent (log p_v + H)) with p_v = e^{x_v - lse}. The clamp of
+//! log p_v to the lowest finite value makes -inf logits contribute exactly 0 (never 0 * -inf).
+template <class C>
+struct logit_grad {
+  C lse;     // lse = lse + lse_lo to twice C's precision: rounding the lse alone to f32 would
+  C lse_lo;  // move every p_v by up to 5e-7 relative
+  C entropy;
+  C g_logp;
+  C g_ent;
+  C inv_tau;
+
+  WEFT_HD C operator()(C x) const noexcept {
+    C d = (x - lse) - lse_lo;
+    d = select(d < cuda::std::numeric_limits<C>::lowest(), cuda::std::numeric_limits<C>::lowest(), d);
+    C const p = exp_fn{}(d);
+    return -p * (g_logp + g_ent * (d + entropy)) * inv_tau;
+  }
+};
+
+namespace detail {
+
+inline constexpr index_t logit_lanes = 16;
+inline constexpr index_t logit_chunk = 2048;
+
+template <class C, class L>
+WEFT_FORCEINLINE C load_logit(L const* z, index_t j, C inv_tau) {
+  return static_cast<C>(static_cast<logit_compute_t<L>>(z[j])) * inv_tau;
+}
+
+//! Statistics of logits z[0, n) / tau: chunks of logit_chunk values, each reduced by pairwise
+//! trees down to logit_lanes partial sums (a fixed order, so results are deterministic and every
+//! pass is a map that vectorises without reassociation), merged in double across chunks.
+template <class L>
+softmax_stats<double> row_stats(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+  using C = logit_compute_t<L>;
+  constexpr index_t W = logit_lanes;
+  constexpr C lowest = cuda::std::numeric_limits<C>::lowest();
+  softmax_stats<double> acc;
+  alignas(64) C buf[logit_chunk];
+  alignas(64) C tbuf[logit_chunk];
+  for (index_t c0 = 0; c0 < n; c0 += logit_chunk) {
+    index_t const len = n - c0 < logit_chunk ? n - c0 : logit_chunk;
+    for (index_t j = 0; j < len; ++j) buf[j] = load_logit<C>(z, c0 + j, inv_tau);
+    // The chunk's max as a pairwise tree over a power-of-two scratch padded with -inf: every
+    // level is a pure map, which vectorises (a running max is a reduction GCC will not
+    // vectorise for floats without -ffast-math).
+    index_t width = W;
+    while (width < len) width *= 2;
+    index_t const half = width / 2;
+    for (index_t j = len; j < width; ++j) buf[j] = -cuda::std::numeric_limits<C>::infinity();
+    for (index_t j = 0; j < half; ++j) tbuf[j] = select(buf[j + half] > buf[j], buf[j + half], buf[j]);
+    for (index_t h = half / 2; h >= 1; h /= 2)
+      for (index_t j = 0; j < h; ++j) tbuf[j] = select(tbuf[j + h] > tbuf[j], tbuf[j + h], tbuf[j]);
+    C const m = tbuf[0];
+    if (!(m > -cuda::std::numeric_limits<C>::infinity())) continue;  // all -inf: adds nothing
+    // A pure map over the chunk: the exponentials and entropy terms.
+    for (index_t j = 0; j < len; ++j) {
+      C d = buf[j] - m;
+      d = select(d < lowest, lowest, d);
+      C const e = exp_fn{}(d);
+      buf[j] = e;
+      tbuf[j] = e * d;
+    }
+    // Pairwise tree sums over the padded chunk: pure maps again (vectorise), fixed order, and
+    // more accurate than a running sum.
+    for (index_t j = len; j < width; ++j) buf[j] = tbuf[j] = C(0);
+    for (index_t h = width / 2; h >= W; h /= 2)
+      for (index_t j = 0; j < h; ++j) {
+        buf[j] += buf[j + h];
+        tbuf[j] += tbuf[j + h];
+      }
+    double ss = 0, tt = 0;
+    for (index_t l = 0; l < W; ++l) {
+      ss += static_cast<double>(buf[l]);
+      tt += static_cast<double>(tbuf[l]);
+    }
+    acc = softmax_merge{}(acc, softmax_stats<double>{static_cast<double>(m), ss, tt});
+  }
+  return acc;
+}
+
+//! dz[0, n) for one row (or shard) given the row's lse and entropy; `target` is the column of
+//! the target within z, or -1 if it lies elsewhere. Writes every element once.
+template <class L, class D>
+void row_backward(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy, double g_logp,
+                  double g_ent, index_t target, D* dz) {
+  using C = logit_compute_t<L>;
+  if (!(lse > -cuda::std::numeric_limits<double>::infinity()) || !(g_logp != 0.0 || g_ent != 0.0)) {
+    for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
+    return;
+  }
+  C const lse_hi = static_cast<C>(lse);
+  logit_grad<C> const fn{lse_hi, static_cast<C>(lse - static_cast<double>(lse_hi)), static_cast<C>(entropy),
+                         static_cast<C>(g_logp), static_cast<C>(g_ent), inv_tau};
+  for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(fn(load_logit<C>(z, j, inv_tau)));
+  if (target >= 0) {  // add the indicator term before the one rounding to D
+    dz[target] = static_cast<D>(fn(load_logit<C>(z, target, inv_tau)) + static_cast<C>(g_logp) * inv_tau);
+  }
+}
+
+template <class L, class I>
+void check_logprob_args(std::span<L const> logits, index_t vocab, std::span<I const> targets,
+                        logprob_options const& opt) {
+  WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
+  WEFT_EXPECTS(opt.temperature > 0 && std::isfinite(opt.temperature), "temperature", "> 0 and finite",
+               opt.temperature);
+  WEFT_EXPECTS_SHAPE(static_cast<index_t>(logits.size()) == static_cast<index_t>(targets.size()) * vocab, "logits",
+                     ::weft::detail::concat("tokens * vocab = ", targets.size(), " * ", vocab, " elements"),
+                     logits.size());
+}
+
+template <class I>
+void check_targets(std::span<I const> targets, index_t vocab, logprob_options const& opt) {
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    auto const o = static_cast<std::int64_t>(targets[k]);
+    if (o == opt.ignore_index) continue;
+    WEFT_EXPECTS(o >= 0 && o < vocab, "targets",
+                 ::weft::detail::concat("ids in [0, ", vocab, ") or ignore_index ", opt.ignore_index),
+                 ::weft::detail::concat(o, " at token ", k));
+  }
+}
+
+}  // namespace detail
+
+//! Forward: for every token t, logp[t] = log softmax(z_t / tau)[target_t] and entropy[t] = H of
+//! that distribution; `lse` (optional, empty = not wanted) receives log-sum-exp(z_t / tau) for
+//! the backward. `logits` is [tokens, vocab] row-major. Reads the logits once.
+template <class L, class I, class T>
+void log_prob_forward(std::span<L const> logits, index_t vocab, std::span<I const> targets,
+                      logprob_options const& opt, std::span<T> logp, std::span<T> entropy, std::span<T> lse = {}) {
+  detail::check_logprob_args(logits, vocab, targets, opt);
+  WEFT_EXPECTS_SHAPE(logp.size() == targets.size(), "logp", targets.size(), logp.size());
+  WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
+  if (!lse.empty()) WEFT_EXPECTS_SHAPE(lse.size() == targets.size(), "lse", targets.size(), lse.size());
+  detail::check_targets(targets, vocab, opt);
+  using C = logit_compute_t<L>;
+  C const inv_tau = static_cast<C>(1.0 / opt.temperature);
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    auto const o = static_cast<std::int64_t>(targets[k]);
+    if (o == opt.ignore_index) {
+      logp[k] = entropy[k] = T(0);
+      if (!lse.empty()) lse[k] = T(0);
+      continue;
+    }
+    L const* z = logits.data() + static_cast<index_t>(k) * vocab;
+    auto const s = detail::row_stats(z, vocab, inv_tau);
+    double const l = softmax_finish{}.lse(s);
+    double const x = static_cast<double>(detail::load_logit<C>(z, o, inv_tau));
+    // An all -inf row has no distribution: log-prob -inf (not -inf - -inf = NaN), entropy 0.
+    logp[k] = static_cast<T>(l > -std::numeric_limits<double>::infinity() ? x - l : l);
+    entropy[k] = static_cast<T>(softmax_finish{}.entropy(s));
+    if (!lse.empty()) lse[k] = static_cast<T>(l);
+  }
+}
+
+//! Backward: dlogits[t, v] = (g_logp[t] (1[v = o_t] - p_v) - g_ent[t] p_v (log p_v + H_t)) / tau
+//! from the forward's lse and entropy. Either upstream may be empty (= zero). Reads the logits
+//! once and writes dlogits once; ignored tokens get a zero row.
+template <class L, class I, class T, class D>
+void log_prob_backward(std::span<L const> logits, index_t vocab, std::span<I const> targets,
+                       logprob_options const& opt, std::span<T const> lse, std::span<T const> entropy,
+                       std::span<T const> d_logp, std::span<T const> d_entropy, std::span<D> dlogits) {
+  detail::check_logprob_args(logits, vocab, targets, opt);
+  WEFT_EXPECTS_SHAPE(lse.size() == targets.size(), "lse", targets.size(), lse.size());
+  WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
+  if (!d_logp.empty()) WEFT_EXPECTS_SHAPE(d_logp.size() == targets.size(), "d_logp", targets.size(), d_logp.size());
+  if (!d_entropy.empty())
+    WEFT_EXPECTS_SHAPE(d_entropy.size() == targets.size(), "d_entropy", targets.size(), d_entropy.size());
+  WEFT_EXPECTS_SHAPE(dlogits.size() == logits.size(), "dlogits", logits.size(), dlogits.size());
+  detail::check_targets(targets, vocab, opt);
+  using C = logit_compute_t<L>;
+  C const inv_tau = static_cast<C>(1.0 / opt.temperature);
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    auto const o = static_cast<std::int64_t>(targets[k]);
+    L const* z = logits.data() + static_cast<index_t>(k) * vocab;
+    D* dz = dlogits.data() + static_cast<index_t>(k) * vocab;
+    bool const ignored = o == opt.ignore_index;
+    double const gl = ignored || d_logp.empty() ? 0.0 : static_cast<double>(d_logp[k]);
+    double const ge = ignored || d_entropy.empty() ? 0.0 : static_cast<double>(d_entropy[k]);
+    detail::row_backward(z, vocab, inv_tau, static_cast<double>(lse[k]), static_cast<double>(entropy[k]), gl, ge,
+                         ignored ? index_t{-1} : o, dz);
+  }
+}
+
+//! Upstream gradients of one token, returned by the callback of log_prob_fused.
+struct logprob_grads {
+  double d_logp = 0;
+  double d_entropy = 0;
+};
+
+//! Forward and backward in one sweep: per token, the row statistics, then
+//! `grad_fn(token, logp, entropy) -> logprob_grads` (the per-token loss gradient, e.g. from a
+//! ppo_clip_token), then the row's dlogits while the row is still in cache: the logits come from
+//! memory once and dlogits go to memory once. Needs the loss to be per-token given its weights.
+template <class L, class I, class T, class D, class GradFn>
+void log_prob_fused(std::span<L const> logits, index_t vocab, std::span<I const> targets, logprob_options const& opt,
+                    std::span<T> logp, std::span<T> entropy, GradFn&& grad_fn, std::span<D> dlogits) {
+  detail::check_logprob_args(logits, vocab, targets, opt);
+  WEFT_EXPECTS_SHAPE(logp.size() == targets.size(), "logp", targets.size(), logp.size());
+  WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
+  WEFT_EXPECTS_SHAPE(dlogits.size() == logits.size(), "dlogits", logits.size(), dlogits.size());
+  detail::check_targets(targets, vocab, opt);
+  using C = logit_compute_t<L>;
+  C const inv_tau = static_cast<C>(1.0 / opt.temperature);
+  for (std::size_t k = 0; k < targets.size(); ++k) {
+    auto const o = static_cast<std::int64_t>(targets[k]);
+    L const* z = logits.data() + static_cast<index_t>(k) * vocab;
+    D* dz = dlogits.data() + static_cast<index_t>(k) * vocab;
+    if (o == opt.ignore_index) {
+      logp[k] = entropy[k] = T(0);
+      detail::row_backward(z, vocab, inv_tau, 0.0, 0.0, 0.0, 0.0, -1, dz);
+      continue;
+    }
+    auto const s = detail::row_stats(z, vocab, inv_tau);
+    double const l = softmax_finish{}.lse(s);
+    double const h = softmax_finish{}.entropy(s);
+    double const lp = l > -std::numeric_limits<double>::infinity()
+                          ? static_cast<double>(detail::load_logit<C>(z, o, inv_tau)) - l
+                          : l;
+    logp[k] = static_cast<T>(lp);
+    entropy[k] = static_cast<T>(h);
+    logprob_grads const g = grad_fn(static_cast<index_t>(k), static_cast<T>(lp), static_cast<T>(h));
+    detail::row_backward(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o, dz);
+  }
+}
+
+}  // namespace weft::rl

@@ -1,0 +1,376 @@
+// weft/rl/policy_loss.hpp — policy-gradient losses over per-token log-probs with their
+// hand-written gradients: PPO clip with decoupled eps_low/eps_high and dual clip (verl `vanilla`,
+// DAPO clip-higher), GSPO, CISPO and REINFORCE; optional rollout IS weights; metrics as sums.
+#pragma once
+
+#include <weft/comm/concepts.hpp>
+#include <weft/core/config.hpp>
+#include <weft/core/error.hpp>
+#include <weft/rl/layout.hpp>
+
+#include <cuda/std/cmath>
+#include <cuda/std/limits>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace weft::rl {
+
+//! Which per-token objective. All are minimised; A is the (detached) advantage, l the new
+//! log-prob, l_old the behaviour log-prob, r = exp(clamp(l - l_old, +-log_ratio_clamp)).
+//! - ppo_clip:  -A*min(r, 1+eps_high) for A > 0; -A*min(max(r, 1-eps_low), c) for A < 0 (dual clip)
+//! - gspo:      the same clip (no dual clip) on the sequence ratio s_i = exp(mean_t (l - l_old))
+//! - cispo:     -sg(clip(r, 1-eps_low, 1+eps_high)) * A * l   (no token ever dropped)
+//! - reinforce: -A * l   (l_old unused; verl's `reinforce` / `gpg`)
+enum class policy_loss_kind : unsigned char { ppo_clip, gspo, cispo, reinforce };
+
+constexpr std::string_view to_string(policy_loss_kind k) noexcept {
+  switch (k) {
+    case policy_loss_kind::ppo_clip: return "ppo_clip";
+    case policy_loss_kind::gspo: return "gspo";
+    case policy_loss_kind::cispo: return "cispo";
+    case policy_loss_kind::reinforce: return "reinforce";
+  }
+  return "unknown";
+}
+
+//! Defaults are DAPO's (clip-higher 0.2 / 0.28) with verl's dual clip c = 3 and log-ratio clamp
+//! 20. Set dual_clip to +infinity to switch the dual clip off (OpenRLHF and TRL defaults);
+//! clip_low = +infinity gives CISPO TRL's upper-only cap.
+struct policy_loss_config {
+  policy_loss_kind kind = policy_loss_kind::ppo_clip;
+  double clip_low = 0.2;
+  double clip_high = 0.28;
+  double dual_clip = 3.0;
+  double log_ratio_clamp = 20.0;   // verl PR #1779; gspo clamps the sequence log-ratio at +10
+  double gspo_log_ratio_max = 10.0;
+
+  void validate() const {
+    WEFT_EXPECTS(clip_low >= 0, "clip_low", ">= 0", clip_low);
+    WEFT_EXPECTS(clip_high >= 0, "clip_high", ">= 0", clip_high);
+    // Dual clip caps -A*r at -A*c for A < 0; with c <= 1 it would cut below the PPO clip itself.
+    WEFT_EXPECTS(dual_clip > 1, "dual_clip", "> 1 (use +infinity to disable)", dual_clip);
+    WEFT_EXPECTS(log_ratio_clamp > 0, "log_ratio_clamp", "> 0", log_ratio_clamp);
+    WEFT_EXPECTS(gspo_log_ratio_max > 0, "gspo_log_ratio_max", "> 0", gspo_log_ratio_max);
+  }
+};
+
+//! Metrics as sums and counts over valid tokens, so they add exactly across micro-batches and
+//! all-reduce across data-parallel ranks (sums(): one sum all_reduce; extrema: one max).
+//! clipped_high: A>0 & r>1+eps_high; clipped_low: A<0 & r<1-eps_low (for cispo: r outside the
+//! interval whatever A); dual_clipped: A<0 & r>c. These are exactly the token sets whose gradient
+//! the clip kills (verl pg_clipfrac = low+high, pg_clipfrac_lower = dual). neg_log_ratio_sum is
+//! sum(l_old - l) of the clamped log-ratio (verl `ppo_kl`; OpenRLHF reports it unclamped).
+struct policy_metrics {
+  double tokens = 0;
+  double clipped_low = 0;
+  double clipped_high = 0;
+  double dual_clipped = 0;
+  double log_ratio_clamped = 0;
+  double neg_log_ratio_sum = 0;
+  double ratio_sum = 0;
+  double ratio_sq_sum = 0;
+  double ratio_min = std::numeric_limits<double>::infinity();
+  double ratio_max = -std::numeric_limits<double>::infinity();
+
+  static constexpr std::size_t num_sums = 8;
+  [[nodiscard]] std::array<double, num_sums> sums() const noexcept {
+    return {tokens, clipped_low, clipped_high, dual_clipped, log_ratio_clamped, neg_log_ratio_sum,
+            ratio_sum, ratio_sq_sum};
+  }
+  void set_sums(std::array<double, num_sums> const& s) noexcept {
+    tokens = s[0]; clipped_low = s[1]; clipped_high = s[2]; dual_clipped = s[3];
+    log_ratio_clamped = s[4]; neg_log_ratio_sum = s[5]; ratio_sum = s[6]; ratio_sq_sum = s[7];
+  }
+  policy_metrics& operator+=(policy_metrics const& o) noexcept {
+    auto a = sums();
+    auto const b = o.sums();
+    for (std::size_t k = 0; k < num_sums; ++k) a[k] += b[k];
+    set_sums(a);
+    ratio_min = std::min(ratio_min, o.ratio_min);
+    ratio_max = std::max(ratio_max, o.ratio_max);
+    return *this;
+  }
+
+  [[nodiscard]] double frac(double count) const noexcept { return tokens > 0 ? count / tokens : 0.0; }
+  [[nodiscard]] double clip_frac_low() const noexcept { return frac(clipped_low); }
+  [[nodiscard]] double clip_frac_high() const noexcept { return frac(clipped_high); }
+  [[nodiscard]] double clip_frac() const noexcept { return frac(clipped_low + clipped_high); }
+  [[nodiscard]] double dual_clip_frac() const noexcept { return frac(dual_clipped); }
+  [[nodiscard]] double approx_kl() const noexcept { return frac(neg_log_ratio_sum); }
+  [[nodiscard]] double ratio_mean() const noexcept { return frac(ratio_sum); }
+  [[nodiscard]] double ratio_std() const noexcept {
+    if (tokens <= 0) return 0.0;
+    double const m = ratio_sum / tokens;
+    double const v = ratio_sq_sum / tokens - m * m;
+    return v > 0 ? std::sqrt(v) : 0.0;
+  }
+};
+
+//! Sums the metrics of every rank of `dp` (two all_reduces: the sums, then both extrema as a max).
+template <comm::Communicator C>
+[[nodiscard]] policy_metrics all_reduce_metrics(C& dp, policy_metrics const& local) {
+  auto in = local.sums();
+  std::array<double, policy_metrics::num_sums> out{};
+  dp.all_reduce(comm::host_view(std::span<double>(in)), comm::host_view(std::span<double>(out)),
+                comm::reduce_kind::sum, {})
+      .wait();
+  std::array<double, 2> ein{local.ratio_max, -local.ratio_min};
+  std::array<double, 2> eout{};
+  dp.all_reduce(comm::host_view(std::span<double>(ein)), comm::host_view(std::span<double>(eout)),
+                comm::reduce_kind::max, {})
+      .wait();
+  policy_metrics m;
+  m.set_sums(out);
+  m.ratio_max = eout[0];
+  m.ratio_min = -eout[1];
+  return m;
+}
+
+//! What one token contributes: loss value, d loss / d l, the ratio, and flag bits.
+template <class T>
+struct pg_token {
+  T loss;
+  T grad;
+  T ratio;
+  T neg_log_ratio;  // l_old - l after clamping
+  unsigned flags;   // pg_flag bits
+};
+
+enum pg_flag : unsigned {
+  pg_clipped_low = 1u,
+  pg_clipped_high = 2u,
+  pg_dual_clipped = 4u,
+  pg_log_ratio_clamped = 8u,
+};
+
+//! PPO clip with decoupled bounds and dual clip, per token (§8 of the reference note). The
+//! gradient is -A*r*k with k = 1 on the closed intervals A>0 & r <= 1+eps_high and
+//! A<0 & 1-eps_low <= r <= c, else 0 (also where |l - l_old| exceeds the clamp: the clamp's
+//! backward is 0 there). At exact ties this passes the full gradient, where torch.minimum would
+//! pass half at r = c; the tie set has measure zero.
+template <class T>
+struct ppo_clip_token {
+  T eps_low;
+  T eps_high;
+  T dual_clip;
+  T log_ratio_clamp;
+
+  WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
+    T const delta = logp - old_logp;
+    bool const clamped = delta > log_ratio_clamp || delta < -log_ratio_clamp;
+    T const dc = delta > log_ratio_clamp ? log_ratio_clamp : (delta < -log_ratio_clamp ? -log_ratio_clamp : delta);
+    T const r = cuda::std::exp(dc);
+    T const lo = T(1) - eps_low;
+    T const hi = T(1) + eps_high;
+    pg_token<T> out{T(0), T(0), r, -dc, clamped ? unsigned(pg_log_ratio_clamped) : 0u};
+    bool keep = false;
+    if (adv > T(0)) {
+      bool const clip = r > hi;
+      out.loss = -adv * (clip ? hi : r);
+      out.flags |= clip ? unsigned(pg_clipped_high) : 0u;
+      keep = !clip;
+    } else if (adv < T(0)) {
+      bool const low = r < lo;
+      bool const dual = r > dual_clip;
+      out.loss = -adv * (low ? lo : (dual ? dual_clip : r));
+      out.flags |= (low ? unsigned(pg_clipped_low) : 0u) | (dual ? unsigned(pg_dual_clipped) : 0u);
+      keep = !low && !dual;
+    }
+    out.grad = keep && !clamped ? -adv * r : T(0);
+    return out;
+  }
+};
+
+//! CISPO per token: value -clip(r)*A*l, gradient -clip(r)*A (the clipped ratio is detached).
+template <class T>
+struct cispo_token {
+  T eps_low;
+  T eps_high;
+  T log_ratio_clamp;
+
+  WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
+    T const delta = logp - old_logp;
+    bool const clamped = delta > log_ratio_clamp || delta < -log_ratio_clamp;
+    T const dc = delta > log_ratio_clamp ? log_ratio_clamp : (delta < -log_ratio_clamp ? -log_ratio_clamp : delta);
+    T const r = cuda::std::exp(dc);
+    T const lo = T(1) - eps_low;
+    T const hi = T(1) + eps_high;
+    T const rc = r < lo ? lo : (r > hi ? hi : r);
+    unsigned const flags = (clamped ? unsigned(pg_log_ratio_clamped) : 0u) |
+                           (r < lo ? unsigned(pg_clipped_low) : 0u) | (r > hi ? unsigned(pg_clipped_high) : 0u);
+    return {-rc * adv * logp, -rc * adv, r, -dc, flags};
+  }
+};
+
+//! REINFORCE / GPG per token: value -A*l, gradient -A.
+template <class T>
+struct reinforce_token {
+  WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
+    T const dc = logp - old_logp;
+    return {-adv * logp, -adv, cuda::std::exp(dc), -dc, 0u};
+  }
+};
+
+//! The sequence-level clip of GSPO for one token with sequence ratio s: value and d value / d s.
+template <class T>
+struct gspo_token {
+  T eps_low;
+  T eps_high;
+
+  WEFT_HD pg_token<T> operator()(T s, T adv) const noexcept {
+    T const lo = T(1) - eps_low;
+    T const hi = T(1) + eps_high;
+    pg_token<T> out{T(0), T(0), s, T(0), 0u};
+    if (adv > T(0)) {
+      bool const clip = s > hi;
+      out.loss = -adv * (clip ? hi : s);
+      out.grad = clip ? T(0) : -adv;  // d loss / d s
+      out.flags = clip ? unsigned(pg_clipped_high) : 0u;
+    } else if (adv < T(0)) {
+      bool const clip = s < lo;
+      out.loss = -adv * (clip ? lo : s);
+      out.grad = clip ? T(0) : -adv;
+      out.flags = clip ? unsigned(pg_clipped_low) : 0u;
+    }
+    return out;
+  }
+};
+
+//! Inputs of policy_loss: flat per-token arrays in the order of a token_layout.
+//! `weights` are the aggregation weights (aggregation_weights), `rollout_is_weights` optional
+//! detached per-token importance weights (empty = none); `old_logp` may be empty for reinforce.
+template <class T, class M>
+struct policy_inputs {
+  std::span<T const> logp;
+  std::span<T const> old_logp;
+  std::span<T const> advantages;
+  std::span<M const> mask;
+  std::span<T const> weights;
+  std::span<T const> rollout_is_weights = {};
+};
+
+struct policy_loss_result {
+  double loss = 0;  // sum_t w_t * isw_t * loss_t over this batch's valid tokens
+  policy_metrics metrics;
+};
+
+namespace detail {
+inline void add_metrics(policy_metrics& m, double ratio, double neg_log_ratio, unsigned flags) {
+  m.tokens += 1;
+  m.clipped_low += (flags & pg_clipped_low) ? 1 : 0;
+  m.clipped_high += (flags & pg_clipped_high) ? 1 : 0;
+  m.dual_clipped += (flags & pg_dual_clipped) ? 1 : 0;
+  m.log_ratio_clamped += (flags & pg_log_ratio_clamped) ? 1 : 0;
+  m.neg_log_ratio_sum += neg_log_ratio;
+  m.ratio_sum += ratio;
+  m.ratio_sq_sum += ratio * ratio;
+  m.ratio_min = std::min(m.ratio_min, ratio);
+  m.ratio_max = std::max(m.ratio_max, ratio);
+}
+}  // namespace detail
+
+//! Computes the loss sum_t w_t * isw_t * loss_t and writes dlogp_t = w_t * isw_t * d loss_t / d l_t
+//! (exactly 0 on masked tokens, whose inputs are never read, so NaN padding cannot leak).
+//! Because w carries the global normalisation, the loss and gradient of a micro-batch or shard
+//! are plain partial sums of the whole mini-batch's. GSPO needs whole rows in one call.
+template <class T, class M>
+policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const& layout,
+                               policy_inputs<T, M> const& in, std::span<T> dlogp) {
+  static_assert(std::is_floating_point_v<T>, "weft::rl::policy_loss: T must be float or double");
+  cfg.validate();
+  detail::expect_tokens(in.logp, layout, "logp");
+  if (cfg.kind == policy_loss_kind::reinforce) detail::expect_tokens_or_empty(in.old_logp, layout, "old_logp");
+  else detail::expect_tokens(in.old_logp, layout, "old_logp");
+  detail::expect_tokens(in.advantages, layout, "advantages");
+  detail::expect_tokens(in.mask, layout, "mask");
+  detail::expect_tokens(in.weights, layout, "weights");
+  detail::expect_tokens_or_empty(in.rollout_is_weights, layout, "rollout_is_weights");
+  detail::expect_tokens(dlogp, layout, "dlogp");
+
+  bool const has_old = !in.old_logp.empty();
+  bool const has_isw = !in.rollout_is_weights.empty();
+  auto isw = [&](std::size_t k) { return has_isw ? in.rollout_is_weights[k] : T(1); };
+  policy_loss_result res;
+  T const eps_l = static_cast<T>(cfg.clip_low);
+  T const eps_h = static_cast<T>(cfg.clip_high);
+  T const clamp = static_cast<T>(cfg.log_ratio_clamp);
+
+  // Masked tokens are skipped, never read, so NaN padding cannot leak.
+  auto per_token = [&](auto const& fn) {
+    for (index_t t = 0; t < layout.tokens(); ++t) {
+      auto const k = static_cast<std::size_t>(t);
+      if (!detail::valid(in.mask[k])) {
+        dlogp[k] = T(0);
+        continue;
+      }
+      T const old = has_old ? in.old_logp[k] : in.logp[k];
+      pg_token<T> const p = fn(in.logp[k], old, in.advantages[k]);
+      T const scale = in.weights[k] * isw(k);
+      res.loss += static_cast<double>(scale) * static_cast<double>(p.loss);
+      dlogp[k] = scale * p.grad;
+      detail::add_metrics(res.metrics, static_cast<double>(p.ratio), static_cast<double>(p.neg_log_ratio), p.flags);
+    }
+  };
+
+  switch (cfg.kind) {
+    case policy_loss_kind::ppo_clip:
+      per_token(ppo_clip_token<T>{eps_l, eps_h, static_cast<T>(cfg.dual_clip), clamp});
+      break;
+    case policy_loss_kind::cispo: per_token(cispo_token<T>{eps_l, eps_h, clamp}); break;
+    case policy_loss_kind::reinforce: per_token(reinforce_token<T>{}); break;
+    case policy_loss_kind::gspo: {
+      // s_i = exp(min(mean_t (l - l_old), 10)); L = sum_t w_t isw_t f(s_i, A_t);
+      // dL/dl_u = m_u * s_i / L_i * sum_t w_t isw_t f'(s_i, A_t)  (0 if the clamp is active).
+      // With weights constant in the row (token-mean, seq-mean-*) and one advantage per row this
+      // is verl's GSPO-token gradient -A s_i w; unlike verl's stop-gradient form it is the true
+      // derivative for any weights, which the finite-difference tests check.
+      gspo_token<T> const fn{eps_l, eps_h};
+      T const smax = static_cast<T>(cfg.gspo_log_ratio_max);
+      for (index_t i = 0; i < layout.rows(); ++i) {
+        index_t const b = layout.row_begin(i);
+        index_t const e = layout.row_end(i);
+        T sum_delta = 0;
+        index_t n = 0;
+        for (index_t t = b; t < e; ++t) {
+          auto const k = static_cast<std::size_t>(t);
+          if (!detail::valid(in.mask[k])) continue;
+          sum_delta += in.logp[k] - in.old_logp[k];
+          ++n;
+        }
+        if (n == 0) {
+          for (index_t t = b; t < e; ++t) dlogp[static_cast<std::size_t>(t)] = T(0);
+          continue;
+        }
+        T const mean_delta = sum_delta / static_cast<T>(n);
+        bool const clamped = mean_delta > smax;
+        T const s = std::exp(clamped ? smax : mean_delta);
+        T dsum = 0;
+        for (index_t t = b; t < e; ++t) {
+          auto const k = static_cast<std::size_t>(t);
+          if (!detail::valid(in.mask[k])) continue;
+          pg_token<T> const p = fn(s, in.advantages[k]);
+          T const scale = in.weights[k] * isw(k);
+          res.loss += static_cast<double>(scale) * static_cast<double>(p.loss);
+          dsum += scale * p.grad;
+          detail::add_metrics(res.metrics, static_cast<double>(s), static_cast<double>(-(in.logp[k] - in.old_logp[k])),
+                              p.flags | (clamped ? unsigned(pg_log_ratio_clamped) : 0u));
+        }
+        T const g = clamped ? T(0) : dsum * s / static_cast<T>(n);
+        for (index_t t = b; t < e; ++t) {
+          auto const k = static_cast<std::size_t>(t);
+          dlogp[k] = detail::valid(in.mask[k]) ? g : T(0);
+        }
+      }
+      break;
+    }
+  }
+  return res;
+}
+
+}  // namespace weft::rl

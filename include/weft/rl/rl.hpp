@@ -1,0 +1,14 @@
+// weft/rl/rl.hpp — everything of weft's RL area in one include: token log-probs and entropy
+// (whole and vocabulary-parallel), policy losses, aggregation, advantages, KL, value loss,
+// dynamic sampling, overlong shaping and rl_config. CUDA kernels: weft/rl/cuda/*.cuh.
+#pragma once
+
+#include <weft/rl/advantages.hpp>
+#include <weft/rl/aggregation.hpp>
+#include <weft/rl/dapo.hpp>
+#include <weft/rl/exp.hpp>
+#include <weft/rl/kl.hpp>
+#include <weft/rl/layout.hpp>
+#include <weft/rl/logprobs.hpp>
+#include <weft/rl/policy_loss.hpp>
+#include <weft/rl/vocab_parallel.hpp>
