@@ -60,6 +60,7 @@ foreach(c IN LISTS all_cases)
   string(APPEND script
     "add_test([==[${PREFIX}${c}]==] [==[${EXE}]==] [==[--test-case=${filter}]==])\n"
     "set_tests_properties([==[${PREFIX}${c}]==] PROPERTIES LABELS [==[${label_value}]==] "
-    "TIMEOUT ${TIMEOUT} WORKING_DIRECTORY [==[${WORKDIR}]==])\n")
+    "TIMEOUT ${TIMEOUT} WORKING_DIRECTORY [==[${WORKDIR}]==] "
+    "ENVIRONMENT OPENBLAS_NUM_THREADS=1)\n")
 endforeach()
 file(WRITE "${OUT}" "${script}")

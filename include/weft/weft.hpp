@@ -11,7 +11,15 @@
 #include <weft/core/random.hpp>
 #include <weft/core/tensor.hpp>
 
-#include <weft/comm/concepts.hpp>
+#include <weft/comm/comm.hpp>
 #include <weft/mesh/mesh.hpp>
 
+#include <weft/attention/flash.hpp>
+#include <weft/attention/layout.hpp>
+#include <weft/attention/reference.hpp>
+#include <weft/attention/ring.hpp>
+#include <weft/attention/softmax_state.hpp>
+#include <weft/attention/ulysses.hpp>
+#include <weft/attention/usp.hpp>
 #include <weft/pipeline/pipeline.hpp>
+#include <weft/rl/rl.hpp>

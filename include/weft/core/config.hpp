@@ -34,6 +34,11 @@
 #ifndef WEFT_HAS_NCCL
 #  define WEFT_HAS_NCCL 0
 #endif
+// BLAS (cblas.h) for the attention tiles; weft::weft defines it to 1 when CMake finds OpenBLAS.
+// Without it the tiles use weft's own register-blocked loops.
+#ifndef WEFT_HAS_BLAS
+#  define WEFT_HAS_BLAS 0
+#endif
 #if WEFT_HAS_NCCL && !WEFT_HAS_CUDA_RUNTIME
 #  error "weft: WEFT_HAS_NCCL=1 requires WEFT_HAS_CUDA_RUNTIME=1 (link weft::nccl, which brings weft::cuda)"
 #endif

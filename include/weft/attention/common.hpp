@@ -1,0 +1,158 @@
+// weft/attention/common.hpp — what every attention entry point shares: the options (scale, causal
+// alignment, threads), the mask rule, the accumulator and LSE types per input type, and the
+// checked conversion of caller views ([batch, seq, heads, dim], dim contiguous) to raw strides.
+#pragma once
+
+#include <weft/core/config.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+namespace weft::attention {
+
+//! How a causal mask lines up when the query and key lengths differ. `top_left`: query i sees keys
+//! j <= i (PyTorch's CPU kernel). `bottom_right`: j <= i + Sk - Sq (flash-attn >= 2.1; what a query
+//! chunk against a longer KV prefix needs). With Sq == Sk both are the usual causal mask.
+enum class causal_mode : std::uint8_t { none, top_left, bottom_right };
+
+//! Options of every attention call. `scale` <= 0 means 1/sqrt(dim). `num_threads` > 1 lets the CPU
+//! kernel use that many OpenMP threads (ignored without OpenMP); inside thread ranks keep 1.
+struct attention_options {
+  double scale = 0.0;
+  causal_mode causal = causal_mode::none;
+  int num_threads = 1;
+};
+
+//! Accumulation type for input type T: double for double, float for everything narrower.
+template <class T>
+using acc_t = std::conditional_t<std::is_same_v<std::remove_const_t<T>, double>, double, float>;
+//! Type of the per-row log-sum-exp for input type T (f32, or f64 for f64 inputs).
+template <class T>
+using lse_t = acc_t<T>;
+
+//! The mask as one rule: key j is visible from query i iff !causal or j <= i + offset. Top-left is
+//! offset 0, bottom-right Sk - Sq; ring steps use other offsets (stripe: -1).
+struct mask_rule {
+  bool causal = false;
+  std::int64_t offset = 0;
+  WEFT_HD constexpr bool visible(std::int64_t i, std::int64_t j) const noexcept {
+    return !causal || j <= i + offset;
+  }
+  //! One past the last visible key of row i, clamped to [0, sk].
+  WEFT_HD constexpr std::int64_t key_end(std::int64_t i, std::int64_t sk) const noexcept {
+    if (!causal) return sk;
+    std::int64_t const e = i + offset + 1;
+    return e < 0 ? 0 : (e > sk ? sk : e);
+  }
+};
+
+inline mask_rule make_mask(causal_mode c, std::int64_t sq, std::int64_t sk) noexcept {
+  switch (c) {
+    case causal_mode::none: return {false, 0};
+    case causal_mode::top_left: return {true, 0};
+    case causal_mode::bottom_right: return {true, sk - sq};
+  }
+  return {false, 0};
+}
+
+inline double resolve_scale(double scale, std::int64_t dim) noexcept {
+  return scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(dim));
+}
+
+namespace detail {
+
+//! Raw form of a [batch, seq, heads, dim] tensor whose dim is contiguous.
+template <class T>
+struct bshd {
+  T* data = nullptr;
+  std::int64_t b = 0, s = 0, h = 0, d = 0;
+  std::int64_t sb = 0, ss = 0, sh = 0;
+  T* row(std::int64_t bi, std::int64_t si, std::int64_t hi) const noexcept {
+    return data + bi * sb + si * ss + hi * sh;
+  }
+};
+
+//! Raw form of a [batch, heads, seq] LSE tensor.
+template <class T>
+struct bhs {
+  T* data = nullptr;
+  std::int64_t b = 0, h = 0, s = 0;
+  std::int64_t sb = 0, sh = 0, ss = 0;
+  T& at(std::int64_t bi, std::int64_t hi, std::int64_t si) const noexcept {
+    return data[bi * sb + hi * sh + si * ss];
+  }
+};
+
+template <class T>
+bshd<T> contiguous_bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
+  return {p, b, s, h, d, s * h * d, h * d, d};
+}
+template <class T>
+bhs<T> contiguous_bhs(T* p, std::int64_t b, std::int64_t h, std::int64_t s) noexcept {
+  return {p, b, h, s, h * s, s, 1};
+}
+
+template <class V>
+using view_elem_t = typename V::element_type;
+
+template <Tensor V>
+auto as_bshd(V const& v, char const* name) {
+  static_assert(V::rank() == 4, "weft: attention tensors are [batch, seq, heads, dim] (rank 4)");
+  using T = view_elem_t<V>;
+  WEFT_EXPECTS_SHAPE(v.extent(3) == 0 || v.stride(3) == 1, name, "dim stride 1",
+                     static_cast<std::int64_t>(v.stride(3)));
+  return bshd<T>{v.data_handle(),
+                 static_cast<std::int64_t>(v.extent(0)), static_cast<std::int64_t>(v.extent(1)),
+                 static_cast<std::int64_t>(v.extent(2)), static_cast<std::int64_t>(v.extent(3)),
+                 static_cast<std::int64_t>(v.stride(0)), static_cast<std::int64_t>(v.stride(1)),
+                 static_cast<std::int64_t>(v.stride(2))};
+}
+
+template <Tensor V>
+auto as_bhs(V const& v) {
+  static_assert(V::rank() == 3, "weft: attention LSE tensors are [batch, heads, seq] (rank 3)");
+  using T = view_elem_t<V>;
+  return bhs<T>{v.data_handle(),
+                static_cast<std::int64_t>(v.extent(0)), static_cast<std::int64_t>(v.extent(1)),
+                static_cast<std::int64_t>(v.extent(2)), static_cast<std::int64_t>(v.stride(0)),
+                static_cast<std::int64_t>(v.stride(1)), static_cast<std::int64_t>(v.stride(2))};
+}
+
+inline std::string shape_string(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+  return ::weft::detail::concat("[", a, ", ", b, ", ", c, ", ", d, "]");
+}
+inline std::string shape_string(std::int64_t a, std::int64_t b, std::int64_t c) {
+  return ::weft::detail::concat("[", a, ", ", b, ", ", c, "]");
+}
+
+//! Checks q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] with Hq % Hkv == 0.
+template <class Q, class K, class V>
+void check_qkv(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v) {
+  WEFT_EXPECTS_SHAPE(k.b == q.b && k.d == q.d, "k", shape_string(q.b, k.s, k.h, q.d),
+                     shape_string(k.b, k.s, k.h, k.d));
+  WEFT_EXPECTS_SHAPE(v.b == k.b && v.s == k.s && v.h == k.h && v.d == k.d, "v",
+                     shape_string(k.b, k.s, k.h, k.d), shape_string(v.b, v.s, v.h, v.d));
+  WEFT_EXPECTS_SHAPE(k.h > 0 && q.h % k.h == 0, "k",
+                     ::weft::detail::concat("a head count dividing q's ", q.h, " heads"), k.h);
+}
+
+template <class A, class B>
+void check_same_shape(bshd<A> const& want, bshd<B> const& got, char const* name) {
+  WEFT_EXPECTS_SHAPE(want.b == got.b && want.s == got.s && want.h == got.h && want.d == got.d, name,
+                     shape_string(want.b, want.s, want.h, want.d),
+                     shape_string(got.b, got.s, got.h, got.d));
+}
+
+template <class A, class L>
+void check_lse_shape(bshd<A> const& q, bhs<L> const& l, char const* name) {
+  WEFT_EXPECTS_SHAPE(l.b == q.b && l.h == q.h && l.s == q.s, name, shape_string(q.b, q.h, q.s),
+                     shape_string(l.b, l.h, l.s));
+}
+
+}  // namespace detail
+}  // namespace weft::attention

@@ -1,0 +1,164 @@
+// weft/attention/tile_gemm.hpp — the three small row-major GEMM shapes the CPU flash-attention
+// tiles need (C = A·Bᵀ, C += A·B, C += Aᵀ·B), through BLAS when WEFT_HAS_BLAS is 1 and otherwise
+// through register-blocked loops that vectorise without fast-math (no reductions in inner loops).
+#pragma once
+
+#include <weft/core/config.hpp>
+
+#include <cstdint>
+#include <type_traits>
+
+#if WEFT_HAS_BLAS
+#  include <cblas.h>
+#endif
+
+namespace weft::attention::detail {
+
+using idx = std::int64_t;
+
+// C[M×N] (+)= A[M×K] · B[K×N]. Four rows of C share each loaded row of B, and the inner loop runs
+// along contiguous rows of B and C, so it vectorises without reassociating any sum.
+template <class T>
+void gemm_nn_loops(idx m, idx n, idx k, T const* a, idx lda, T const* b, idx ldb, T* c, idx ldc,
+                   bool accumulate) {
+  if (!accumulate)
+    for (idx i = 0; i < m; ++i)
+      for (idx j = 0; j < n; ++j) c[i * ldc + j] = T(0);
+  idx i = 0;
+  for (; i + 4 <= m; i += 4) {
+    T* __restrict c0 = c + i * ldc;
+    T* __restrict c1 = c0 + ldc;
+    T* __restrict c2 = c1 + ldc;
+    T* __restrict c3 = c2 + ldc;
+    for (idx p = 0; p < k; ++p) {
+      T const a0 = a[i * lda + p], a1 = a[(i + 1) * lda + p], a2 = a[(i + 2) * lda + p],
+              a3 = a[(i + 3) * lda + p];
+      T const* __restrict bp = b + p * ldb;
+      for (idx j = 0; j < n; ++j) {
+        T const bv = bp[j];
+        c0[j] += a0 * bv;
+        c1[j] += a1 * bv;
+        c2[j] += a2 * bv;
+        c3[j] += a3 * bv;
+      }
+    }
+  }
+  for (; i < m; ++i) {
+    T* __restrict ci = c + i * ldc;
+    for (idx p = 0; p < k; ++p) {
+      T const ai = a[i * lda + p];
+      T const* __restrict bp = b + p * ldb;
+      for (idx j = 0; j < n; ++j) ci[j] += ai * bp[j];
+    }
+  }
+}
+
+// C[M×N] += Aᵀ · B with A stored [K×M] and B [K×N].
+template <class T>
+void gemm_tn_loops(idx m, idx n, idx k, T const* a, idx lda, T const* b, idx ldb, T* c, idx ldc) {
+  idx i = 0;
+  for (; i + 4 <= m; i += 4) {
+    T* __restrict c0 = c + i * ldc;
+    T* __restrict c1 = c0 + ldc;
+    T* __restrict c2 = c1 + ldc;
+    T* __restrict c3 = c2 + ldc;
+    for (idx p = 0; p < k; ++p) {
+      T const* ap = a + p * lda + i;
+      T const a0 = ap[0], a1 = ap[1], a2 = ap[2], a3 = ap[3];
+      if (a0 == T(0) && a1 == T(0) && a2 == T(0) && a3 == T(0)) continue;  // masked rows of P
+      T const* __restrict bp = b + p * ldb;
+      for (idx j = 0; j < n; ++j) {
+        T const bv = bp[j];
+        c0[j] += a0 * bv;
+        c1[j] += a1 * bv;
+        c2[j] += a2 * bv;
+        c3[j] += a3 * bv;
+      }
+    }
+  }
+  for (; i < m; ++i) {
+    T* __restrict ci = c + i * ldc;
+    for (idx p = 0; p < k; ++p) {
+      T const ai = a[p * lda + i];
+      T const* __restrict bp = b + p * ldb;
+      for (idx j = 0; j < n; ++j) ci[j] += ai * bp[j];
+    }
+  }
+}
+
+//! C[M×N] = alpha · A[M×K] · B[N×K]ᵀ (overwrites C). `scratch` holds K×N elements.
+template <class T>
+void gemm_nt(idx m, idx n, idx k, T alpha, T const* a, idx lda, T const* b, idx ldb, T* c, idx ldc,
+             T* scratch) {
+#if WEFT_HAS_BLAS
+  (void)scratch;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), alpha, a, int(lda),
+                b, int(ldb), 0.0f, c, int(ldc));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), alpha, a, int(lda),
+                b, int(ldb), 0.0, c, int(ldc));
+    return;
+  }
+#endif
+  for (idx j = 0; j < n; ++j)
+    for (idx p = 0; p < k; ++p) scratch[p * n + j] = b[j * ldb + p];
+  gemm_nn_loops(m, n, k, a, lda, scratch, n, c, ldc, false);
+  if (alpha != T(1))
+    for (idx i = 0; i < m; ++i)
+      for (idx j = 0; j < n; ++j) c[i * ldc + j] *= alpha;
+}
+
+//! C[M×N] += alpha · A[M×K] · B[K×N].
+template <class T>
+void gemm_nn_acc(idx m, idx n, idx k, T alpha, T const* a, idx lda, T const* b, idx ldb, T* c,
+                 idx ldc, T* scratch) {
+#if WEFT_HAS_BLAS
+  (void)scratch;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a,
+                int(lda), b, int(ldb), 1.0f, c, int(ldc));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a,
+                int(lda), b, int(ldb), 1.0, c, int(ldc));
+    return;
+  }
+#endif
+  if (alpha == T(1)) {
+    gemm_nn_loops(m, n, k, a, lda, b, ldb, c, ldc, true);
+    return;
+  }
+  // Scale the small operand A (M×K) rather than C so rounding matches alpha·(A·B) closely.
+  for (idx i = 0; i < m; ++i)
+    for (idx p = 0; p < k; ++p) scratch[i * k + p] = alpha * a[i * lda + p];
+  gemm_nn_loops(m, n, k, scratch, k, b, ldb, c, ldc, true);
+}
+
+//! C[M×N] += alpha · A[K×M]ᵀ · B[K×N].
+template <class T>
+void gemm_tn_acc(idx m, idx n, idx k, T alpha, T const* a, idx lda, T const* b, idx ldb, T* c,
+                 idx ldc, T* scratch) {
+#if WEFT_HAS_BLAS
+  (void)scratch;
+  if constexpr (std::is_same_v<T, float>) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a, int(lda),
+                b, int(ldb), 1.0f, c, int(ldc));
+    return;
+  } else if constexpr (std::is_same_v<T, double>) {
+    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a, int(lda),
+                b, int(ldb), 1.0, c, int(ldc));
+    return;
+  }
+#endif
+  if (alpha == T(1)) {
+    gemm_tn_loops(m, n, k, a, lda, b, ldb, c, ldc);
+    return;
+  }
+  for (idx p = 0; p < k; ++p)
+    for (idx i = 0; i < m; ++i) scratch[p * m + i] = alpha * a[p * lda + i];
+  gemm_tn_loops(m, n, k, scratch, m, b, ldb, c, ldc);
+}
+
+}  // namespace weft::attention::detail

@@ -1,0 +1,278 @@
+// weft/attention/ulysses.hpp — Ulysses (DeepSpeed) sequence parallelism over any Communicator: an
+// all-to-all turns contiguous sequence shards into head shards of the full sequence, local flash
+// attention runs there, and a second all-to-all turns the result back; forward and backward.
+#pragma once
+
+#include <weft/attention/common.hpp>
+#include <weft/attention/flash.hpp>
+#include <weft/attention/ring.hpp>
+#include <weft/comm/concepts.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/tensor.hpp>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+namespace weft::attention {
+
+//! Which heads of q and of k/v each of `degree` ranks gets after the sequence-to-head all-to-all.
+//! Query heads split evenly (Hq % degree == 0). KV heads split evenly when Hkv % degree == 0;
+//! when degree % Hkv == 0 instead, rank p gets one replica of KV head p·Hkv/degree — exactly the
+//! head its query heads use — and the replicas' gradients are summed on the way back.
+struct ulysses_heads {
+  int degree = 1;
+  std::int64_t hq = 0, hk = 0;
+  [[nodiscard]] std::int64_t local_q() const noexcept { return hq / degree; }
+  [[nodiscard]] std::int64_t local_k() const noexcept { return replicated() ? 1 : hk / degree; }
+  [[nodiscard]] bool replicated() const noexcept { return hk % degree != 0; }
+  [[nodiscard]] std::int64_t q_head(int p, std::int64_t j) const noexcept { return p * local_q() + j; }
+  [[nodiscard]] std::int64_t k_head(int p, std::int64_t j) const noexcept {
+    return replicated() ? p * hk / degree : p * local_k() + j;
+  }
+
+  static ulysses_heads make(int degree, std::int64_t hq, std::int64_t hk) {
+    WEFT_EXPECTS_SHAPE(hq % degree == 0, "q",
+                       ::weft::detail::concat("a query head count divisible by the Ulysses degree ", degree),
+                       ::weft::detail::concat(hq, " heads"));
+    WEFT_EXPECTS_SHAPE(hk % degree == 0 || degree % hk == 0, "k",
+                       ::weft::detail::concat("a KV head count that divides or is divisible by the Ulysses degree ",
+                                              degree),
+                       ::weft::detail::concat(hk, " heads"));
+    return {degree, hq, hk};
+  }
+};
+
+namespace detail {
+
+//! [B, c, H, D] sequence shards -> [B, N·c, hl, D] with the heads head(p, j) for this rank; the
+//! result's rows are the sources' rows in rank order.
+template <class E, class HeadFn, comm::Communicator C>
+std::vector<E> a2a_seq_to_head(C& comm, bshd<E const> x, std::int64_t hl, HeadFn head) {
+  int const n = comm.size(), me = comm.rank();
+  idx const piece = x.b * x.s * hl * x.d;
+  std::vector<E> send(std::size_t(piece * n)), recv(send.size()), full(send.size());
+  for (int p = 0; p < n; ++p) {
+    auto dst = contiguous_bshd(send.data() + p * piece, x.b, x.s, hl, x.d);
+    for (idx b = 0; b < x.b; ++b)
+      for (idx s = 0; s < x.s; ++s)
+        for (idx j = 0; j < hl; ++j) {
+          E const* a = x.row(b, s, head(p, j));
+          std::copy(a, a + x.d, dst.row(b, s, j));
+        }
+  }
+  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  auto out = contiguous_bshd(full.data(), x.b, x.s * n, hl, x.d);
+  for (int p = 0; p < n; ++p) {
+    auto src = contiguous_bshd<E const>(recv.data() + p * piece, x.b, x.s, hl, x.d);
+    copy_bshd(src, seq_slice(out, p * x.s, (p + 1) * x.s));
+  }
+  (void)me;
+  return full;
+}
+
+//! The inverse: [B, N·c, hl, D] (Acc or E) -> this rank's [B, c, H, D]; with `add`, replicas of a
+//! head are summed in source-rank order (deterministic), else assigned.
+template <class E, class Out, class HeadFn, comm::Communicator C>
+void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool add) {
+  int const n = comm.size();
+  idx const c = x.s, hl = full.h;
+  idx const piece = x.b * c * hl * x.d;
+  std::vector<std::remove_const_t<E>> send(std::size_t(piece * n)), recv(send.size());
+  for (int p = 0; p < n; ++p)
+    copy_bshd(seq_slice(full, p * c, (p + 1) * c), contiguous_bshd(send.data() + p * piece, x.b, c, hl, x.d));
+  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  if (add) zero_rows(x);
+  for (int p = 0; p < n; ++p) {
+    auto src = contiguous_bshd<E const>(recv.data() + p * piece, x.b, c, hl, x.d);
+    for (idx b = 0; b < x.b; ++b)
+      for (idx s = 0; s < c; ++s)
+        for (idx j = 0; j < hl; ++j) {
+          E const* a = src.row(b, s, j);
+          Out* z = x.row(b, s, head(p, j));
+          for (idx d = 0; d < x.d; ++d)
+            z[d] = add ? static_cast<Out>(static_cast<acc_t<Out>>(z[d]) + static_cast<acc_t<Out>>(a[d]))
+                       : static_cast<Out>(a[d]);
+        }
+  }
+}
+
+//! LSE [B, H, c] -> [B, hl, N·c] (backward needs the LSE in head layout).
+template <class L, comm::Communicator C>
+std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulysses_heads const& uh) {
+  using E = std::remove_const_t<L>;
+  int const n = comm.size();
+  idx const c = x.s, hl = uh.local_q(), piece = x.b * hl * c;
+  std::vector<E> send(std::size_t(piece * n)), recv(send.size()), full(send.size());
+  for (int p = 0; p < n; ++p)
+    for (idx b = 0; b < x.b; ++b)
+      for (idx j = 0; j < hl; ++j)
+        for (idx s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = x.at(b, uh.q_head(p, j), s);
+  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  for (int p = 0; p < n; ++p)
+    for (idx b = 0; b < x.b; ++b)
+      for (idx j = 0; j < hl; ++j)
+        for (idx s = 0; s < c; ++s)
+          full[std::size_t((b * hl + j) * (n * c) + p * c + s)] = recv[std::size_t(p * piece + (b * hl + j) * c + s)];
+  return full;
+}
+
+//! LSE [B, hl, N·c] -> this rank's [B, H, c].
+template <class L, class Out, comm::Communicator C>
+void a2a_lse_head_to_seq(C& comm, bhs<L const> full, bhs<Out> x, ulysses_heads const& uh) {
+  int const n = comm.size();
+  idx const c = x.s, hl = full.h, piece = x.b * hl * c;
+  std::vector<L> send(std::size_t(piece * n)), recv(send.size());
+  for (int p = 0; p < n; ++p)
+    for (idx b = 0; b < x.b; ++b)
+      for (idx j = 0; j < hl; ++j)
+        for (idx s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = full.at(b, j, p * c + s);
+  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  for (int p = 0; p < n; ++p)
+    for (idx b = 0; b < x.b; ++b)
+      for (idx j = 0; j < hl; ++j)
+        for (idx s = 0; s < c; ++s)
+          x.at(b, uh.q_head(p, j), s) = static_cast<Out>(recv[std::size_t(p * piece + (b * hl + j) * c + s)]);
+}
+
+//! Ulysses forward around an inner attention `inner(q, k, v, o_acc, lse_acc)` on the head-sharded
+//! full (or ring-chunk) sequence.
+template <class T, class O, class L, class Inner, comm::Communicator C>
+void ulysses_forward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
+                          bhs<L> lse, Inner&& inner) {
+  using Acc = acc_t<T>;
+  auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
+  int const n = comm.size();
+  idx const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
+  auto qh = a2a_seq_to_head(comm, q, hq, [&](int p, idx j) { return uh.q_head(p, j); });
+  auto kh = a2a_seq_to_head(comm, k, hk, [&](int p, idx j) { return uh.k_head(p, j); });
+  auto vh = a2a_seq_to_head(comm, v, hk, [&](int p, idx j) { return uh.k_head(p, j); });
+  std::vector<Acc> oh(std::size_t(q.b * sf * hq * q.d)), lh(std::size_t(q.b * hq * sf));
+  auto const ov = contiguous_bshd(oh.data(), q.b, sf, hq, q.d);
+  auto const lv = contiguous_bhs(lh.data(), q.b, hq, sf);
+  inner(contiguous_bshd<T const>(qh.data(), q.b, sf, hq, q.d), contiguous_bshd<T const>(kh.data(), q.b, sf, hk, q.d),
+        contiguous_bshd<T const>(vh.data(), q.b, sf, hk, q.d), ov, lv);
+  // The output travels back in the accumulation type, so the caller's o rounds once.
+  a2a_head_to_seq(comm, as_const(ov), o, [&](int p, idx j) { return uh.q_head(p, j); }, false);
+  a2a_lse_head_to_seq(comm, as_const(lv), lse, uh);
+}
+
+//! Ulysses backward around `inner(q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc)` (overwrites).
+template <class T, class O, class L, class G, class DQ, class DK, class DV, class Inner, comm::Communicator C>
+void ulysses_backward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O const> o,
+                           bhs<L const> lse, bshd<G const> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
+                           Inner&& inner) {
+  using Acc = acc_t<T>;
+  auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
+  int const n = comm.size();
+  idx const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
+  auto qf = [&](int p, idx j) { return uh.q_head(p, j); };
+  auto kf = [&](int p, idx j) { return uh.k_head(p, j); };
+  auto qh = a2a_seq_to_head(comm, q, hq, qf);
+  auto kh = a2a_seq_to_head(comm, k, hk, kf);
+  auto vh = a2a_seq_to_head(comm, v, hk, kf);
+  auto oh = a2a_seq_to_head(comm, o, hq, qf);
+  auto gh = a2a_seq_to_head(comm, dout, hq, qf);
+  auto lh = a2a_lse_seq_to_head(comm, lse, uh);
+  using OE = std::remove_const_t<O>;
+  using GE = std::remove_const_t<G>;
+  using LE = std::remove_const_t<L>;
+  std::vector<Acc> gq(std::size_t(q.b * sf * hq * q.d)), gk(std::size_t(q.b * sf * hk * q.d)), gv(gk.size());
+  auto const dqv = contiguous_bshd(gq.data(), q.b, sf, hq, q.d);
+  auto const dkv = contiguous_bshd(gk.data(), q.b, sf, hk, q.d);
+  auto const dvv = contiguous_bshd(gv.data(), q.b, sf, hk, q.d);
+  inner(contiguous_bshd<T const>(qh.data(), q.b, sf, hq, q.d), contiguous_bshd<T const>(kh.data(), q.b, sf, hk, q.d),
+        contiguous_bshd<T const>(vh.data(), q.b, sf, hk, q.d), contiguous_bshd<OE const>(oh.data(), q.b, sf, hq, q.d),
+        contiguous_bhs<LE const>(lh.data(), q.b, hq, sf), contiguous_bshd<GE const>(gh.data(), q.b, sf, hq, q.d),
+        dqv, dkv, dvv);
+  a2a_head_to_seq(comm, as_const(dqv), dq, qf, false);
+  // Replicated KV heads: every replica's gradient comes home and they add up.
+  a2a_head_to_seq(comm, as_const(dkv), dk, kf, uh.replicated());
+  a2a_head_to_seq(comm, as_const(dvv), dv, kf, uh.replicated());
+}
+
+template <class V>
+auto const_bshd(V const& v, char const* name) {
+  return as_const(as_bshd(v, name));
+}
+
+template <class QV, class KV, class VV, class OV, class LV>
+void check_forward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse) {
+  auto const rq = as_bshd(q, "q");
+  auto const rk = as_bshd(k, "k");
+  check_qkv(rq, rk, as_bshd(v, "v"));
+  check_same_shape(rq, as_bshd(o, "o"), "o");
+  check_lse_shape(rq, as_bhs(lse), "lse");
+  WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
+}
+
+template <class QV, class KV, class VV, class OV, class LV, class GV, class DQV, class DKV, class DVV>
+void check_backward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse, GV const& dout,
+                         DQV const& dq, DKV const& dk, DVV const& dv) {
+  check_forward_args(q, k, v, o, lse);
+  auto const rq = as_bshd(q, "q");
+  auto const rk = as_bshd(k, "k");
+  check_same_shape(rq, as_bshd(dout, "dout"), "dout");
+  check_same_shape(rq, as_bshd(dq, "dq"), "dq");
+  check_same_shape(rk, as_bshd(dk, "dk"), "dk");
+  check_same_shape(rk, as_bshd(dv, "dv"), "dv");
+}
+
+}  // namespace detail
+
+//! Ulysses attention forward. Rank p holds the contiguous sequence shard p (q [B, c, Hq, D], k, v
+//! [B, c, Hkv, D]); Hq must be divisible by the group size N, and Hkv divisible by N or dividing
+//! it (then KV heads are replicated N/Hkv times). o [B, c, Hq, D] and lse [B, Hq, c] are this
+//! rank's rows of single-device attention over the whole sequence.
+template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
+          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV>
+void ulysses_forward(C& comm, QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
+                     attention_options const& opt = {}) {
+  using T = std::remove_const_t<typename QV::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+                "weft: ulysses_forward needs q, k and v of one element type");
+  detail::check_forward_args(q, k, v, o, lse);
+  auto const rq = detail::const_bshd(q, "q");
+  (void)ulysses_heads::make(comm.size(), rq.h, detail::as_bshd(k, "k").h);
+  double const scale = resolve_scale(opt.scale, rq.d);
+  mask_rule const mask{opt.causal != causal_mode::none, 0};
+  int const threads = opt.num_threads;
+  detail::ulysses_forward_impl(comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"),
+                               detail::as_bshd(o, "o"), detail::as_bhs(lse),
+                               [&](auto qq, auto kk, auto vv, auto oo, auto ll) {
+                                 detail::flash_forward_raw(qq, kk, vv, oo, ll, mask, scale, threads);
+                               });
+}
+
+//! Ulysses attention backward: dq, dk, dv of this rank's shard (overwritten).
+template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
+          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV,
+          TensorIn<host_space> GV, TensorIn<host_space> DQV, TensorIn<host_space> DKV,
+          TensorIn<host_space> DVV>
+void ulysses_backward(C& comm, QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
+                      GV const& dout, DQV const& dq, DKV const& dk, DVV const& dv,
+                      attention_options const& opt = {}) {
+  using T = std::remove_const_t<typename QV::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+                "weft: ulysses_backward needs q, k and v of one element type");
+  detail::check_backward_args(q, k, v, o, lse, dout, dq, dk, dv);
+  auto const rq = detail::const_bshd(q, "q");
+  (void)ulysses_heads::make(comm.size(), rq.h, detail::as_bshd(k, "k").h);
+  double const scale = resolve_scale(opt.scale, rq.d);
+  mask_rule const mask{opt.causal != causal_mode::none, 0};
+  int const threads = opt.num_threads;
+  detail::ulysses_backward_impl(
+      comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"), detail::const_bshd(o, "o"),
+      detail::as_const(detail::as_bhs(lse)), detail::const_bshd(dout, "dout"), detail::as_bshd(dq, "dq"),
+      detail::as_bshd(dk, "dk"), detail::as_bshd(dv, "dv"),
+      [&](auto qq, auto kk, auto vv, auto oo, auto ll, auto gg, auto dqq, auto dkk, auto dvv) {
+        detail::zero_rows(dqq);
+        detail::zero_rows(dkk);
+        detail::zero_rows(dvv);
+        detail::flash_backward_accumulate_raw(qq, kk, vv, oo, ll, gg, dqq, dkk, dvv, mask, scale, threads);
+      });
+}
+
+}  // namespace weft::attention

@@ -1,0 +1,116 @@
+// weft/attention/usp.hpp — USP, the 2-D hybrid of Ulysses and ring attention: an all-to-all over
+// a Ulysses group of u ranks gathers each ring rank's chunk for H/u heads, a (zigzag) ring over r
+// ranks runs on it, and a second all-to-all returns the rows; on two communicators or a device_mesh.
+#pragma once
+
+#include <weft/attention/common.hpp>
+#include <weft/attention/layout.hpp>
+#include <weft/attention/ring.hpp>
+#include <weft/attention/ulysses.hpp>
+#include <weft/comm/concepts.hpp>
+#include <weft/core/error.hpp>
+#include <weft/mesh/device_mesh.hpp>
+
+#include <string_view>
+#include <type_traits>
+
+namespace weft::attention {
+
+namespace detail {
+
+inline void check_usp_layout(seq_layout const& lay, int u, int r, bool causal, std::int64_t local_seq) {
+  WEFT_EXPECTS(lay.ulysses_degree() == u, "layout",
+               ::weft::detail::concat("a USP layout with Ulysses degree ", u, " (the Ulysses group size)"),
+               lay.ulysses_degree());
+  WEFT_EXPECTS(lay.ring_degree() == r, "layout",
+               ::weft::detail::concat("a USP layout with ring degree ", r, " (the ring group size)"),
+               lay.ring_degree());
+  WEFT_EXPECTS(causal || lay.kind() == layout_kind::contiguous, "layout",
+               "contiguous inner layout for non-causal attention", to_string(lay.kind()));
+  WEFT_EXPECTS_SHAPE(local_seq == lay.local_length(), "q",
+                     ::weft::detail::concat("local sequence length ", lay.local_length()), local_seq);
+}
+
+}  // namespace detail
+
+//! USP forward on the Ulysses group `ulysses` (size u) and the ring group `ring` (size r). This
+//! rank holds the rows of `layout` (a seq_layout::usp(u, r, ...)) for global layout rank
+//! ring.rank()·u + ulysses.rank(). Head rules are Ulysses' (Hq % u == 0; Hkv divisible by u or
+//! dividing it); the ring carries the (possibly replicated) H_kv/u heads unreplicated further.
+template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
+          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV>
+void usp_forward(C& ulysses, C& ring, seq_layout const& layout, QV const& q, KV const& k, VV const& v,
+                 OV const& o, LV const& lse, attention_options const& opt = {}) {
+  using T = std::remove_const_t<typename QV::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+                "weft: usp_forward needs q, k and v of one element type");
+  detail::check_forward_args(q, k, v, o, lse);
+  auto const rq = detail::const_bshd(q, "q");
+  bool const causal = detail::is_causal(opt);
+  detail::check_usp_layout(layout, ulysses.size(), ring.size(), causal, rq.s);
+  (void)ulysses_heads::make(ulysses.size(), rq.h, detail::as_bshd(k, "k").h);
+  double const scale = resolve_scale(opt.scale, rq.d);
+  int const threads = opt.num_threads;
+  layout_kind const kind = layout.kind();
+  detail::ulysses_forward_impl(ulysses, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"),
+                               detail::as_bshd(o, "o"), detail::as_bhs(lse),
+                               [&](auto qq, auto kk, auto vv, auto oo, auto ll) {
+                                 detail::ring_forward_impl<T const>(ring, kind, causal, qq, kk, vv, oo, ll,
+                                                                    scale, threads);
+                               });
+}
+
+//! USP backward; arguments as usp_forward plus ring_backward's.
+template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
+          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV,
+          TensorIn<host_space> GV, TensorIn<host_space> DQV, TensorIn<host_space> DKV,
+          TensorIn<host_space> DVV>
+void usp_backward(C& ulysses, C& ring, seq_layout const& layout, QV const& q, KV const& k, VV const& v,
+                  OV const& o, LV const& lse, GV const& dout, DQV const& dq, DKV const& dk, DVV const& dv,
+                  attention_options const& opt = {}) {
+  using T = std::remove_const_t<typename QV::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+                "weft: usp_backward needs q, k and v of one element type");
+  detail::check_backward_args(q, k, v, o, lse, dout, dq, dk, dv);
+  auto const rq = detail::const_bshd(q, "q");
+  bool const causal = detail::is_causal(opt);
+  detail::check_usp_layout(layout, ulysses.size(), ring.size(), causal, rq.s);
+  (void)ulysses_heads::make(ulysses.size(), rq.h, detail::as_bshd(k, "k").h);
+  double const scale = resolve_scale(opt.scale, rq.d);
+  int const threads = opt.num_threads;
+  layout_kind const kind = layout.kind();
+  detail::ulysses_backward_impl(
+      ulysses, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"), detail::const_bshd(o, "o"),
+      detail::as_const(detail::as_bhs(lse)), detail::const_bshd(dout, "dout"), detail::as_bshd(dq, "dq"),
+      detail::as_bshd(dk, "dk"), detail::as_bshd(dv, "dv"),
+      [&](auto qq, auto kk, auto vv, auto oo, auto ll, auto gg, auto dqq, auto dkk, auto dvv) {
+        detail::ring_backward_impl<T const>(ring, kind, causal, qq, kk, vv, oo, ll, gg, dqq, dkk, dvv,
+                                            scale, threads);
+      });
+}
+
+//! The global layout rank of this process in a USP mesh: ring coordinate · u + Ulysses coordinate.
+template <comm::Communicator C>
+int usp_layout_rank(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis) {
+  return mesh.local_rank(ring_axis) * mesh.size(ulysses_axis) + mesh.local_rank(ulysses_axis);
+}
+
+//! USP forward over two axes of a device_mesh (Ulysses over `ulysses_axis`, ring over `ring_axis`).
+template <comm::Communicator C, class... Views>
+void usp_forward(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis,
+                 seq_layout const& layout, Views const&... views_and_options) {
+  WEFT_EXPECTS(ulysses_axis != ring_axis, "ring_axis", "an axis other than the Ulysses axis", ring_axis);
+  usp_forward(mesh.group(ulysses_axis), mesh.group(ring_axis), layout, views_and_options...);
+}
+
+//! USP backward over two axes of a device_mesh.
+template <comm::Communicator C, class... Views>
+void usp_backward(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis,
+                  seq_layout const& layout, Views const&... views_and_options) {
+  WEFT_EXPECTS(ulysses_axis != ring_axis, "ring_axis", "an axis other than the Ulysses axis", ring_axis);
+  usp_backward(mesh.group(ulysses_axis), mesh.group(ring_axis), layout, views_and_options...);
+}
+
+}  // namespace weft::attention
