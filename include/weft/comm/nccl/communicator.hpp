@@ -11,6 +11,7 @@
 #  include <weft/comm/reference.hpp>
 #  include <weft/core/dtype.hpp>
 #  include <weft/core/error.hpp>
+#  include <weft/core/memory.hpp>
 
 #  include <algorithm>
 #  include <array>
@@ -379,6 +380,7 @@ class event_work final : public weft::comm::detail::work_state {
 class communicator {
  public:
   using communicator_concept = stream_communicator_tag;
+  using memory_space = cuda_space;  // the typed collectives accept views of device memory only
 
   communicator() = default;  // a non-member: size 0, rank -1
   communicator(communicator&&) noexcept = default;
