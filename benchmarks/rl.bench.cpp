@@ -11,11 +11,18 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 namespace {
 
 using weft::rl::index_t;
+
+// Which multiversioned path the run took (0 SSE2 baseline, 1 AVX2+FMA, 2 AVX-512).
+std::string simd_label() {
+  static char const* const names[] = {"sse2", "avx2", "avx512"};
+  return names[static_cast<int>(weft::rl::detail::host_simd_level())];
+}
 
 // Enough tokens that the logits (about 80 MB) do not fit any cache.
 index_t tokens_for(index_t vocab) { return (index_t{20} << 20) / vocab; }
@@ -49,6 +56,7 @@ void bm_logprob_fwd_bwd(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(2 * z.size() * sizeof(L)));
   state.counters["tokens"] = static_cast<double>(T);
+  state.SetLabel(simd_label());
 }
 
 template <class L>
@@ -110,7 +118,7 @@ void bm_policy_loss(benchmark::State& state) {
     benchmark::ClobberMemory();
   }
   state.SetBytesProcessed(state.iterations() * loss_bytes_per_token * (1 << 20));
-  state.SetLabel(std::string(weft::rl::to_string(cfg.kind)));
+  state.SetLabel(std::string(weft::rl::to_string(cfg.kind)) + " " + simd_label());
 }
 
 void bm_policy_loss_memcpy(benchmark::State& state) {

@@ -97,4 +97,56 @@ struct exp_fn {
 
 inline constexpr exp_fn fast_exp{};
 
+namespace detail {
+
+//! Which vector ISA the host loops run with. The streaming loops are compute-bound under the
+//! baseline x86-64 target (SSE2, 4 lanes), so they are compiled again for AVX2+FMA and AVX-512
+//! and picked at run time (function multiversioning by hand: one always-inline body, wrappers
+//! with `target` attributes, a dispatch on __builtin_cpu_supports). Results differ from the
+//! SSE2 build only by FMA contraction, far inside exp_fn's 2 ulp.
+enum class simd_level : int { base = 0, avx2 = 1, avx512 = 2 };
+
+}  // namespace detail
+
+}  // namespace weft::rl
+
+// Host-only: nvcc's front end and non-x86 targets get the plain loops. WEFT_RL_NO_MULTIVERSION
+// forces them everywhere (e.g. to compare against the baseline build).
+#if defined(__x86_64__) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(WEFT_RL_NO_MULTIVERSION)
+#  define WEFT_RL_MULTIVERSION 1
+#  define WEFT_RL_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#  if defined(__clang__)
+#    define WEFT_RL_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#  else  // GCC's generic tuning would otherwise keep 256-bit vectors under AVX-512
+#    define WEFT_RL_TARGET_AVX512 \
+      __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")))
+#  endif
+#else
+#  define WEFT_RL_MULTIVERSION 0
+#endif
+
+namespace weft::rl::detail {
+
+//! The best level this CPU supports, detected once.
+inline simd_level host_simd_level() noexcept {
+#if WEFT_RL_MULTIVERSION
+  static simd_level const level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq"))
+      return simd_level::avx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return simd_level::avx2;
+    return simd_level::base;
+  }();
+  return level;
+#else
+  return simd_level::base;
+#endif
+}
+
+}  // namespace weft::rl::detail
+
+namespace weft::rl {
+
 }  // namespace weft::rl

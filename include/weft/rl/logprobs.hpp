@@ -17,6 +17,7 @@
 #include <limits>
 #include <span>
 #include <type_traits>
+#include <vector>
 
 namespace weft::rl {
 
@@ -120,11 +121,25 @@ WEFT_FORCEINLINE C load_logit(L const* z, index_t j, C inv_tau) {
   return static_cast<C>(static_cast<logit_compute_t<L>>(z[j])) * inv_tau;
 }
 
+template <class L>
+WEFT_FORCEINLINE void prefetch(L const* p) {
+#if defined(__GNUC__) || defined(__clang__)
+  __builtin_prefetch(p, 0, 3);
+#else
+  (void)p;
+#endif
+}
+
 //! Statistics of logits z[0, n) / tau: chunks of logit_chunk values, each reduced by pairwise
 //! trees down to logit_lanes partial sums (a fixed order, so results are deterministic and every
 //! pass is a map that vectorises without reassociation), merged in double across chunks.
+//! With `saved_exp` non-null (the fused sweep) it also keeps each logit's e^{x - m_c} in
+//! saved_exp[0, n) and each chunk's max m_c in chunk_max (-inf for an all -inf chunk), so the
+//! backward needs no second exponential per logit.
 template <class L>
-softmax_stats<double> row_stats(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, logit_compute_t<L> inv_tau,
+                                                      logit_compute_t<L>* saved_exp = nullptr,
+                                                      double* chunk_max = nullptr) {
   using C = logit_compute_t<L>;
   constexpr index_t W = logit_lanes;
   constexpr C lowest = cuda::std::numeric_limits<C>::lowest();
@@ -145,14 +160,36 @@ softmax_stats<double> row_stats(L const* z, index_t n, logit_compute_t<L> inv_ta
     for (index_t h = half / 2; h >= 1; h /= 2)
       for (index_t j = 0; j < h; ++j) tbuf[j] = select(tbuf[j + h] > tbuf[j], tbuf[j + h], tbuf[j]);
     C const m = tbuf[0];
-    if (!(m > -cuda::std::numeric_limits<C>::infinity())) continue;  // all -inf: adds nothing
-    // A pure map over the chunk: the exponentials and entropy terms.
-    for (index_t j = 0; j < len; ++j) {
-      C d = buf[j] - m;
-      d = select(d < lowest, lowest, d);
-      C const e = exp_fn{}(d);
-      buf[j] = e;
-      tbuf[j] = e * d;
+    if (!(m > -cuda::std::numeric_limits<C>::infinity())) {  // all -inf: adds nothing
+      if (saved_exp != nullptr) {
+        for (index_t j = 0; j < len; ++j) saved_exp[c0 + j] = C(0);
+        chunk_max[c0 / logit_chunk] = -cuda::std::numeric_limits<double>::infinity();
+      }
+      continue;
+    }
+    // A pure map over the chunk: the exponentials and entropy terms. The loop is compute-bound
+    // while the load loop above waits on memory, so the next chunk is prefetched in slices
+    // interleaved with it (the hardware prefetcher alone leaves DRAM idle here).
+    index_t const next = n - (c0 + len) < logit_chunk ? n - (c0 + len) : logit_chunk;
+    constexpr index_t slice = 256;
+    constexpr index_t line = 64 / static_cast<index_t>(sizeof(L));
+    for (index_t s0 = 0; s0 < len; s0 += slice) {
+      index_t const s1 = len - s0 < slice ? len : s0 + slice;
+      if (next > 0) {
+        index_t const p1 = s0 + slice < next ? s0 + slice : next;
+        for (index_t j = s0; j < p1; j += line) prefetch(z + c0 + len + j);
+      }
+      for (index_t j = s0; j < s1; ++j) {
+        C d = buf[j] - m;
+        d = select(d < lowest, lowest, d);
+        C const e = exp_fn{}(d);
+        buf[j] = e;
+        tbuf[j] = e * d;
+      }
+    }
+    if (saved_exp != nullptr) {
+      for (index_t j = 0; j < len; ++j) saved_exp[c0 + j] = buf[j];
+      chunk_max[c0 / logit_chunk] = static_cast<double>(m);
     }
     // Pairwise tree sums over the padded chunk: pure maps again (vectorise), fixed order, and
     // more accurate than a running sum.
@@ -175,8 +212,8 @@ softmax_stats<double> row_stats(L const* z, index_t n, logit_compute_t<L> inv_ta
 //! dz[0, n) for one row (or shard) given the row's lse and entropy; `target` is the column of
 //! the target within z, or -1 if it lies elsewhere. Writes every element once.
 template <class L, class D>
-void row_backward(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy, double g_logp,
-                  double g_ent, index_t target, D* dz) {
+WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy,
+                                        double g_logp, double g_ent, index_t target, D* dz) {
   using C = logit_compute_t<L>;
   if (!(lse > -cuda::std::numeric_limits<double>::infinity()) || !(g_logp != 0.0 || g_ent != 0.0)) {
     for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
@@ -189,6 +226,135 @@ void row_backward(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
   if (target >= 0) {  // add the indicator term before the one rounding to D
     dz[target] = static_cast<D>(fn(load_logit<C>(z, target, inv_tau)) + static_cast<C>(g_logp) * inv_tau);
   }
+}
+
+//! row_backward from the forward's saved e^{x - m_c}: p_v = e^{x_v - m_c} e^{m_c - lse}, one
+//! exponential per chunk instead of one per logit. Same formula and guards as logit_grad.
+template <class L, class D>
+WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+                                              double entropy, double g_logp, double g_ent, index_t target,
+                                              logit_compute_t<L> const* saved_exp, double const* chunk_max, D* dz) {
+  using C = logit_compute_t<L>;
+  if (!(lse > -cuda::std::numeric_limits<double>::infinity()) || !(g_logp != 0.0 || g_ent != 0.0)) {
+    for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
+    return;
+  }
+  constexpr C lowest = cuda::std::numeric_limits<C>::lowest();
+  C const lse_hi = static_cast<C>(lse);
+  C const lse_lo = static_cast<C>(lse - static_cast<double>(lse_hi));
+  C const h = static_cast<C>(entropy);
+  C const gl = static_cast<C>(g_logp);
+  C const ge = static_cast<C>(g_ent);
+  auto grad = [&](C x, C e, C f) {
+    C d = (x - lse_hi) - lse_lo;
+    d = select(d < lowest, lowest, d);
+    C const p = e * f;
+    return -p * (gl + ge * (d + h)) * inv_tau;
+  };
+  for (index_t c0 = 0; c0 < n; c0 += logit_chunk) {
+    index_t const len = n - c0 < logit_chunk ? n - c0 : logit_chunk;
+    double const mc = chunk_max[c0 / logit_chunk];
+    C const f = mc > -cuda::std::numeric_limits<double>::infinity() ? static_cast<C>(std::exp(mc - lse)) : C(0);
+    for (index_t j = c0; j < c0 + len; ++j) dz[j] = static_cast<D>(grad(load_logit<C>(z, j, inv_tau), saved_exp[j], f));
+    if (target >= c0 && target < c0 + len)  // the indicator term, before the one rounding to D
+      dz[target] = static_cast<D>(grad(load_logit<C>(z, target, inv_tau), saved_exp[target], f) + gl * inv_tau);
+  }
+}
+
+#if WEFT_RL_MULTIVERSION
+// The same bodies compiled for AVX2+FMA and AVX-512 (see simd_level in exp.hpp).
+template <class L>
+WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+  return row_stats_impl(z, n, inv_tau);
+}
+template <class L>
+WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+  return row_stats_impl(z, n, inv_tau);
+}
+template <class L, class D>
+WEFT_RL_TARGET_AVX2 void row_backward_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+                                           double entropy, double g_logp, double g_ent, index_t target, D* dz) {
+  row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
+}
+template <class L, class D>
+WEFT_RL_TARGET_AVX512 void row_backward_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+                                               double entropy, double g_logp, double g_ent, index_t target, D* dz) {
+  row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
+}
+template <class L>
+WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_saved_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau,
+                                                                logit_compute_t<L>* e, double* cm) {
+  return row_stats_impl(z, n, inv_tau, e, cm);
+}
+template <class L>
+WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_saved_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau,
+                                                                    logit_compute_t<L>* e, double* cm) {
+  return row_stats_impl(z, n, inv_tau, e, cm);
+}
+template <class L, class D>
+WEFT_RL_TARGET_AVX2 void row_backward_saved_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+                                                 double entropy, double g_logp, double g_ent, index_t target,
+                                                 logit_compute_t<L> const* e, double const* cm, D* dz) {
+  row_backward_saved_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
+}
+template <class L, class D>
+WEFT_RL_TARGET_AVX512 void row_backward_saved_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+                                                     double entropy, double g_logp, double g_ent, index_t target,
+                                                     logit_compute_t<L> const* e, double const* cm, D* dz) {
+  row_backward_saved_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
+}
+#endif
+
+template <class L>
+softmax_stats<double> row_stats_saved(L const* z, index_t n, logit_compute_t<L> inv_tau, logit_compute_t<L>* e,
+                                      double* cm) {
+#if WEFT_RL_MULTIVERSION
+  switch (host_simd_level()) {
+    case simd_level::avx512: return row_stats_saved_avx512(z, n, inv_tau, e, cm);
+    case simd_level::avx2: return row_stats_saved_avx2(z, n, inv_tau, e, cm);
+    case simd_level::base: break;
+  }
+#endif
+  return row_stats_impl(z, n, inv_tau, e, cm);
+}
+
+template <class L, class D>
+void row_backward_saved(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy, double g_logp,
+                        double g_ent, index_t target, logit_compute_t<L> const* e, double const* cm, D* dz) {
+#if WEFT_RL_MULTIVERSION
+  switch (host_simd_level()) {
+    case simd_level::avx512:
+      return row_backward_saved_avx512(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
+    case simd_level::avx2: return row_backward_saved_avx2(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
+    case simd_level::base: break;
+  }
+#endif
+  row_backward_saved_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
+}
+
+template <class L>
+softmax_stats<double> row_stats(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+#if WEFT_RL_MULTIVERSION
+  switch (host_simd_level()) {
+    case simd_level::avx512: return row_stats_avx512(z, n, inv_tau);
+    case simd_level::avx2: return row_stats_avx2(z, n, inv_tau);
+    case simd_level::base: break;
+  }
+#endif
+  return row_stats_impl(z, n, inv_tau);
+}
+
+template <class L, class D>
+void row_backward(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy, double g_logp,
+                  double g_ent, index_t target, D* dz) {
+#if WEFT_RL_MULTIVERSION
+  switch (host_simd_level()) {
+    case simd_level::avx512: return row_backward_avx512(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
+    case simd_level::avx2: return row_backward_avx2(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
+    case simd_level::base: break;
+  }
+#endif
+  row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
 }
 
 template <class L, class I>
@@ -295,6 +461,11 @@ void log_prob_fused(std::span<L const> logits, index_t vocab, std::span<I const>
   detail::check_targets(targets, vocab, opt);
   using C = logit_compute_t<L>;
   C const inv_tau = static_cast<C>(1.0 / opt.temperature);
+  // One row's e^{x - m_c} (V values, in cache for the backward) and chunk maxima.
+  constexpr bool save = std::is_same_v<C, float>;
+  std::vector<C> saved_exp(save ? static_cast<std::size_t>(vocab) : 0);
+  std::vector<double> chunk_max(save ? static_cast<std::size_t>((vocab + detail::logit_chunk - 1) / detail::logit_chunk)
+                                     : 0);
   for (std::size_t k = 0; k < targets.size(); ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);
     L const* z = logits.data() + static_cast<index_t>(k) * vocab;
@@ -304,7 +475,11 @@ void log_prob_fused(std::span<L const> logits, index_t vocab, std::span<I const>
       detail::row_backward(z, vocab, inv_tau, 0.0, 0.0, 0.0, 0.0, -1, dz);
       continue;
     }
-    auto const s = detail::row_stats(z, vocab, inv_tau);
+    // f32 compute keeps the forward's exponentials for the backward (one exp per logit instead
+    // of two; dlogits then differ from log_prob_backward's by a few ulp of p). f64 recomputes,
+    // so its fused result has the same bits as forward then backward.
+    auto const s = save ? detail::row_stats_saved(z, vocab, inv_tau, saved_exp.data(), chunk_max.data())
+                        : detail::row_stats(z, vocab, inv_tau);
     double const l = softmax_finish{}.lse(s);
     double const h = softmax_finish{}.entropy(s);
     double const lp = l > -std::numeric_limits<double>::infinity()
@@ -313,7 +488,11 @@ void log_prob_fused(std::span<L const> logits, index_t vocab, std::span<I const>
     logp[k] = static_cast<T>(lp);
     entropy[k] = static_cast<T>(h);
     logprob_grads const g = grad_fn(static_cast<index_t>(k), static_cast<T>(lp), static_cast<T>(h));
-    detail::row_backward(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o, dz);
+    if (save)
+      detail::row_backward_saved(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o, saved_exp.data(),
+                                 chunk_max.data(), dz);
+    else
+      detail::row_backward(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o, dz);
   }
 }
 

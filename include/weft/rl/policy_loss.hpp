@@ -6,6 +6,7 @@
 #include <weft/comm/concepts.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
+#include <weft/rl/exp.hpp>
 #include <weft/rl/layout.hpp>
 
 #include <cuda/std/cmath>
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <span>
 #include <string_view>
@@ -161,29 +163,26 @@ struct ppo_clip_token {
   T dual_clip;
   T log_ratio_clamp;
 
+  // Branch-free (selects, weft's exp_fn) so the CPU loop over tokens vectorises.
   WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
     T const delta = logp - old_logp;
-    bool const clamped = delta > log_ratio_clamp || delta < -log_ratio_clamp;
-    T const dc = delta > log_ratio_clamp ? log_ratio_clamp : (delta < -log_ratio_clamp ? -log_ratio_clamp : delta);
-    T const r = cuda::std::exp(dc);
+    bool const above = delta > log_ratio_clamp;
+    bool const below = delta < -log_ratio_clamp;
+    bool const clamped = above | below;
+    T const dc = select(above, log_ratio_clamp, select(below, -log_ratio_clamp, delta));
+    T const r = exp_fn{}(dc);
     T const lo = T(1) - eps_low;
     T const hi = T(1) + eps_high;
-    pg_token<T> out{T(0), T(0), r, -dc, clamped ? unsigned(pg_log_ratio_clamped) : 0u};
-    bool keep = false;
-    if (adv > T(0)) {
-      bool const clip = r > hi;
-      out.loss = -adv * (clip ? hi : r);
-      out.flags |= clip ? unsigned(pg_clipped_high) : 0u;
-      keep = !clip;
-    } else if (adv < T(0)) {
-      bool const low = r < lo;
-      bool const dual = r > dual_clip;
-      out.loss = -adv * (low ? lo : (dual ? dual_clip : r));
-      out.flags |= (low ? unsigned(pg_clipped_low) : 0u) | (dual ? unsigned(pg_dual_clipped) : 0u);
-      keep = !low && !dual;
-    }
-    out.grad = keep && !clamped ? -adv * r : T(0);
-    return out;
+    bool const pos = adv > T(0);
+    bool const neg = adv < T(0);
+    bool const clip_high = pos & (r > hi);
+    bool const clip_low = neg & (r < lo);
+    bool const dual = neg & (r > dual_clip);
+    T const rc = select(clip_high, hi, select(clip_low, lo, select(dual, dual_clip, r)));
+    bool const keep = (pos | neg) & !(clip_high | clip_low | dual) & !clamped;
+    unsigned const flags = (clamped ? unsigned(pg_log_ratio_clamped) : 0u) | (clip_high ? unsigned(pg_clipped_high) : 0u) |
+                           (clip_low ? unsigned(pg_clipped_low) : 0u) | (dual ? unsigned(pg_dual_clipped) : 0u);
+    return {select(pos | neg, -adv * rc, T(0)), select(keep, -adv * r, T(0)), r, -dc, flags};
   }
 };
 
@@ -196,14 +195,17 @@ struct cispo_token {
 
   WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
     T const delta = logp - old_logp;
-    bool const clamped = delta > log_ratio_clamp || delta < -log_ratio_clamp;
-    T const dc = delta > log_ratio_clamp ? log_ratio_clamp : (delta < -log_ratio_clamp ? -log_ratio_clamp : delta);
-    T const r = cuda::std::exp(dc);
+    bool const above = delta > log_ratio_clamp;
+    bool const below = delta < -log_ratio_clamp;
+    T const dc = select(above, log_ratio_clamp, select(below, -log_ratio_clamp, delta));
+    T const r = exp_fn{}(dc);
     T const lo = T(1) - eps_low;
     T const hi = T(1) + eps_high;
-    T const rc = r < lo ? lo : (r > hi ? hi : r);
-    unsigned const flags = (clamped ? unsigned(pg_log_ratio_clamped) : 0u) |
-                           (r < lo ? unsigned(pg_clipped_low) : 0u) | (r > hi ? unsigned(pg_clipped_high) : 0u);
+    bool const rlow = r < lo;
+    bool const rhigh = r > hi;
+    T const rc = select(rlow, lo, select(rhigh, hi, r));
+    unsigned const flags = ((above | below) ? unsigned(pg_log_ratio_clamped) : 0u) |
+                           (rlow ? unsigned(pg_clipped_low) : 0u) | (rhigh ? unsigned(pg_clipped_high) : 0u);
     return {-rc * adv * logp, -rc * adv, r, -dc, flags};
   }
 };
@@ -213,7 +215,7 @@ template <class T>
 struct reinforce_token {
   WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
     T const dc = logp - old_logp;
-    return {-adv * logp, -adv, cuda::std::exp(dc), -dc, 0u};
+    return {-adv * logp, -adv, exp_fn{}(dc), -dc, 0u};
   }
 };
 
@@ -275,6 +277,156 @@ inline void add_metrics(policy_metrics& m, double ratio, double neg_log_ratio, u
 }
 }  // namespace detail
 
+namespace detail {
+
+inline constexpr index_t token_block = 512;
+inline constexpr index_t metric_lanes = 8;
+
+template <bool HasIsw, class T, class M, class Fn>
+WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp,
+                                             policy_loss_result& res) {
+  constexpr index_t W = metric_lanes;
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  index_t const n = static_cast<index_t>(in.logp.size());
+  T const* lp = in.logp.data();
+  T const* old = in.old_logp.empty() ? lp : in.old_logp.data();
+  T const* adv = in.advantages.data();
+  M const* mask = in.mask.data();
+  T const* w = in.weights.data();
+  T const* isw = HasIsw ? in.rollout_is_weights.data() : nullptr;
+  T* dl = dlogp.data();
+  double acc_loss[W] = {}, acc_tok[W] = {}, acc_lo[W] = {}, acc_hi[W] = {}, acc_dual[W] = {}, acc_clamp[W] = {},
+         acc_nlr[W] = {}, acc_r[W] = {}, acc_r2[W] = {};
+  T rmin[W], rmax[W];
+  for (index_t l = 0; l < W; ++l) rmin[l] = inf, rmax[l] = -inf;
+  constexpr index_t tree_lanes = 16;
+  alignas(64) T b_r2[token_block];
+  alignas(64) T b_loss[token_block], b_r[token_block], b_nlr[token_block], b_rmin[token_block], b_rmax[token_block];
+  alignas(64) std::uint32_t b_flags[token_block + 16];
+  constexpr index_t CW = 16;                // lanes of the integer counts
+  constexpr std::uint32_t valid_bit = 16u;  // beside the pg_flag bits
+  // The loss terms of valid tokens, compacted: the loss's lanes are keyed by the count of valid
+  // tokens before it, not by position, so padded and packed layouts of the same tokens give
+  // bit-identical losses (masked positions would otherwise shift tokens between lanes).
+  alignas(64) T c_loss[token_block + W];
+  index_t cn = 0;
+  for (index_t t0 = 0; t0 < n; t0 += token_block) {
+    index_t const len = n - t0 < token_block ? n - t0 : token_block;
+    for (index_t j = 0; j < len; ++j) {
+      index_t const k = t0 + j;
+      // Compared as T: a byte mask beside float compares otherwise stops GCC's vectoriser.
+      bool v;
+      if constexpr (std::is_arithmetic_v<M>) v = static_cast<T>(mask[k]) != T(0);
+      else v = valid(mask[k]);
+      pg_token<T> const p = fn(lp[k], old[k], adv[k]);
+      T scale = w[k];
+      if constexpr (HasIsw) scale *= isw[k];
+      dl[k] = select(v, scale * p.grad, T(0));
+      b_loss[j] = select(v, scale * p.loss, T(0));
+      b_r[j] = select(v, p.ratio, T(0));
+      b_r2[j] = select(v, p.ratio * p.ratio, T(0));
+      b_nlr[j] = select(v, p.neg_log_ratio, T(0));
+      b_rmin[j] = select(v, p.ratio, inf);
+      b_rmax[j] = select(v, p.ratio, -inf);
+      b_flags[j] = v ? (p.flags | valid_bit) : 0u;
+    }
+    for (index_t j = 0; j < len; ++j) {
+      c_loss[cn] = b_loss[j];
+      cn += static_cast<index_t>(b_flags[j] >> 4);
+    }
+    index_t const full = cn / W * W;
+    for (index_t j = 0; j < full; j += W)
+      for (index_t l = 0; l < W; ++l) acc_loss[l] += static_cast<double>(c_loss[j + l]);
+    for (index_t j = full; j < cn; ++j) c_loss[j - full] = c_loss[j];
+    cn -= full;
+    // Counts as integers per block (exact, cheap), then into the double totals.
+    std::uint32_t n_tok[CW] = {}, n_lo[CW] = {}, n_hi[CW] = {}, n_dual[CW] = {}, n_clamp[CW] = {};
+    index_t const cpadded = (len + CW - 1) / CW * CW;
+    for (index_t j = len; j < cpadded; ++j) b_flags[j] = 0u;
+    for (index_t j = 0; j < cpadded; j += CW)
+      for (index_t l = 0; l < CW; ++l) {
+        std::uint32_t const f = b_flags[j + l];
+        n_lo[l] += f & 1u;
+        n_hi[l] += (f >> 1) & 1u;
+        n_dual[l] += (f >> 2) & 1u;
+        n_clamp[l] += (f >> 3) & 1u;
+        n_tok[l] += f >> 4;
+      }
+    for (index_t l = 0; l < CW; ++l) {
+      acc_tok[l % W] += n_tok[l];
+      acc_lo[l % W] += n_lo[l];
+      acc_hi[l % W] += n_hi[l];
+      acc_dual[l % W] += n_dual[l];
+      acc_clamp[l % W] += n_clamp[l];
+    }
+    // Ratio sums and extrema: pairwise trees over the (padded) block down to tree_lanes values,
+    // every level a map (vectorises; a running min/max or double sum over lanes does not).
+    for (index_t j = len; j < token_block; ++j) {
+      b_r[j] = b_r2[j] = b_nlr[j] = T(0);
+      b_rmin[j] = inf;
+      b_rmax[j] = -inf;
+    }
+    for (index_t h = token_block / 2; h >= tree_lanes; h /= 2)
+      for (index_t j = 0; j < h; ++j) {
+        b_r[j] += b_r[j + h];
+        b_r2[j] += b_r2[j + h];
+        b_nlr[j] += b_nlr[j + h];
+        b_rmin[j] = select(b_rmin[j + h] < b_rmin[j], b_rmin[j + h], b_rmin[j]);
+        b_rmax[j] = select(b_rmax[j + h] > b_rmax[j], b_rmax[j + h], b_rmax[j]);
+      }
+    for (index_t l = 0; l < tree_lanes; ++l) {
+      acc_r[0] += static_cast<double>(b_r[l]);
+      acc_r2[0] += static_cast<double>(b_r2[l]);
+      acc_nlr[0] += static_cast<double>(b_nlr[l]);
+      rmin[0] = b_rmin[l] < rmin[0] ? b_rmin[l] : rmin[0];
+      rmax[0] = b_rmax[l] > rmax[0] ? b_rmax[l] : rmax[0];
+    }
+  }
+  for (index_t j = 0; j < cn; ++j) acc_loss[j] += static_cast<double>(c_loss[j]);
+  policy_metrics& m = res.metrics;
+  for (index_t l = 0; l < W; ++l) {
+    res.loss += acc_loss[l];
+    m.tokens += acc_tok[l];
+    m.clipped_low += acc_lo[l];
+    m.clipped_high += acc_hi[l];
+    m.dual_clipped += acc_dual[l];
+    m.log_ratio_clamped += acc_clamp[l];
+    m.neg_log_ratio_sum += acc_nlr[l];
+    m.ratio_sum += acc_r[l];
+    m.ratio_sq_sum += acc_r2[l];
+    m.ratio_min = std::min(m.ratio_min, static_cast<double>(rmin[l]));
+    m.ratio_max = std::max(m.ratio_max, static_cast<double>(rmax[l]));
+  }
+}
+
+#if WEFT_RL_MULTIVERSION
+template <bool HasIsw, class T, class M, class Fn>
+WEFT_RL_TARGET_AVX2 void policy_token_loop_avx2(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp,
+                                                policy_loss_result& res) {
+  policy_token_loop_impl<HasIsw>(fn, in, dlogp, res);
+}
+template <bool HasIsw, class T, class M, class Fn>
+WEFT_RL_TARGET_AVX512 void policy_token_loop_avx512(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp,
+                                                    policy_loss_result& res) {
+  policy_token_loop_impl<HasIsw>(fn, in, dlogp, res);
+}
+#endif
+
+//! Adds the per-token loss, metrics and gradient of `fn` over all tokens to `res` / `dlogp`.
+template <bool HasIsw, class T, class M, class Fn>
+void policy_token_loop(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp, policy_loss_result& res) {
+#if WEFT_RL_MULTIVERSION
+  switch (host_simd_level()) {
+    case simd_level::avx512: return policy_token_loop_avx512<HasIsw>(fn, in, dlogp, res);
+    case simd_level::avx2: return policy_token_loop_avx2<HasIsw>(fn, in, dlogp, res);
+    case simd_level::base: break;
+  }
+#endif
+  policy_token_loop_impl<HasIsw>(fn, in, dlogp, res);
+}
+
+}  // namespace detail
+
 //! Computes the loss sum_t w_t * isw_t * loss_t and writes dlogp_t = w_t * isw_t * d loss_t / d l_t
 //! (exactly 0 on masked tokens, whose inputs are never read, so NaN padding cannot leak).
 //! Because w carries the global normalisation, the loss and gradient of a micro-batch or shard
@@ -293,29 +445,19 @@ policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const
   detail::expect_tokens_or_empty(in.rollout_is_weights, layout, "rollout_is_weights");
   detail::expect_tokens(dlogp, layout, "dlogp");
 
-  bool const has_old = !in.old_logp.empty();
   bool const has_isw = !in.rollout_is_weights.empty();
-  auto isw = [&](std::size_t k) { return has_isw ? in.rollout_is_weights[k] : T(1); };
   policy_loss_result res;
   T const eps_l = static_cast<T>(cfg.clip_low);
   T const eps_h = static_cast<T>(cfg.clip_high);
   T const clamp = static_cast<T>(cfg.log_ratio_clamp);
 
-  // Masked tokens are skipped, never read, so NaN padding cannot leak.
+  // Masked tokens never reach the sums or the gradient: their values are computed and selected
+  // away (not multiplied by 0), so NaN padding cannot leak. Blocks of token_block tokens: one
+  // branch-free pass of per-token math (vectorises), then the sums in double over metric_lanes
+  // fixed lanes (a map per lane, so it vectorises without reassociation; the order is fixed).
   auto per_token = [&](auto const& fn) {
-    for (index_t t = 0; t < layout.tokens(); ++t) {
-      auto const k = static_cast<std::size_t>(t);
-      if (!detail::valid(in.mask[k])) {
-        dlogp[k] = T(0);
-        continue;
-      }
-      T const old = has_old ? in.old_logp[k] : in.logp[k];
-      pg_token<T> const p = fn(in.logp[k], old, in.advantages[k]);
-      T const scale = in.weights[k] * isw(k);
-      res.loss += static_cast<double>(scale) * static_cast<double>(p.loss);
-      dlogp[k] = scale * p.grad;
-      detail::add_metrics(res.metrics, static_cast<double>(p.ratio), static_cast<double>(p.neg_log_ratio), p.flags);
-    }
+    if (has_isw) detail::policy_token_loop<true>(fn, in, dlogp, res);
+    else detail::policy_token_loop<false>(fn, in, dlogp, res);
   };
 
   switch (cfg.kind) {
@@ -330,18 +472,30 @@ policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const
       // With weights constant in the row (token-mean, seq-mean-*) and one advantage per row this
       // is verl's GSPO-token gradient -A s_i w; unlike verl's stop-gradient form it is the true
       // derivative for any weights, which the finite-difference tests check.
-      gspo_token<T> const fn{eps_l, eps_h};
+      // Branch-free per token (masked tokens add exactly +0 to the running sums, so the sums,
+      // and with them packed vs padded results, keep the order of the valid tokens). The ratio
+      // and the clip decisions are per row, so the metrics are counts per row.
       T const smax = static_cast<T>(cfg.gspo_log_ratio_max);
+      T const lo = T(1) - eps_l;
+      T const hi = T(1) + eps_h;
+      T const* lp = in.logp.data();
+      T const* old = in.old_logp.data();
+      T const* adv = in.advantages.data();
+      T const* w = in.weights.data();
+      auto const* mask = in.mask.data();
+      policy_metrics& m = res.metrics;
       for (index_t i = 0; i < layout.rows(); ++i) {
         index_t const b = layout.row_begin(i);
         index_t const e = layout.row_end(i);
         T sum_delta = 0;
+        double nlr = 0;
         index_t n = 0;
         for (index_t t = b; t < e; ++t) {
-          auto const k = static_cast<std::size_t>(t);
-          if (!detail::valid(in.mask[k])) continue;
-          sum_delta += in.logp[k] - in.old_logp[k];
-          ++n;
+          bool const v = detail::valid(mask[t]);
+          T const d = lp[t] - old[t];
+          sum_delta += select(v, d, T(0));
+          nlr += select(v, static_cast<double>(-d), 0.0);
+          n += v ? 1 : 0;
         }
         if (n == 0) {
           for (index_t t = b; t < e; ++t) dlogp[static_cast<std::size_t>(t)] = T(0);
@@ -350,22 +504,41 @@ policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const
         T const mean_delta = sum_delta / static_cast<T>(n);
         bool const clamped = mean_delta > smax;
         T const s = std::exp(clamped ? smax : mean_delta);
+        bool const clip_hi = s > hi;
+        bool const clip_lo = s < lo;
+        T const sp = clip_hi ? hi : s;  // the clipped ratio for A > 0, for A < 0
+        T const sn = clip_lo ? lo : s;
+        T const gp = clip_hi ? T(0) : T(1);  // d f / d s / (-A)
+        T const gn = clip_lo ? T(0) : T(1);
         T dsum = 0;
+        index_t npos = 0, nneg = 0;
         for (index_t t = b; t < e; ++t) {
-          auto const k = static_cast<std::size_t>(t);
-          if (!detail::valid(in.mask[k])) continue;
-          pg_token<T> const p = fn(s, in.advantages[k]);
-          T const scale = in.weights[k] * isw(k);
-          res.loss += static_cast<double>(scale) * static_cast<double>(p.loss);
-          dsum += scale * p.grad;
-          detail::add_metrics(res.metrics, static_cast<double>(s), static_cast<double>(-(in.logp[k] - in.old_logp[k])),
-                              p.flags | (clamped ? unsigned(pg_log_ratio_clamped) : 0u));
+          bool const v = detail::valid(mask[t]);
+          T const a = adv[t];
+          bool const pos = a > T(0);
+          bool const neg = a < T(0);
+          T scale = w[t];
+          if (has_isw) scale *= in.rollout_is_weights[static_cast<std::size_t>(t)];
+          T const loss_t = -a * select(pos, sp, select(neg, sn, T(0)));
+          T const grad_t = -a * select(pos, gp, select(neg, gn, T(0)));
+          res.loss += select(v, static_cast<double>(scale) * static_cast<double>(loss_t), 0.0);
+          dsum += select(v, scale * grad_t, T(0));
+          npos += (v & pos) ? 1 : 0;
+          nneg += (v & neg) ? 1 : 0;
         }
+        double const sd = static_cast<double>(s);
+        double const nd = static_cast<double>(n);
+        m.tokens += nd;
+        m.clipped_high += clip_hi ? static_cast<double>(npos) : 0.0;
+        m.clipped_low += clip_lo ? static_cast<double>(nneg) : 0.0;
+        m.log_ratio_clamped += clamped ? nd : 0.0;
+        m.neg_log_ratio_sum += nlr;
+        m.ratio_sum += nd * sd;
+        m.ratio_sq_sum += nd * sd * sd;
+        m.ratio_min = std::min(m.ratio_min, sd);
+        m.ratio_max = std::max(m.ratio_max, sd);
         T const g = clamped ? T(0) : dsum * s / static_cast<T>(n);
-        for (index_t t = b; t < e; ++t) {
-          auto const k = static_cast<std::size_t>(t);
-          dlogp[k] = detail::valid(in.mask[k]) ? g : T(0);
-        }
+        for (index_t t = b; t < e; ++t) dlogp[static_cast<std::size_t>(t)] = select(detail::valid(mask[t]), g, T(0));
       }
       break;
     }
