@@ -10,6 +10,7 @@
 #include <weft/core/error.hpp>
 
 #include <chrono>
+#include <ctime>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -31,7 +32,14 @@ struct event {
   int peer;
   std::size_t bytes;
   std::chrono::steady_clock::time_point at;
+  std::chrono::nanoseconds cpu;  // the logging thread's CPU time: immune to preemption on a busy host
 };
+
+inline std::chrono::nanoseconds thread_cpu_time() noexcept {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+}
 
 struct mailbox_world {
   explicit mailbox_world(int n, std::chrono::milliseconds limit = std::chrono::seconds(60))
@@ -135,7 +143,8 @@ class mailbox_comm {
     WEFT_EXPECTS(peer >= 0 && peer < w_->size, "peer", "a rank of the group", peer);
   }
   void log(event_kind k, int peer, std::size_t bytes) {
-    w_->logs[std::size_t(rank_)].push_back({k, peer, bytes, std::chrono::steady_clock::now()});
+    w_->logs[std::size_t(rank_)].push_back(
+        {k, peer, bytes, std::chrono::steady_clock::now(), thread_cpu_time()});
   }
 
   struct done_state final : wc::detail::work_state {

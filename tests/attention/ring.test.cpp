@@ -170,18 +170,23 @@ TEST_SUITE("threads") {
       auto l = make_owned<float>(1, 2, s / n);
       wa::ring_forward(comm, lay, ql.view(), kl.view(), vl.view(), o.view(), l.view(), opt);
     });
-    // Summed over steps and ranks, so one preemption on a loaded machine cannot fail the test.
-    std::chrono::steady_clock::duration idle{}, in_flight{};
+    // Measured in each rank's own CPU time, so preemption on a loaded machine cannot fail the
+    // test: waiting for a message costs no CPU, computing a block does. Block st's compute falls
+    // between posting block st+1's receive and waiting for it; had the ring computed before
+    // posting, that CPU time would fall between block st's arrival and the next post instead.
+    std::chrono::nanoseconds idle{}, in_flight{};
     for (auto const& log : logs) {
-      std::vector<std::chrono::steady_clock::time_point> post, done;
+      std::vector<std::chrono::nanoseconds> post, done;
+      std::vector<std::chrono::steady_clock::time_point> post_at, done_at;
       for (auto const& e : log) {
-        if (e.kind == event_kind::post_recv) post.push_back(e.at);
-        if (e.kind == event_kind::wait_recv) done.push_back(e.at);
+        if (e.kind == event_kind::post_recv) post.push_back(e.cpu), post_at.push_back(e.at);
+        if (e.kind == event_kind::wait_recv) done.push_back(e.cpu), done_at.push_back(e.at);
       }
       REQUIRE(post.size() == std::size_t(n - 1));
       REQUIRE(done.size() == std::size_t(n - 1));
       for (std::size_t st = 1; st < post.size(); ++st) {
-        CHECK(post[st] < done[st]);
+        CHECK(post_at[st] < done_at[st]);
+        CHECK(done_at[st - 1] < post_at[st]);
         idle += post[st] - done[st - 1];   // between block st arriving and the next post
         in_flight += done[st] - post[st];  // covers block st's compute
       }
