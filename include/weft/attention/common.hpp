@@ -154,5 +154,25 @@ void check_lse_shape(bshd<A> const& q, bhs<L> const& l, char const* name) {
                      shape_string(l.b, l.h, l.s));
 }
 
+//! The checks every forward entry point makes: q, k, v agree (GQA heads divide), o is q's shape,
+//! lse is [B, H, S] of q.
+template <class Q, class K, class V, class O, class L>
+void check_forward_shapes(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> const& o,
+                          bhs<L> const& lse) {
+  check_qkv(q, k, v);
+  check_same_shape(q, o, "o");
+  check_lse_shape(q, lse, "lse");
+}
+
+//! The checks every backward entry point adds: dout and dq are q's shape, dk and dv are k's.
+template <class Q, class K, class G, class DQ, class DK, class DV>
+void check_gradient_shapes(bshd<Q> const& q, bshd<K> const& k, bshd<G> const& dout,
+                           bshd<DQ> const& dq, bshd<DK> const& dk, bshd<DV> const& dv) {
+  check_same_shape(q, dout, "dout");
+  check_same_shape(q, dq, "dq");
+  check_same_shape(k, dk, "dk");
+  check_same_shape(k, dv, "dv");
+}
+
 }  // namespace detail
 }  // namespace weft::attention

@@ -399,9 +399,7 @@ void flash_forward(QV const& q, KV const& k, VV const& v, OV const& o, LV const&
   auto const rv = detail::as_bshd(v, "v");
   auto const ro = detail::as_bshd(o, "o");
   auto const rl = detail::as_bhs(lse);
-  detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, ro, "o");
-  detail::check_lse_shape(rq, rl, "lse");
+  detail::check_forward_shapes(rq, rk, rv, ro, rl);
   detail::flash_forward_raw(rq, rk, rv, ro, rl, make_mask(opt.causal, rq.s, rk.s),
                             resolve_scale(opt.scale, rq.d), opt.num_threads);
 }
@@ -424,13 +422,8 @@ void flash_backward(QV const& q, KV const& k, VV const& v, OV const& o, LV const
   auto const rdq = detail::as_bshd(dq, "dq");
   auto const rdk = detail::as_bshd(dk, "dk");
   auto const rdv = detail::as_bshd(dv, "dv");
-  detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, ro, "o");
-  detail::check_lse_shape(rq, rl, "lse");
-  detail::check_same_shape(rq, rg, "dout");
-  detail::check_same_shape(rq, rdq, "dq");
-  detail::check_same_shape(rk, rdk, "dk");
-  detail::check_same_shape(rk, rdv, "dv");
+  detail::check_forward_shapes(rq, rk, rv, ro, rl);
+  detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
   detail::zero_rows(rdq);
   detail::zero_rows(rdk);
   detail::zero_rows(rdv);
@@ -454,9 +447,7 @@ void flash_forward_varlen(QV const& q, KV const& k, VV const& v, OV const& o, LV
   auto const rv = detail::as_bshd(v, "v");
   auto const ro = detail::as_bshd(o, "o");
   auto const rl = detail::as_bhs(lse);
-  detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, ro, "o");
-  detail::check_lse_shape(rq, rl, "lse");
+  detail::check_forward_shapes(rq, rk, rv, ro, rl);
   WEFT_EXPECTS_SHAPE(rq.b == 1, "q", "batch 1 for packed sequences", rq.b);
   detail::check_cu_seqlens(cu_seqlens_q, rq.s, "cu_seqlens_q");
   detail::check_cu_seqlens(cu_seqlens_k, rk.s, "cu_seqlens_k");
@@ -491,13 +482,8 @@ void flash_backward_varlen(QV const& q, KV const& k, VV const& v, OV const& o, L
   auto const rdq = detail::as_bshd(dq, "dq");
   auto const rdk = detail::as_bshd(dk, "dk");
   auto const rdv = detail::as_bshd(dv, "dv");
-  detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, ro, "o");
-  detail::check_lse_shape(rq, rl, "lse");
-  detail::check_same_shape(rq, rg, "dout");
-  detail::check_same_shape(rq, rdq, "dq");
-  detail::check_same_shape(rk, rdk, "dk");
-  detail::check_same_shape(rk, rdv, "dv");
+  detail::check_forward_shapes(rq, rk, rv, ro, rl);
+  detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
   WEFT_EXPECTS_SHAPE(rq.b == 1, "q", "batch 1 for packed sequences", rq.b);
   detail::check_cu_seqlens(cu_seqlens_q, rq.s, "cu_seqlens_q");
   detail::check_cu_seqlens(cu_seqlens_k, rk.s, "cu_seqlens_k");

@@ -147,9 +147,7 @@ void reference_forward(QV const& q, KV const& k, VV const& v, OV const& o, LV co
   auto const rv = detail::as_bshd(v, "v");
   auto const ro = detail::as_bshd(o, "o");
   auto const rl = detail::as_bhs(lse);
-  detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, ro, "o");
-  detail::check_lse_shape(rq, rl, "lse");
+  detail::check_forward_shapes(rq, rk, rv, ro, rl);
   detail::reference_forward_raw(rq, rk, rv, ro, rl, make_mask(opt.causal, rq.s, rk.s),
                                 resolve_scale(opt.scale, rq.d));
 }
@@ -168,10 +166,7 @@ void reference_backward(QV const& q, KV const& k, VV const& v, GV const& dout, D
   auto const rdk = detail::as_bshd(dk, "dk");
   auto const rdv = detail::as_bshd(dv, "dv");
   detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, rg, "dout");
-  detail::check_same_shape(rq, rdq, "dq");
-  detail::check_same_shape(rk, rdk, "dk");
-  detail::check_same_shape(rk, rdv, "dv");
+  detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
   detail::reference_backward_raw(rq, rk, rv, rg, rdq, rdk, rdv, make_mask(opt.causal, rq.s, rk.s),
                                  resolve_scale(opt.scale, rq.d));
 }

@@ -263,9 +263,7 @@ void ring_forward(C& comm, seq_layout const& layout, QV const& q, KV const& k, V
   auto const rv = detail::as_bshd(v, "v");
   auto const ro = detail::as_bshd(o, "o");
   auto const rl = detail::as_bhs(lse);
-  detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, ro, "o");
-  detail::check_lse_shape(rq, rl, "lse");
+  detail::check_forward_shapes(rq, rk, rv, ro, rl);
   WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
   bool const causal = detail::is_causal(opt);
   detail::check_ring_layout(layout, comm.size(), causal, rq.s);
@@ -303,13 +301,8 @@ void ring_backward(C& comm, seq_layout const& layout, QV const& q, KV const& k, 
   auto const rdq = detail::as_bshd(dq, "dq");
   auto const rdk = detail::as_bshd(dk, "dk");
   auto const rdv = detail::as_bshd(dv, "dv");
-  detail::check_qkv(rq, rk, rv);
-  detail::check_same_shape(rq, ro, "o");
-  detail::check_lse_shape(rq, rl, "lse");
-  detail::check_same_shape(rq, rg, "dout");
-  detail::check_same_shape(rq, rdq, "dq");
-  detail::check_same_shape(rk, rdk, "dk");
-  detail::check_same_shape(rk, rdv, "dv");
+  detail::check_forward_shapes(rq, rk, rv, ro, rl);
+  detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
   WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
   bool const causal = detail::is_causal(opt);
   detail::check_ring_layout(layout, comm.size(), causal, rq.s);
