@@ -112,7 +112,10 @@ void bm_policy_loss(benchmark::State& state) {
   cfg.kind = static_cast<weft::rl::policy_loss_kind>(state.range(0));
   for (auto _ : state) {
     auto r = weft::rl::policy_loss(cfg, in.layout,
-                                   weft::rl::policy_inputs<float, std::uint8_t>{in.logp, in.old, in.adv, in.mask, in.w},
+                                   weft::rl::policy_inputs<float, std::uint8_t>{
+                                       weft::rl::arg::new_logp{in.logp}, weft::rl::arg::old_logp{in.old},
+                                       weft::rl::arg::advantages{in.adv}, weft::rl::arg::mask{in.mask},
+                                       weft::rl::arg::weights{in.w}},
                                    std::span<float>(in.dlogp));
     benchmark::DoNotOptimize(r);
     benchmark::ClobberMemory();

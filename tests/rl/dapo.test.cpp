@@ -132,7 +132,7 @@ TEST_CASE("presets compose the published defaults") {
   auto const dr = weft::rl::rl_config::dr_grpo();
   dr.validate();
   CHECK(!dr.advantage.norm_by_std);
-  CHECK(dr.aggregation == weft::rl::loss_agg::seq_mean_token_sum_norm);
+  CHECK(dr.aggregation == weft::rl::loss_agg::dr_grpo_norm);
   CHECK(dr.norm_length() == 1024.0);
   auto const p = weft::rl::rl_config::ppo();
   p.validate();

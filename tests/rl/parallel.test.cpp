@@ -1,6 +1,7 @@
 // Multi-rank tests of weft/rl on threads-backend ranks: vocabulary-parallel log-probs, entropy
 // and dlogits equal the unsharded ones for p = 1..8 (V not divisible by p, ranks with no
-// columns), with at most 16 bytes of collective payload per token; data-parallel shards with
+// columns), with at most 16 bytes of collective payload per token plus 24 per rank (the shard
+// table that checks the tiling); data-parallel shards with
 // micro-batches give the whole batch's loss and gradient on 1, 2 and 4 ranks.
 #include <support/counting_communicator.hpp>
 #include <support/run_ranks.hpp>
@@ -88,7 +89,7 @@ TEST_CASE("vocabulary-parallel log-probs, entropy and dlogits equal the unsharde
         dzs[r] = d;
       });
       for (std::size_t r = 0; r < static_cast<std::size_t>(p); ++r) {
-        CHECK(bytes[r] <= 16 * n);
+        CHECK(bytes[r] <= 16 * n + 24 * static_cast<std::size_t>(p));
         CHECK(ops[r] == 2);
         for (std::size_t k = 0; k < n; ++k) {
           INFO("token ", k, " sharded ", lps[r][k], " whole ", lp[k]);
@@ -138,7 +139,8 @@ TEST_CASE("data-parallel shards and micro-batches on 1, 2 and 4 ranks give the w
   }
   auto const whole_layout = weft::rl::token_layout::padded(B, T);
   for (auto mode : {weft::rl::loss_agg::token_mean, weft::rl::loss_agg::seq_mean_token_mean,
-                    weft::rl::loss_agg::seq_mean_token_sum, weft::rl::loss_agg::seq_mean_token_sum_norm}) {
+                    weft::rl::loss_agg::seq_mean_token_sum, weft::rl::loss_agg::dr_grpo_norm,
+                    weft::rl::loss_agg::verl_token_sum_norm}) {
     for (auto kind : {weft::rl::policy_loss_kind::ppo_clip, weft::rl::policy_loss_kind::gspo}) {
       weft::rl::policy_loss_config cfg;
       cfg.kind = kind;
@@ -146,7 +148,9 @@ TEST_CASE("data-parallel shards and micro-batches on 1, 2 and 4 ranks give the w
       auto const counts = weft::rl::count_tokens(whole_layout, std::span<u8 const>(mask));
       weft::rl::aggregation_weights(mode, whole_layout, std::span<u8 const>(mask), counts, std::span<double>(w), double(T));
       auto const whole = weft::rl::policy_loss(
-          cfg, whole_layout, weft::rl::policy_inputs<double, u8>{logp, old, adv, mask, w}, std::span<double>(gw));
+          cfg, whole_layout, weft::rl::policy_inputs<double, u8>{weft::rl::arg::new_logp{logp}, weft::rl::arg::old_logp{old},
+                                                             weft::rl::arg::advantages{adv}, weft::rl::arg::mask{mask},
+                                                             weft::rl::arg::weights{w}}, std::span<double>(gw));
       // Row splits per rank count (uneven), each rank's rows in micro-batches of at most 2 rows.
       std::vector<std::vector<index_t>> const splits = {{12}, {5, 7}, {1, 5, 2, 4}};
       for (auto const& split : splits) {
@@ -172,10 +176,11 @@ TEST_CASE("data-parallel shards and micro-batches on 1, 2 and 4 ranks give the w
             std::vector<double> mw(ml);
             weft::rl::aggregation_weights(mode, lay, std::span<u8 const>(mask).subspan(o, ml), global, std::span<double>(mw),
                                           double(T));
-            weft::rl::policy_inputs<double, u8> in{std::span<double const>(logp).subspan(o, ml),
-                                                   std::span<double const>(old).subspan(o, ml),
-                                                   std::span<double const>(adv).subspan(o, ml),
-                                                   std::span<u8 const>(mask).subspan(o, ml), mw};
+            weft::rl::policy_inputs<double, u8> in{weft::rl::arg::new_logp{std::span<double const>(logp).subspan(o, ml)},
+                                                   weft::rl::arg::old_logp{std::span<double const>(old).subspan(o, ml)},
+                                                   weft::rl::arg::advantages{std::span<double const>(adv).subspan(o, ml)},
+                                                   weft::rl::arg::mask{std::span<u8 const>(mask).subspan(o, ml)},
+                                                   weft::rl::arg::weights{mw}};
             loss += weft::rl::policy_loss(cfg, lay, in, std::span<double>(g).subspan(o, ml)).loss;
           }
           double total = 0;

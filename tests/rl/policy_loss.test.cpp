@@ -26,7 +26,9 @@ struct batch {
   std::vector<double> logp, old_logp, adv, w, isw;
   std::vector<u8> mask;
   weft::rl::policy_inputs<double, u8> inputs() const {
-    return {logp, old_logp, adv, mask, w, isw};
+    namespace arg = weft::rl::arg;
+    return {arg::new_logp{logp}, arg::old_logp{old_logp}, arg::advantages{adv}, arg::mask{mask}, arg::weights{w},
+            arg::rollout_is_weights{isw}};
   }
 };
 
@@ -359,8 +361,8 @@ TEST_CASE("aggregation modes on the OpenRLHF matrix") {
   CHECK(value(loss_agg::token_mean) == doctest::Approx(22.0 / 6));
   CHECK(value(loss_agg::seq_mean_token_mean) == doctest::Approx((1.5 + 4 + 7) / 3));
   CHECK(value(loss_agg::seq_mean_token_sum) == doctest::Approx((3.0 + 12 + 7) / 3));
-  CHECK(value(loss_agg::seq_mean_token_sum_norm, 3) == doctest::Approx(22.0 / 9));
-  CHECK_THROWS_AS(value(loss_agg::seq_mean_token_sum_norm, 0), weft::invalid_argument_error);
+  CHECK(value(loss_agg::dr_grpo_norm, 3) == doctest::Approx(22.0 / 9));
+  CHECK_THROWS_AS(value(loss_agg::dr_grpo_norm, 0), weft::invalid_argument_error);
 
   SUBCASE("all-masked rows are excluded from the sequence count (OpenRLHF test 3)") {
     auto const l2 = token_layout::padded(2, 2);
@@ -392,7 +394,7 @@ TEST_CASE("aggregation modes on the OpenRLHF matrix") {
 
 TEST_CASE("micro-batch invariance: any row partition with global counts gives the whole-batch loss and gradient") {
   for (auto mode : {loss_agg::token_mean, loss_agg::seq_mean_token_mean, loss_agg::seq_mean_token_sum,
-                    loss_agg::seq_mean_token_sum_norm}) {
+                    loss_agg::dr_grpo_norm, loss_agg::verl_token_sum_norm}) {
     CAPTURE(weft::rl::to_string(mode));
     for (auto kind : {policy_loss_kind::ppo_clip, policy_loss_kind::gspo, policy_loss_kind::cispo}) {
       policy_loss_config cfg;

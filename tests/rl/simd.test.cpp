@@ -219,8 +219,10 @@ TEST_CASE("blocked policy loss equals a naive per-token loop; NaN in masked toke
       cfg.kind = kind;
       auto const res = weft::rl::policy_loss(
           cfg, layout,
-          weft::rl::policy_inputs<float, std::uint8_t>{lp, old, adv, mask, w,
-                                                       use_isw ? std::span<float const>(isw) : std::span<float const>()},
+          weft::rl::policy_inputs<float, std::uint8_t>{
+              weft::rl::arg::new_logp{lp}, weft::rl::arg::old_logp{old}, weft::rl::arg::advantages{adv},
+              weft::rl::arg::mask{mask}, weft::rl::arg::weights{w},
+              weft::rl::arg::rollout_is_weights{use_isw ? std::span<float const>(isw) : std::span<float const>()}},
           std::span<float>(dl));
       // Naive reference in double with libm's exp and plain branches.
       double loss = 0, tokens = 0, lo = 0, hi = 0, dual = 0, clamped = 0, nlr = 0, rs = 0, rmin = INFINITY, rmax = -INFINITY;

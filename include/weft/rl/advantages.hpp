@@ -63,6 +63,7 @@ struct group_stats {
   std::vector<double> mean, std;  // std: unbiased (Bessel), 0 for singletons
   std::vector<index_t> count;
   std::vector<index_t> group_of;
+  std::vector<char> constant;  // every score of the group is equal (zero variance, exactly)
 };
 
 template <class T>
@@ -73,9 +74,14 @@ template <class T>
   s.mean.assign(static_cast<std::size_t>(g), 0.0);
   s.std.assign(static_cast<std::size_t>(g), 0.0);
   s.count.assign(static_cast<std::size_t>(g), 0);
+  s.constant.assign(static_cast<std::size_t>(g), 1);
+  std::vector<double> first(static_cast<std::size_t>(g), 0.0);
   for (std::size_t i = 0; i < scores.size(); ++i) {
     auto const k = static_cast<std::size_t>(s.group_of[i]);
-    s.mean[k] += static_cast<double>(scores[i]);
+    double const r = static_cast<double>(scores[i]);
+    if (s.count[k] == 0) first[k] = r;
+    else if (!(r == first[k])) s.constant[k] = 0;  // NaN scores are never constant
+    s.mean[k] += r;
     s.count[k] += 1;
   }
   for (std::size_t k = 0; k < s.mean.size(); ++k) s.mean[k] /= static_cast<double>(s.count[k]);
@@ -95,10 +101,9 @@ struct grpo_options {
   singleton_group singleton = singleton_group::zero;
 };
 
-//! GRPO: A_i = (R_i - mean_g) / (std_g + eps) with the unbiased std (torch.std); a zero-variance
-//! group gives exactly 0. With norm_by_std = false, Dr. GRPO's A_i = R_i - mean_g.
+namespace detail {
 template <class T>
-void grpo_advantages(std::span<T const> scores, group_layout const& groups, std::span<T> out,
+void grpo_advantages_impl(std::span<T const> scores, group_layout const& groups, std::span<T> out,
                      grpo_options const& opt = {}) {
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   WEFT_EXPECTS(opt.eps >= 0, "eps", ">= 0", opt.eps);
@@ -109,24 +114,42 @@ void grpo_advantages(std::span<T const> scores, group_layout const& groups, std:
     double a = 0;
     if (s.count[k] == 1) {
       a = opt.singleton == singleton_group::zero ? 0.0 : (opt.norm_by_std ? r / (1.0 + opt.eps) : r);
-    } else {
+    } else if (!s.constant[k]) {
       a = r - s.mean[k];
       if (opt.norm_by_std) a /= s.std[k] + opt.eps;
     }
     out[i] = static_cast<T>(a);
   }
 }
+}  // namespace detail
 
-//! Dr. GRPO (arXiv 2503.20783): A_i = R_i - mean_g.
+//! GRPO: A_i = (R_i - mean_g) / (std_g + eps) with the unbiased std (torch.std); a zero-variance
+//! group (all scores equal) gives exactly 0 whatever eps, 0 included (the rounded mean of equal
+//! scores need not equal them, so R - mean is not tested but skipped). With norm_by_std = false,
+//! Dr. GRPO's A_i = R_i - mean_g.
+template <FlatArray SR, MutableFlatArray OR>
+void grpo_advantages(SR&& scores, group_layout const& groups, OR&& out, grpo_options const& opt = {}) {
+  detail::grpo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"), opt);
+}
+
+namespace detail {
 template <class T>
-void dr_grpo_advantages(std::span<T const> scores, group_layout const& groups, std::span<T> out,
+void dr_grpo_advantages_impl(std::span<T const> scores, group_layout const& groups, std::span<T> out,
                         singleton_group singleton = singleton_group::zero) {
   grpo_advantages(scores, groups, out, grpo_options{false, 0.0, singleton});
 }
+}  // namespace detail
 
-//! RLOO: A_i = R_i - mean_{j != i} R_j = n/(n-1) (R_i - mean_g).
+//! Dr. GRPO (arXiv 2503.20783): A_i = R_i - mean_g.
+template <FlatArray SR, MutableFlatArray OR>
+void dr_grpo_advantages(SR&& scores, group_layout const& groups, OR&& out,
+                        singleton_group singleton = singleton_group::zero) {
+  detail::dr_grpo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"), singleton);
+}
+
+namespace detail {
 template <class T>
-void rloo_advantages(std::span<T const> scores, group_layout const& groups, std::span<T> out,
+void rloo_advantages_impl(std::span<T const> scores, group_layout const& groups, std::span<T> out,
                      singleton_group singleton = singleton_group::zero) {
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   auto const s = compute_group_stats(scores, groups);
@@ -135,34 +158,60 @@ void rloo_advantages(std::span<T const> scores, group_layout const& groups, std:
     double const n = static_cast<double>(s.count[k]);
     double const r = static_cast<double>(scores[i]);
     out[i] = static_cast<T>(s.count[k] == 1 ? (singleton == singleton_group::zero ? 0.0 : r)
-                                           : n / (n - 1) * (r - s.mean[k]));
+                            : s.constant[k] ? 0.0
+                                            : n / (n - 1) * (r - s.mean[k]));
   }
 }
+}  // namespace detail
 
-//! OPO (arXiv 2505.23585): length-weighted baseline b_g = sum L_i R_i / sum L_i, A_i = R_i - b_g.
+//! RLOO: A_i = R_i - mean_{j != i} R_j = n/(n-1) (R_i - mean_g).
+template <FlatArray SR, MutableFlatArray OR>
+void rloo_advantages(SR&& scores, group_layout const& groups, OR&& out, singleton_group singleton = singleton_group::zero) {
+  detail::rloo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"), singleton);
+}
+
+namespace detail {
 template <class T, class L>
-void opo_advantages(std::span<T const> scores, std::span<L const> lengths, group_layout const& groups,
-                    std::span<T> out) {
+void opo_advantages_impl(std::span<T const> scores, std::span<L const> lengths, group_layout const& groups,
+                    std::span<T> out, singleton_group singleton = singleton_group::zero) {
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   WEFT_EXPECTS_SHAPE(lengths.size() == scores.size(), "lengths", scores.size(), lengths.size());
   index_t g = 0;
   auto const group_of = groups.assign(static_cast<index_t>(scores.size()), g);
   std::vector<double> num(static_cast<std::size_t>(g), 0.0), den(static_cast<std::size_t>(g), 0.0);
+  std::vector<index_t> count(static_cast<std::size_t>(g), 0);
   for (std::size_t i = 0; i < scores.size(); ++i) {
     auto const k = static_cast<std::size_t>(group_of[i]);
     num[k] += static_cast<double>(lengths[i]) * static_cast<double>(scores[i]);
     den[k] += static_cast<double>(lengths[i]);
+    count[k] += 1;
   }
   for (std::size_t i = 0; i < scores.size(); ++i) {
     auto const k = static_cast<std::size_t>(group_of[i]);
+    double const r = static_cast<double>(scores[i]);
+    if (count[k] == 1) {
+      out[i] = static_cast<T>(singleton == singleton_group::zero ? 0.0 : r);
+      continue;
+    }
     double const b = den[k] > 0 ? num[k] / den[k] : 0.0;
-    out[i] = static_cast<T>(static_cast<double>(scores[i]) - b);
+    out[i] = static_cast<T>(r - b);
   }
 }
+}  // namespace detail
 
-//! R_i = sum of the row's valid token rewards (the outcome reward sits on its last valid token).
+//! OPO (arXiv 2505.23585): length-weighted baseline b_g = sum L_i R_i / sum L_i, A_i = R_i - b_g.
+//! A singleton group follows `singleton` like the other estimators: zero (its own baseline) or
+//! keep_score (verl: baseline 0, A = R).
+template <FlatArray SR, FlatArray LR, MutableFlatArray OR>
+void opo_advantages(SR&& scores, LR&& lengths, group_layout const& groups, OR&& out,
+                    singleton_group singleton = singleton_group::zero) {
+  detail::opo_advantages_impl(as_flat_const(scores, "scores"), as_flat_const(lengths, "lengths"), groups,
+                              as_flat(out, "out"), singleton);
+}
+
+namespace detail {
 template <class T, class M>
-void sequence_scores(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
+void sequence_scores_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
                      std::span<T> out) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_tokens(mask, layout, "mask");
@@ -174,10 +223,18 @@ void sequence_scores(token_layout const& layout, std::span<T const> token_reward
     out[static_cast<std::size_t>(i)] = static_cast<T>(s);
   }
 }
+}  // namespace detail
 
-//! out_t = row_values_i * m_t: a per-sequence advantage on every valid token, 0 elsewhere.
+//! R_i = sum of the row's valid token rewards (the outcome reward sits on its last valid token).
+template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
+void sequence_scores(token_layout const& layout, RR&& token_rewards, MR&& mask, OR&& out) {
+  detail::sequence_scores_impl(layout, as_flat_const(token_rewards, "token_rewards"), as_flat_const(mask, "mask"),
+                               as_flat(out, "out"));
+}
+
+namespace detail {
 template <class T, class M>
-void broadcast_to_tokens(token_layout const& layout, std::span<T const> row_values, std::span<M const> mask,
+void broadcast_to_tokens_impl(token_layout const& layout, std::span<T const> row_values, std::span<M const> mask,
                          std::span<T> out) {
   detail::expect_rows(row_values, layout, "row_values");
   detail::expect_tokens(mask, layout, "mask");
@@ -187,6 +244,14 @@ void broadcast_to_tokens(token_layout const& layout, std::span<T const> row_valu
       auto const k = static_cast<std::size_t>(t);
       out[k] = detail::valid(mask[k]) ? row_values[static_cast<std::size_t>(i)] : T(0);
     }
+}
+}  // namespace detail
+
+//! out_t = row_values_i * m_t: a per-sequence advantage on every valid token, 0 elsewhere.
+template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
+void broadcast_to_tokens(token_layout const& layout, RR&& row_values, MR&& mask, OR&& out) {
+  detail::broadcast_to_tokens_impl(layout, as_flat_const(row_values, "row_values"), as_flat_const(mask, "mask"),
+                                   as_flat(out, "out"));
 }
 
 //! Sums over valid tokens for whitening; they add across micro-batches and ranks, so a
@@ -204,8 +269,9 @@ struct whiten_stats {
   }
 };
 
+namespace detail {
 template <class T, class M>
-[[nodiscard]] whiten_stats whiten_statistics(std::span<T const> values, std::span<M const> mask) {
+[[nodiscard]] whiten_stats whiten_statistics_impl(std::span<T const> values, std::span<M const> mask) {
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
   whiten_stats s;
   for (std::size_t k = 0; k < values.size(); ++k)
@@ -217,10 +283,16 @@ template <class T, class M>
     }
   return s;
 }
+}  // namespace detail
 
-//! masked_whiten with statistics supplied by the caller (e.g. all-reduced over ranks).
+template <FlatArray VR, FlatArray MR>
+[[nodiscard]] whiten_stats whiten_statistics(VR&& values, MR&& mask) {
+  return detail::whiten_statistics_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"));
+}
+
+namespace detail {
 template <class T, class M>
-void masked_whiten(std::span<T const> values, std::span<M const> mask, std::span<T> out, whiten_stats const& stats,
+void masked_whiten_impl(std::span<T const> values, std::span<M const> mask, std::span<T> out, whiten_stats const& stats,
                    bool shift_mean = true, double eps = 1e-8) {
   WEFT_EXPECTS_SHAPE(out.size() == values.size(), "out", values.size(), out.size());
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
@@ -231,13 +303,19 @@ void masked_whiten(std::span<T const> values, std::span<M const> mask, std::span
     out[k] = detail::valid(mask[k]) ? static_cast<T>(v) : T(0);
   }
 }
+}  // namespace detail
 
-//! verl's masked_whiten: (v - mean) / sqrt(var + 1e-8) over valid tokens with the unbiased
-//! variance (fewer than 2 valid tokens: variance 0), then multiplied by the mask, so masked tokens
-//! are exactly 0 (the RF++-baseline bug fixed in verl PR #1527). shift_mean = false adds the mean
-//! back. In place is allowed (out may alias values). Two passes, so the variance is exact-ish.
+//! masked_whiten with statistics supplied by the caller (e.g. all-reduced over ranks).
+template <FlatArray VR, FlatArray MR, MutableFlatArray OR>
+void masked_whiten(VR&& values, MR&& mask, OR&& out, whiten_stats const& stats, bool shift_mean = true,
+                   double eps = 1e-8) {
+  detail::masked_whiten_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"), as_flat(out, "out"), stats,
+                             shift_mean, eps);
+}
+
+namespace detail {
 template <class T, class M>
-void masked_whiten(std::span<T const> values, std::span<M const> mask, std::span<T> out, bool shift_mean = true,
+void masked_whiten_own_impl(std::span<T const> values, std::span<M const> mask, std::span<T> out, bool shift_mean = true,
                    double eps = 1e-8) {
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
   whiten_stats s = whiten_statistics(values, mask);
@@ -252,11 +330,21 @@ void masked_whiten(std::span<T const> values, std::span<M const> mask, std::span
   s.sum_sq = ss + s.sum * s.sum / (s.count > 0 ? s.count : 1.0);
   masked_whiten(values, mask, out, s, shift_mean, eps);
 }
+}  // namespace detail
 
-//! REINFORCE++ returns G_t = r_t + gamma G_{t+1} per row, where the running return is reset
-//! (multiplied by m_t) after each token, so a masked tail does not leak into earlier tokens.
+//! verl's masked_whiten: (v - mean) / sqrt(var + 1e-8) over valid tokens with the unbiased
+//! variance (fewer than 2 valid tokens: variance 0), then multiplied by the mask, so masked tokens
+//! are exactly 0 (the RF++-baseline bug fixed in verl PR #1527). shift_mean = false adds the mean
+//! back. In place is allowed (out may alias values). Two passes, so the variance is exact-ish.
+template <FlatArray VR, FlatArray MR, MutableFlatArray OR>
+void masked_whiten(VR&& values, MR&& mask, OR&& out, bool shift_mean = true, double eps = 1e-8) {
+  detail::masked_whiten_own_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"), as_flat(out, "out"),
+                                 shift_mean, eps);
+}
+
+namespace detail {
 template <class T, class M>
-void discounted_returns(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
+void discounted_returns_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
                         double gamma, std::span<T> out) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_tokens(mask, layout, "mask");
@@ -271,30 +359,57 @@ void discounted_returns(token_layout const& layout, std::span<T const> token_rew
     }
   }
 }
+}  // namespace detail
 
-//! REINFORCE++ (arXiv 2501.03262): whiten(discounted returns) over the batch's valid tokens.
+//! REINFORCE++ returns G_t = r_t + gamma G_{t+1} per row, where the running return is reset
+//! (multiplied by m_t) after each token, so a masked tail does not leak into earlier tokens.
+template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
+void discounted_returns(token_layout const& layout, RR&& token_rewards, MR&& mask, double gamma, OR&& out) {
+  detail::discounted_returns_impl(layout, as_flat_const(token_rewards, "token_rewards"), as_flat_const(mask, "mask"),
+                                  gamma, as_flat(out, "out"));
+}
+
+namespace detail {
 template <class T, class M>
-void reinforce_pp_advantages(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
+void reinforce_pp_advantages_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
                              double gamma, std::span<T> out) {
   discounted_returns(layout, token_rewards, mask, gamma, out);
   masked_whiten(std::span<T const>(out.data(), out.size()), mask, out);
 }
+}  // namespace detail
 
-//! REINFORCE++ with baseline: (R_i - mean_g) on every valid token, whitened over the batch, masked.
+//! REINFORCE++ (arXiv 2501.03262): whiten(discounted returns) over the batch's valid tokens.
+template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
+void reinforce_pp_advantages(token_layout const& layout, RR&& token_rewards, MR&& mask, double gamma, OR&& out) {
+  detail::reinforce_pp_advantages_impl(layout, as_flat_const(token_rewards, "token_rewards"),
+                                       as_flat_const(mask, "mask"), gamma, as_flat(out, "out"));
+}
+
+namespace detail {
 template <class T, class M>
-void reinforce_pp_baseline_advantages(token_layout const& layout, std::span<T const> scores, group_layout const& groups,
-                                      std::span<M const> mask, std::span<T> out) {
+void reinforce_pp_baseline_advantages_impl(token_layout const& layout, std::span<T const> scores, group_layout const& groups,
+                                      std::span<M const> mask, std::span<T> out,
+                                      singleton_group singleton = singleton_group::zero) {
   detail::expect_rows(scores, layout, "scores");
   std::vector<T> centred(scores.size());
-  dr_grpo_advantages(scores, groups, std::span<T>(centred), singleton_group::zero);
+  dr_grpo_advantages(scores, groups, std::span<T>(centred), singleton);
   broadcast_to_tokens(layout, std::span<T const>(centred), mask, out);
   masked_whiten(std::span<T const>(out.data(), out.size()), mask, out);
 }
+}  // namespace detail
 
-//! ReMax (arXiv 2310.10505): returns_t = sum_{s >= t} r_s m_s, A_t = (returns_t - b_i) m_t with b_i
-//! the reward of the greedy rollout of row i.
+//! REINFORCE++ with baseline: (R_i - mean_g) on every valid token, whitened over the batch, masked.
+//! A singleton group gives 0 before whitening by default, R with keep_score (verl).
+template <FlatArray SR, FlatArray MR, MutableFlatArray OR>
+void reinforce_pp_baseline_advantages(token_layout const& layout, SR&& scores, group_layout const& groups, MR&& mask,
+                                      OR&& out, singleton_group singleton = singleton_group::zero) {
+  detail::reinforce_pp_baseline_advantages_impl(layout, as_flat_const(scores, "scores"), groups,
+                                                as_flat_const(mask, "mask"), as_flat(out, "out"), singleton);
+}
+
+namespace detail {
 template <class T, class M>
-void remax_advantages(token_layout const& layout, std::span<T const> token_rewards, std::span<T const> baselines,
+void remax_advantages_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<T const> baselines,
                       std::span<M const> mask, std::span<T> advantages, std::span<T> returns) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_rows(baselines, layout, "baselines");
@@ -312,6 +427,17 @@ void remax_advantages(token_layout const& layout, std::span<T const> token_rewar
     }
   }
 }
+}  // namespace detail
+
+//! ReMax (arXiv 2310.10505): returns_t = sum_{s >= t} r_s m_s, A_t = (returns_t - b_i) m_t with b_i
+//! the reward of the greedy rollout of row i.
+template <FlatArray RR, FlatArray BR, FlatArray MR, MutableFlatArray AR, MutableFlatArray OR>
+void remax_advantages(token_layout const& layout, RR&& token_rewards, BR&& baselines, MR&& mask, AR&& advantages,
+                      OR&& returns) {
+  detail::remax_advantages_impl(layout, as_flat_const(token_rewards, "token_rewards"),
+                                as_flat_const(baselines, "baselines"), as_flat_const(mask, "mask"),
+                                as_flat(advantages, "advantages"), as_flat(returns, "returns"));
+}
 
 struct gae_options {
   double gamma = 1.0;
@@ -319,12 +445,9 @@ struct gae_options {
   bool whiten = true;
 };
 
-//! GAE: delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lambda A_next, returns = A + V,
-//! where "next" skips masked (observation) tokens (verl PR #2337, multi-turn). Advantages are
-//! then whitened over valid tokens (options.whiten). Masked positions of both outputs are 0, so
-//! values at masked positions never affect any output.
+namespace detail {
 template <class T, class M>
-void gae_advantages(token_layout const& layout, std::span<T const> token_rewards, std::span<T const> values,
+void gae_advantages_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<T const> values,
                     std::span<M const> mask, std::span<T> advantages, std::span<T> returns, gae_options const& opt = {}) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_tokens(values, layout, "values");
@@ -349,6 +472,19 @@ void gae_advantages(token_layout const& layout, std::span<T const> token_rewards
     }
   }
   if (opt.whiten) masked_whiten(std::span<T const>(advantages.data(), advantages.size()), mask, advantages);
+}
+}  // namespace detail
+
+//! GAE: delta_t = r_t + gamma V_next - V_t, A_t = delta_t + gamma lambda A_next, returns = A + V,
+//! where "next" skips masked (observation) tokens (verl PR #2337, multi-turn). Advantages are
+//! then whitened over valid tokens (options.whiten). Masked positions of both outputs are 0, so
+//! values at masked positions never affect any output.
+template <FlatArray RR, FlatArray VR, FlatArray MR, MutableFlatArray AR, MutableFlatArray OR>
+void gae_advantages(token_layout const& layout, RR&& token_rewards, VR&& values, MR&& mask, AR&& advantages,
+                    OR&& returns, gae_options const& opt = {}) {
+  detail::gae_advantages_impl(layout, as_flat_const(token_rewards, "token_rewards"), as_flat_const(values, "values"),
+                              as_flat_const(mask, "mask"), as_flat(advantages, "advantages"),
+                              as_flat(returns, "returns"), opt);
 }
 
 }  // namespace weft::rl

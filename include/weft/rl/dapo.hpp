@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -45,23 +46,33 @@ struct overlong_shaping {
     return static_cast<double>(expected - length) / static_cast<double>(cache_length) * penalty_factor;
   }
   //! rewards[i] += penalty(lengths[i]).
-  template <class T, class L>
-  void apply(std::span<L const> lengths, std::span<T> rewards) const {
+  template <FlatArray LR, MutableFlatArray RR>
+  void apply(LR&& lengths_in, RR&& rewards_in) const {
+    auto const lengths = as_flat_const(lengths_in, "lengths");
+    auto const rewards = as_flat(rewards_in, "rewards");
+    using T = flat_value_t<RR>;
     WEFT_EXPECTS_SHAPE(rewards.size() == lengths.size(), "rewards", lengths.size(), rewards.size());
     for (std::size_t i = 0; i < lengths.size(); ++i)
       rewards[i] = static_cast<T>(static_cast<double>(rewards[i]) + penalty(static_cast<index_t>(lengths[i])));
   }
 };
 
-//! Overlong filtering (DAPO §3.4, TRL `mask_truncated_completions`): zeroes the loss mask of every
-//! row whose response was truncated (truncated[i] != 0), so it contributes no gradient.
+namespace detail {
 template <class B, class M>
-void mask_truncated(token_layout const& layout, std::span<B const> truncated, std::span<M> mask) {
+void mask_truncated_impl(token_layout const& layout, std::span<B const> truncated, std::span<M> mask) {
   detail::expect_rows(truncated, layout, "truncated");
   detail::expect_tokens(mask, layout, "mask");
   for (index_t i = 0; i < layout.rows(); ++i)
     if (truncated[static_cast<std::size_t>(i)] != B{})
       for (index_t t = layout.row_begin(i); t < layout.row_end(i); ++t) mask[static_cast<std::size_t>(t)] = M{};
+}
+}  // namespace detail
+
+//! Overlong filtering (DAPO §3.4, TRL `mask_truncated_completions`): zeroes the loss mask of every
+//! row whose response was truncated (truncated[i] != 0), so it contributes no gradient.
+template <FlatArray BR, MutableFlatArray MR>
+void mask_truncated(token_layout const& layout, BR&& truncated, MR&& mask) {
+  detail::mask_truncated_impl(layout, as_flat_const(truncated, "truncated"), as_flat(mask, "mask"));
 }
 
 struct dynamic_sampling_options {
@@ -96,8 +107,11 @@ class dynamic_sampler {
 
   //! Adds one generation round; returns how many of its groups were kept (before truncation).
   //! Throws invalid_argument_error once max_rounds rounds have not filled the batch.
-  template <class Metric>
-  index_t add_round(std::span<std::int64_t const> group_ids, std::span<Metric const> metric) {
+  template <FlatArray GR, FlatArray MR>
+    requires std::same_as<flat_value_t<GR>, std::int64_t>
+  index_t add_round(GR&& group_ids_in, MR&& metric_in) {
+    std::span<std::int64_t const> const group_ids = as_flat_const(group_ids_in, "group_ids");
+    auto const metric = as_flat_const(metric_in, "metric");
     WEFT_EXPECTS_SHAPE(metric.size() == group_ids.size(), "metric", group_ids.size(), metric.size());
     WEFT_EXPECTS(!full(), "dynamic_sampler", "not yet full (call reset() after taking the batch)",
                  "full");
@@ -228,7 +242,8 @@ struct rl_config {
   dynamic_sampling_config dynamic_sampling{};
   overlong_config overlong{};
 
-  //! Dr. GRPO's constant L_max for seq_mean_token_sum_norm.
+  //! The constant length of dr_grpo_norm / verl_token_sum_norm (verl's loss_scale_factor default
+  //! is the padded response length, i.e. max_response_length).
   [[nodiscard]] double norm_length() const noexcept { return static_cast<double>(max_response_length); }
   [[nodiscard]] overlong_shaping shaping() const noexcept {
     return {max_response_length, overlong.buffer_length, overlong.penalty_factor};
@@ -272,12 +287,14 @@ struct rl_config {
     c.overlong = {true, 4096, 1.0, false};
     return c;
   }
-  //! Dr. GRPO (arXiv 2503.20783): no std normalisation, constant-length norm, no KL.
+  //! Dr. GRPO (arXiv 2503.20783): no std normalisation, the paper's constant-length norm
+  //! m / (B L_max) (dr_grpo_norm; verl's recipe config names seq-mean-token-sum-norm, which is
+  //! verl_token_sum_norm, the same up to the constant factor B), no KL.
   static rl_config dr_grpo() {
     rl_config c = grpo();
     c.kl.use_kl_loss = false;
     c.advantage.norm_by_std = false;
-    c.aggregation = loss_agg::seq_mean_token_sum_norm;
+    c.aggregation = loss_agg::dr_grpo_norm;
     return c;
   }
   //! PPO with a critic: GAE (gamma = lambda = 1), symmetric clip 0.2, dual clip 3, token mean,

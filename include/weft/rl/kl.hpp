@@ -8,8 +8,10 @@
 #include <weft/rl/layout.hpp>
 
 #include <cuda/std/cmath>
+#include <cuda/std/limits>
 
 #include <algorithm>
+#include <limits>
 #include <span>
 #include <string_view>
 
@@ -25,6 +27,8 @@ namespace weft::rl {
 //! On samples from pi: E[grad k2] = grad KL(pi||ref) (unbiased reverse KL), E[grad k3] =
 //! grad KL(ref||pi) (forward KL!), E[grad k1] = 0. Use k2 or k3_plus as a loss term for the
 //! reverse KL, or k3 times the ratio (kl_is_corrected) when samples come from pi_old.
+//! A token with l = l_ref = -inf (probability 0 under both policies, e.g. a fully -inf logit row)
+//! has no x; it contributes nothing: value 0, gradient 0 (k3 would otherwise give NaN).
 enum class kl_kind : unsigned char { k1, abs, k2, k3, k1_plus, k3_plus };
 
 constexpr std::string_view to_string(kl_kind k) noexcept {
@@ -50,6 +54,7 @@ struct kl_token {
   kl_kind kind;
 
   WEFT_HD kl_value<T> operator()(T logp, T ref_logp) const noexcept {
+    if (logp == -cuda::std::numeric_limits<T>::infinity() && ref_logp == logp) return {T(0), T(0)};
     T const x = logp - ref_logp;
     switch (kind) {
       case kl_kind::k1: return {x, T(1)};
@@ -73,9 +78,9 @@ struct kl_token {
   }
 };
 
-//! Per-token estimator values (and d/dl into `grad` if non-empty) for every token; masked tokens 0.
+namespace detail {
 template <class T, class M>
-void kl_penalty(kl_kind kind, std::span<T const> logp, std::span<T const> ref_logp, std::span<M const> mask,
+void kl_penalty_impl(kl_kind kind, std::span<T const> logp, std::span<T const> ref_logp, std::span<M const> mask,
                 std::span<T> value, std::span<T> grad = {}) {
   WEFT_EXPECTS_SHAPE(ref_logp.size() == logp.size(), "ref_logp", logp.size(), ref_logp.size());
   WEFT_EXPECTS_SHAPE(mask.size() == logp.size(), "mask", logp.size(), mask.size());
@@ -89,11 +94,19 @@ void kl_penalty(kl_kind kind, std::span<T const> logp, std::span<T const> ref_lo
     if (!grad.empty()) grad[k] = r.grad;
   }
 }
+}  // namespace detail
 
-//! KL as a loss term: returns coef * sum_t w_t k(l_t, l_ref_t) and adds coef * w_t k'(l_t) to dlogp.
-//! `weights` come from aggregation_weights (token-mean in verl and TRL).
+//! Per-token estimator values (and d/dl into `grad` if non-empty) for every token; masked tokens 0.
+template <FlatArray LR, FlatArray RR, FlatArray MR, MutableFlatArray VR,
+          MutableFlatArray GR = std::span<flat_value_t<VR>>>
+void kl_penalty(kl_kind kind, LR&& logp, RR&& ref_logp, MR&& mask, VR&& value, GR&& grad = GR{}) {
+  detail::kl_penalty_impl(kind, as_flat_const(logp, "logp"), as_flat_const(ref_logp, "ref_logp"),
+                          as_flat_const(mask, "mask"), as_flat(value, "value"), as_flat(grad, "grad"));
+}
+
+namespace detail {
 template <class T, class M>
-double kl_loss(kl_kind kind, double coef, std::span<T const> logp, std::span<T const> ref_logp,
+double kl_loss_impl(kl_kind kind, double coef, std::span<T const> logp, std::span<T const> ref_logp,
                std::span<M const> mask, std::span<T const> weights, std::span<T> dlogp) {
   WEFT_EXPECTS_SHAPE(ref_logp.size() == logp.size(), "ref_logp", logp.size(), ref_logp.size());
   WEFT_EXPECTS_SHAPE(mask.size() == logp.size(), "mask", logp.size(), mask.size());
@@ -109,13 +122,19 @@ double kl_loss(kl_kind kind, double coef, std::span<T const> logp, std::span<T c
   }
   return coef * sum;
 }
+}  // namespace detail
 
-//! DeepSeek-V3.2 / TRL `use_bias_correction_kl`: coef * sum w r k3 with r = exp(l - l_old) the
-//! differentiable ratio. d(r k3)/dl = r k3 + r (1 - e^{-x}) = r (l - l_ref) pointwise (x = l - l_ref),
-//! so on samples from pi_old its expectation is the reverse-KL gradient. Where a clamp is active
-//! the clamped factor contributes no derivative.
+//! KL as a loss term: returns coef * sum_t w_t k(l_t, l_ref_t) and adds coef * w_t k'(l_t) to dlogp.
+//! `weights` come from aggregation_weights (token-mean in verl and TRL).
+template <FlatArray LR, FlatArray RR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
+double kl_loss(kl_kind kind, double coef, LR&& logp, RR&& ref_logp, MR&& mask, WR&& weights, DR&& dlogp) {
+  return detail::kl_loss_impl(kind, coef, as_flat_const(logp, "logp"), as_flat_const(ref_logp, "ref_logp"),
+                              as_flat_const(mask, "mask"), as_flat_const(weights, "weights"), as_flat(dlogp, "dlogp"));
+}
+
+namespace detail {
 template <class T, class M>
-double kl_is_corrected_loss(double coef, std::span<T const> logp, std::span<T const> old_logp,
+double kl_is_corrected_loss_impl(double coef, std::span<T const> logp, std::span<T const> old_logp,
                             std::span<T const> ref_logp, std::span<M const> mask, std::span<T const> weights,
                             std::span<T> dlogp) {
   WEFT_EXPECTS_SHAPE(old_logp.size() == logp.size(), "old_logp", logp.size(), old_logp.size());
@@ -127,6 +146,7 @@ double kl_is_corrected_loss(double coef, std::span<T const> logp, std::span<T co
   double sum = 0;
   for (std::size_t k = 0; k < logp.size(); ++k) {
     if (!detail::valid(mask[k])) continue;
+    if (logp[k] == -std::numeric_limits<T>::infinity() && old_logp[k] == logp[k]) continue;
     T const d = logp[k] - old_logp[k];
     bool const r_clamped = d < T(-20) || d > T(20);
     T const r = cuda::std::exp(d < T(-20) ? T(-20) : (d > T(20) ? T(20) : d));
@@ -136,10 +156,24 @@ double kl_is_corrected_loss(double coef, std::span<T const> logp, std::span<T co
   }
   return coef * sum;
 }
+}  // namespace detail
 
-//! KL in the reward (verl apply_kl_penalty): rewards_t -= beta * k(l_old_t, l_ref_t) on valid tokens.
+//! DeepSeek-V3.2 / TRL `use_bias_correction_kl`: coef * sum w r k3 with r = exp(l - l_old) the
+//! differentiable ratio. d(r k3)/dl = r k3 + r (1 - e^{-x}) = r (l - l_ref) pointwise (x = l - l_ref),
+//! so on samples from pi_old its expectation is the reverse-KL gradient. Where a clamp is active
+//! the clamped factor contributes no derivative. A token with l = l_old = -inf (no ratio) adds
+//! nothing, as in policy_loss.
+template <FlatArray LR, FlatArray OR, FlatArray RR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
+double kl_is_corrected_loss(double coef, LR&& logp, OR&& old_logp, RR&& ref_logp, MR&& mask, WR&& weights,
+                            DR&& dlogp) {
+  return detail::kl_is_corrected_loss_impl(coef, as_flat_const(logp, "logp"), as_flat_const(old_logp, "old_logp"),
+                                           as_flat_const(ref_logp, "ref_logp"), as_flat_const(mask, "mask"),
+                                           as_flat_const(weights, "weights"), as_flat(dlogp, "dlogp"));
+}
+
+namespace detail {
 template <class T, class M>
-void apply_kl_penalty(kl_kind kind, double beta, std::span<T const> old_logp, std::span<T const> ref_logp,
+void apply_kl_penalty_impl(kl_kind kind, double beta, std::span<T const> old_logp, std::span<T const> ref_logp,
                       std::span<M const> mask, std::span<T> rewards) {
   WEFT_EXPECTS_SHAPE(ref_logp.size() == old_logp.size(), "ref_logp", old_logp.size(), ref_logp.size());
   WEFT_EXPECTS_SHAPE(mask.size() == old_logp.size(), "mask", old_logp.size(), mask.size());
@@ -148,12 +182,18 @@ void apply_kl_penalty(kl_kind kind, double beta, std::span<T const> old_logp, st
   for (std::size_t k = 0; k < rewards.size(); ++k)
     if (detail::valid(mask[k])) rewards[k] -= static_cast<T>(beta) * fn(old_logp[k], ref_logp[k]).value;
 }
+}  // namespace detail
 
-//! Entropy bonus: returns -coef * sum_t w_t H_t and writes the upstream gradient dH_t = -coef w_t
-//! (0 on masked tokens) for log_prob_backward. Aggregate entropy with token-mean weights (verl
-//! issue #3986: seq-mean-token-sum-norm makes it meaningless).
+//! KL in the reward (verl apply_kl_penalty): rewards_t -= beta * k(l_old_t, l_ref_t) on valid tokens.
+template <FlatArray OR, FlatArray RR, FlatArray MR, MutableFlatArray WR>
+void apply_kl_penalty(kl_kind kind, double beta, OR&& old_logp, RR&& ref_logp, MR&& mask, WR&& rewards) {
+  detail::apply_kl_penalty_impl(kind, beta, as_flat_const(old_logp, "old_logp"), as_flat_const(ref_logp, "ref_logp"),
+                                as_flat_const(mask, "mask"), as_flat(rewards, "rewards"));
+}
+
+namespace detail {
 template <class T, class M>
-double entropy_bonus(double coef, std::span<T const> entropy, std::span<M const> mask, std::span<T const> weights,
+double entropy_bonus_impl(double coef, std::span<T const> entropy, std::span<M const> mask, std::span<T const> weights,
                      std::span<T> d_entropy) {
   WEFT_EXPECTS_SHAPE(mask.size() == entropy.size(), "mask", entropy.size(), mask.size());
   WEFT_EXPECTS_SHAPE(weights.size() == entropy.size(), "weights", entropy.size(), weights.size());
@@ -165,6 +205,16 @@ double entropy_bonus(double coef, std::span<T const> entropy, std::span<M const>
     d_entropy[k] = v ? static_cast<T>(-coef) * weights[k] : T(0);
   }
   return -coef * sum;
+}
+}  // namespace detail
+
+//! Entropy bonus: returns -coef * sum_t w_t H_t and writes the upstream gradient dH_t = -coef w_t
+//! (0 on masked tokens) for log_prob_backward. Aggregate entropy with token-mean weights (verl
+//! issue #3986: seq-mean-token-sum-norm makes it meaningless).
+template <FlatArray HR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
+double entropy_bonus(double coef, HR&& entropy, MR&& mask, WR&& weights, DR&& d_entropy) {
+  return detail::entropy_bonus_impl(coef, as_flat_const(entropy, "entropy"), as_flat_const(mask, "mask"),
+                                    as_flat_const(weights, "weights"), as_flat(d_entropy, "d_entropy"));
 }
 
 template <class T>
@@ -194,10 +244,9 @@ struct value_loss_result {
   double clipped = 0;  // vf_clipfrac = clipped / tokens
 };
 
-//! PPO clipped value loss 0.5 * sum w max((v-R)^2, (clip(v, v_old +- c) - R)^2) (with verl PR #2016's
-//! 1/2); writes dvalues = w (v - R) where the unclipped branch wins, else 0.
+namespace detail {
 template <class T, class M>
-value_loss_result value_loss(double clip, std::span<T const> values, std::span<T const> old_values,
+value_loss_result value_loss_impl(double clip, std::span<T const> values, std::span<T const> old_values,
                              std::span<T const> returns, std::span<M const> mask, std::span<T const> weights,
                              std::span<T> dvalues) {
   WEFT_EXPECTS(clip >= 0, "clip", ">= 0", clip);
@@ -220,6 +269,17 @@ value_loss_result value_loss(double clip, std::span<T const> values, std::span<T
     dvalues[k] = weights[k] * r.grad;
   }
   return res;
+}
+}  // namespace detail
+
+//! PPO clipped value loss 0.5 * sum w max((v-R)^2, (clip(v, v_old +- c) - R)^2) (with verl PR #2016's
+//! 1/2); writes dvalues = w (v - R) where the unclipped branch wins, else 0.
+template <FlatArray VR, FlatArray OR, FlatArray RR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
+value_loss_result value_loss(double clip, VR&& values, OR&& old_values, RR&& returns, MR&& mask, WR&& weights,
+                             DR&& dvalues) {
+  return detail::value_loss_impl(clip, as_flat_const(values, "values"), as_flat_const(old_values, "old_values"),
+                                 as_flat_const(returns, "returns"), as_flat_const(mask, "mask"),
+                                 as_flat_const(weights, "weights"), as_flat(dvalues, "dvalues"));
 }
 
 }  // namespace weft::rl

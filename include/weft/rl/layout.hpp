@@ -9,6 +9,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
+#include <ranges>
 #include <span>
 #include <string_view>
 #include <type_traits>
@@ -17,6 +19,68 @@
 namespace weft::rl {
 
 using index_t = std::int64_t;
+
+namespace detail {
+
+template <class R>
+concept contiguous_sized = std::ranges::contiguous_range<R> && std::ranges::sized_range<R>;
+
+template <class R>
+concept host_tensor_like = TensorIn<std::remove_cvref_t<R>, host_space> || requires(std::remove_reference_t<R>& r) {
+  { r.view() } -> TensorIn<host_space>;
+};
+
+template <class R>
+auto flat_span(R& r, std::string_view name) {
+  if constexpr (contiguous_sized<R&>) {
+    return std::span(std::ranges::data(r), static_cast<std::size_t>(std::ranges::size(r)));
+  } else if constexpr (TensorIn<std::remove_cvref_t<R>, host_space>) {
+    WEFT_EXPECTS_SHAPE(is_contiguous(r), name, "a row-major contiguous view", shape_string(r));
+    return std::span(r.data_handle(), static_cast<std::size_t>(r.size()));
+  } else {
+    auto const v = r.view();
+    return std::span(v.data_handle(), static_cast<std::size_t>(v.size()));
+  }
+}
+
+//! rows * cols as an element count, or shape_error naming `name` if the product overflows.
+inline index_t checked_elements(std::size_t rows, index_t cols, std::string_view name) {
+  WEFT_EXPECTS_SHAPE(cols >= 0, name, "a non-negative row length", cols);
+  constexpr auto max = std::numeric_limits<index_t>::max();
+  WEFT_EXPECTS_SHAPE(rows <= static_cast<std::size_t>(max) && (cols == 0 || static_cast<index_t>(rows) <= max / cols),
+                     name, ::weft::detail::concat("rows * row length = ", rows, " * ", cols, " within int64"),
+                     "an overflowing product");
+  return static_cast<index_t>(rows) * cols;
+}
+
+}  // namespace detail
+
+//! What every rl entry point takes as a flat per-token (or per-row) array: a contiguous sized
+//! range (std::vector, std::array, std::span, a C array) or a host weft view or tensor, which
+//! must be row-major contiguous at run time (else shape_error naming the argument).
+template <class R>
+concept FlatArray = detail::contiguous_sized<R> || detail::host_tensor_like<R>;
+
+//! The element type a FlatArray exposes (const for a const vector or a const view).
+template <FlatArray R>
+using flat_element_t = typename decltype(detail::flat_span(std::declval<std::remove_reference_t<R>&>(), ""))::element_type;
+template <FlatArray R>
+using flat_value_t = std::remove_const_t<flat_element_t<R>>;
+
+//! A FlatArray whose elements can be written (an output).
+template <class R>
+concept MutableFlatArray = FlatArray<R> && !std::is_const_v<flat_element_t<R>>;
+
+//! The elements of `r` as a span (shape_error naming `name` for a non-contiguous view).
+template <FlatArray R>
+[[nodiscard]] std::span<flat_element_t<R>> as_flat(R&& r, std::string_view name = "array") {
+  return detail::flat_span(r, name);
+}
+//! The same, read-only.
+template <FlatArray R>
+[[nodiscard]] std::span<flat_value_t<R> const> as_flat_const(R&& r, std::string_view name = "array") {
+  return detail::flat_span(r, name);
+}
 
 //! The rows (responses) of a token batch. Every per-token input of an rl function is one flat,
 //! contiguous array of `tokens()` elements; the layout says which of them form row i:
@@ -32,6 +96,7 @@ class token_layout {
   static token_layout padded(index_t rows, index_t cols) {
     WEFT_EXPECTS_SHAPE(rows >= 0, "rows", ">= 0", rows);
     WEFT_EXPECTS_SHAPE(cols >= 0, "cols", ">= 0", cols);
+    (void)detail::checked_elements(static_cast<std::size_t>(rows), cols, "rows * cols");
     token_layout l;
     l.rows_ = rows;
     l.cols_ = cols;
@@ -55,10 +120,11 @@ class token_layout {
     l.rows_ = static_cast<index_t>(l.offsets_.size()) - 1;
     return l;
   }
-  template <class Int>
-    requires std::is_integral_v<Int>
-  static token_layout packed(std::vector<Int> const& cu_seqlens) {
-    return packed(std::span<Int const>(cu_seqlens));
+  //! Any FlatArray of integers (std::vector, std::array, a weft view, ...).
+  template <FlatArray R>
+    requires std::is_integral_v<flat_value_t<R>>
+  static token_layout packed(R&& cu_seqlens) {
+    return packed(as_flat_const(cu_seqlens, "cu_seqlens"));
   }
 
   [[nodiscard]] bool is_packed() const noexcept { return packed_; }

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
@@ -38,7 +39,8 @@ using logit_compute_t = std::conditional_t<std::is_same_v<L, double>, double, fl
 //! max: sum = sum_v e^{x_v - max}, ent = sum_v e^{x_v - max} (x_v - max). Then
 //! lse = max + log(sum) and entropy = log(sum) - ent / sum. Two sets merge exactly (merge), which
 //! is what chunks of one row and vocabulary shards on different ranks do. An empty set (or all
-//! -inf) has sum 0 and max -inf.
+//! -inf) has sum 0 and max -inf. A set holding a NaN or +inf (after scaling by 1/tau) is
+//! poisoned: sum and ent are NaN, every merge keeps it so, and finish gives NaN.
 template <class C>
 struct softmax_stats {
   C max = -cuda::std::numeric_limits<C>::infinity();
@@ -49,6 +51,8 @@ struct softmax_stats {
 struct softmax_merge {
   template <class C>
   WEFT_HD softmax_stats<C> operator()(softmax_stats<C> a, softmax_stats<C> b) const noexcept {
+    if (a.sum != a.sum) return a;  // poisoned (NaN) stays poisoned
+    if (b.sum != b.sum) return b;
     if (!(a.sum > C(0))) return b;
     if (!(b.sum > C(0))) return a;
     C const m = a.max > b.max ? a.max : b.max;
@@ -62,11 +66,18 @@ struct softmax_merge {
 };
 
 //! Adds one logit x to running statistics (the per-thread loop of the CUDA kernel; the CPU path
-//! reduces whole chunks instead, which vectorises). -inf adds nothing; an empty state takes x.
+//! reduces whole chunks instead, which vectorises). -inf adds nothing; an empty state takes x;
+//! NaN or +inf poisons the state.
 struct softmax_push {
   template <class C>
   WEFT_HD softmax_stats<C> operator()(softmax_stats<C> s, C x) const noexcept {
-    if (!(x > -cuda::std::numeric_limits<C>::infinity())) return s;
+    constexpr C inf = cuda::std::numeric_limits<C>::infinity();
+    if (s.sum != s.sum) return s;
+    if (x != x || x == inf) {
+      C const nan = cuda::std::numeric_limits<C>::quiet_NaN();
+      return {nan, nan, nan};
+    }
+    if (!(x > -inf)) return s;
     if (!(s.sum > C(0))) return {x, C(1), C(0)};
     if (x > s.max) {
       C const d = s.max - x;
@@ -79,21 +90,26 @@ struct softmax_push {
   }
 };
 
-//! log-sum-exp and entropy from merged statistics. Empty or all -inf: lse -inf, entropy 0.
+//! log-sum-exp and entropy from merged statistics. Empty or all -inf: lse -inf, entropy 0;
+//! poisoned (a NaN or +inf logit): both NaN.
 struct softmax_finish {
   template <class C>
   WEFT_HD C lse(softmax_stats<C> s) const noexcept {
+    if (s.sum != s.sum) return s.sum;
     return s.sum > C(0) ? s.max + cuda::std::log(s.sum) : -cuda::std::numeric_limits<C>::infinity();
   }
   template <class C>
   WEFT_HD C entropy(softmax_stats<C> s) const noexcept {
+    if (s.sum != s.sum) return s.sum;
     return s.sum > C(0) ? cuda::std::log(s.sum) - s.ent / s.sum : C(0);
   }
 };
 
 //! One logit's share of the backward: d/dx_v of (g_logp * logp + g_ent * H) without the target's
-//! indicator term, i.e. -p_v (g_logp + g_ent (log p_v + H)) with p_v = e^{x_v - lse}. The clamp of
-//! log p_v to the lowest finite value makes -inf logits contribute exactly 0 (never 0 * -inf).
+//! indicator term, i.e. -p_v (g_logp + g_ent (log p_v + H)) with p_v = e^{x_v - lse}. Where p_v
+//! is 0 (a -inf logit, or a probability below the smallest normal) the result is exactly 0, the
+//! limit of p log p: clamping log p alone is not enough, since g_ent * lowest overflows to inf
+//! once |g_ent| > 1 and 0 * inf is NaN.
 template <class C>
 struct logit_grad {
   C lse;     // lse = lse + lse_lo to twice C's precision: rounding the lse alone to f32 would
@@ -107,7 +123,8 @@ struct logit_grad {
     C d = (x - lse) - lse_lo;
     d = select(d < cuda::std::numeric_limits<C>::lowest(), cuda::std::numeric_limits<C>::lowest(), d);
     C const p = exp_fn{}(d);
-    return -p * (g_logp + g_ent * (d + entropy)) * inv_tau;
+    C const g = -p * (g_logp + g_ent * (d + entropy)) * inv_tau;
+    return select(p == C(0), C(0), g);
   }
 };
 
@@ -160,6 +177,17 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, log
     for (index_t h = half / 2; h >= 1; h /= 2)
       for (index_t j = 0; j < h; ++j) tbuf[j] = select(tbuf[j + h] > tbuf[j], tbuf[j + h], tbuf[j]);
     C const m = tbuf[0];
+    // A NaN logit may or may not win the max (compares with NaN are false): a NaN max is a
+    // poisoned chunk. A NaN elsewhere, or a +inf max, makes the exponentials below NaN.
+    if (m != m) {
+      if (saved_exp != nullptr) {
+        for (index_t j = 0; j < len; ++j) saved_exp[c0 + j] = m;
+        chunk_max[c0 / logit_chunk] = static_cast<double>(m);
+      }
+      acc = softmax_merge{}(acc, softmax_stats<double>{0.0, std::numeric_limits<double>::quiet_NaN(),
+                                                        std::numeric_limits<double>::quiet_NaN()});
+      continue;
+    }
     if (!(m > -cuda::std::numeric_limits<C>::infinity())) {  // all -inf: adds nothing
       if (saved_exp != nullptr) {
         for (index_t j = 0; j < len; ++j) saved_exp[c0 + j] = C(0);
@@ -204,6 +232,8 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, log
       ss += static_cast<double>(buf[l]);
       tt += static_cast<double>(tbuf[l]);
     }
+    // A +inf logit gives inf - inf = NaN exponentials, a NaN one NaN: either poisons ss.
+    if (ss != ss || tt != tt) ss = tt = std::numeric_limits<double>::quiet_NaN();
     acc = softmax_merge{}(acc, softmax_stats<double>{static_cast<double>(m), ss, tt});
   }
   return acc;
@@ -215,7 +245,7 @@ template <class L, class D>
 WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy,
                                         double g_logp, double g_ent, index_t target, D* dz) {
   using C = logit_compute_t<L>;
-  if (!(lse > -cuda::std::numeric_limits<double>::infinity()) || !(g_logp != 0.0 || g_ent != 0.0)) {
+  if (lse == -cuda::std::numeric_limits<double>::infinity() || !(g_logp != 0.0 || g_ent != 0.0)) {
     for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
     return;
   }
@@ -235,7 +265,7 @@ WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, logit_compu
                                               double entropy, double g_logp, double g_ent, index_t target,
                                               logit_compute_t<L> const* saved_exp, double const* chunk_max, D* dz) {
   using C = logit_compute_t<L>;
-  if (!(lse > -cuda::std::numeric_limits<double>::infinity()) || !(g_logp != 0.0 || g_ent != 0.0)) {
+  if (lse == -cuda::std::numeric_limits<double>::infinity() || !(g_logp != 0.0 || g_ent != 0.0)) {
     for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
     return;
   }
@@ -249,12 +279,13 @@ WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, logit_compu
     C d = (x - lse_hi) - lse_lo;
     d = select(d < lowest, lowest, d);
     C const p = e * f;
-    return -p * (gl + ge * (d + h)) * inv_tau;
+    C const g = -p * (gl + ge * (d + h)) * inv_tau;
+    return select(p == C(0), C(0), g);  // as logit_grad: p = 0 contributes exactly 0
   };
   for (index_t c0 = 0; c0 < n; c0 += logit_chunk) {
     index_t const len = n - c0 < logit_chunk ? n - c0 : logit_chunk;
     double const mc = chunk_max[c0 / logit_chunk];
-    C const f = mc > -cuda::std::numeric_limits<double>::infinity() ? static_cast<C>(std::exp(mc - lse)) : C(0);
+    C const f = mc == -cuda::std::numeric_limits<double>::infinity() ? C(0) : static_cast<C>(std::exp(mc - lse));
     for (index_t j = c0; j < c0 + len; ++j) dz[j] = static_cast<D>(grad(load_logit<C>(z, j, inv_tau), saved_exp[j], f));
     if (target >= c0 && target < c0 + len)  // the indicator term, before the one rounding to D
       dz[target] = static_cast<D>(grad(load_logit<C>(z, target, inv_tau), saved_exp[target], f) + gl * inv_tau);
@@ -357,14 +388,31 @@ void row_backward(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
   row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
 }
 
+//! 1/temperature in the compute type of L logits, checked: the temperature must be positive and
+//! finite and its inverse a finite, non-zero value of that type (1e-39 overflows f32's 1/tau,
+//! 1e300 rounds it to 0), since every logit is multiplied by it.
+template <class L>
+logit_compute_t<L> inverse_temperature(double temperature) {
+  using C = logit_compute_t<L>;
+  WEFT_EXPECTS(temperature > 0 && std::isfinite(temperature), "temperature", "> 0 and finite", temperature);
+  double const inv = 1.0 / temperature;
+  WEFT_EXPECTS(inv <= static_cast<double>(std::numeric_limits<C>::max()) &&
+                   inv >= static_cast<double>(std::numeric_limits<C>::min()),
+               "temperature",
+               ::weft::detail::concat("a value whose inverse is a finite normal ", sizeof(C) == 4 ? "f32" : "f64",
+                                      " (about [", 1.0 / static_cast<double>(std::numeric_limits<C>::max()), ", ",
+                                      1.0 / static_cast<double>(std::numeric_limits<C>::min()), "])"),
+               temperature);
+  return static_cast<C>(inv);
+}
+
 template <class L, class I>
 void check_logprob_args(std::span<L const> logits, index_t vocab, std::span<I const> targets,
                         logprob_options const& opt) {
   WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
-  WEFT_EXPECTS(opt.temperature > 0 && std::isfinite(opt.temperature), "temperature", "> 0 and finite",
-               opt.temperature);
-  WEFT_EXPECTS_SHAPE(static_cast<index_t>(logits.size()) == static_cast<index_t>(targets.size()) * vocab, "logits",
-                     ::weft::detail::concat("tokens * vocab = ", targets.size(), " * ", vocab, " elements"),
+  (void)inverse_temperature<L>(opt.temperature);
+  WEFT_EXPECTS_SHAPE(static_cast<index_t>(logits.size()) == checked_elements(targets.size(), vocab, "logits"),
+                     "logits", ::weft::detail::concat("tokens * vocab = ", targets.size(), " * ", vocab, " elements"),
                      logits.size());
 }
 
@@ -381,11 +429,9 @@ void check_targets(std::span<I const> targets, index_t vocab, logprob_options co
 
 }  // namespace detail
 
-//! Forward: for every token t, logp[t] = log softmax(z_t / tau)[target_t] and entropy[t] = H of
-//! that distribution; `lse` (optional, empty = not wanted) receives log-sum-exp(z_t / tau) for
-//! the backward. `logits` is [tokens, vocab] row-major. Reads the logits once.
+namespace detail {
 template <class L, class I, class T>
-void log_prob_forward(std::span<L const> logits, index_t vocab, std::span<I const> targets,
+void log_prob_forward_impl(std::span<L const> logits, index_t vocab, std::span<I const> targets,
                       logprob_options const& opt, std::span<T> logp, std::span<T> entropy, std::span<T> lse = {}) {
   detail::check_logprob_args(logits, vocab, targets, opt);
   WEFT_EXPECTS_SHAPE(logp.size() == targets.size(), "logp", targets.size(), logp.size());
@@ -393,7 +439,7 @@ void log_prob_forward(std::span<L const> logits, index_t vocab, std::span<I cons
   if (!lse.empty()) WEFT_EXPECTS_SHAPE(lse.size() == targets.size(), "lse", targets.size(), lse.size());
   detail::check_targets(targets, vocab, opt);
   using C = logit_compute_t<L>;
-  C const inv_tau = static_cast<C>(1.0 / opt.temperature);
+  C const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   for (std::size_t k = 0; k < targets.size(); ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);
     if (o == opt.ignore_index) {
@@ -411,12 +457,22 @@ void log_prob_forward(std::span<L const> logits, index_t vocab, std::span<I cons
     if (!lse.empty()) lse[k] = static_cast<T>(l);
   }
 }
+}  // namespace detail
 
-//! Backward: dlogits[t, v] = (g_logp[t] (1[v = o_t] - p_v) - g_ent[t] p_v (log p_v + H_t)) / tau
-//! from the forward's lse and entropy. Either upstream may be empty (= zero). Reads the logits
-//! once and writes dlogits once; ignored tokens get a zero row.
+//! Forward: for every token t, logp[t] = log softmax(z_t / tau)[target_t] and entropy[t] = H of
+//! that distribution; `lse` (optional, empty = not wanted) receives log-sum-exp(z_t / tau) for
+//! the backward. `logits` is [tokens, vocab] row-major. Reads the logits once.
+template <FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER,
+          MutableFlatArray SR = std::span<flat_value_t<PR>>>
+void log_prob_forward(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt, PR&& logp, ER&& entropy,
+                      SR&& lse = SR{}) {
+  detail::log_prob_forward_impl(as_flat_const(logits, "logits"), vocab, as_flat_const(targets, "targets"), opt,
+                                as_flat(logp, "logp"), as_flat(entropy, "entropy"), as_flat(lse, "lse"));
+}
+
+namespace detail {
 template <class L, class I, class T, class D>
-void log_prob_backward(std::span<L const> logits, index_t vocab, std::span<I const> targets,
+void log_prob_backward_impl(std::span<L const> logits, index_t vocab, std::span<I const> targets,
                        logprob_options const& opt, std::span<T const> lse, std::span<T const> entropy,
                        std::span<T const> d_logp, std::span<T const> d_entropy, std::span<D> dlogits) {
   detail::check_logprob_args(logits, vocab, targets, opt);
@@ -428,7 +484,7 @@ void log_prob_backward(std::span<L const> logits, index_t vocab, std::span<I con
   WEFT_EXPECTS_SHAPE(dlogits.size() == logits.size(), "dlogits", logits.size(), dlogits.size());
   detail::check_targets(targets, vocab, opt);
   using C = logit_compute_t<L>;
-  C const inv_tau = static_cast<C>(1.0 / opt.temperature);
+  C const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   for (std::size_t k = 0; k < targets.size(); ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);
     L const* z = logits.data() + static_cast<index_t>(k) * vocab;
@@ -440,6 +496,20 @@ void log_prob_backward(std::span<L const> logits, index_t vocab, std::span<I con
                          ignored ? index_t{-1} : o, dz);
   }
 }
+}  // namespace detail
+
+//! Backward: dlogits[t, v] = (g_logp[t] (1[v = o_t] - p_v) - g_ent[t] p_v (log p_v + H_t)) / tau
+//! from the forward's lse and entropy. Either upstream may be empty (= zero). Reads the logits
+//! once and writes dlogits once; ignored tokens get a zero row.
+template <FlatArray LR, FlatArray IR, FlatArray SR, FlatArray HR, FlatArray GR = std::span<flat_value_t<SR> const>,
+          FlatArray GER = std::span<flat_value_t<SR> const>, MutableFlatArray DR = std::span<flat_value_t<LR>>>
+void log_prob_backward(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt, SR&& lse, HR&& entropy,
+                       GR&& d_logp, GER&& d_entropy, DR&& dlogits) {
+  detail::log_prob_backward_impl(as_flat_const(logits, "logits"), vocab, as_flat_const(targets, "targets"), opt,
+                                 as_flat_const(lse, "lse"), as_flat_const(entropy, "entropy"),
+                                 as_flat_const(d_logp, "d_logp"), as_flat_const(d_entropy, "d_entropy"),
+                                 as_flat(dlogits, "dlogits"));
+}
 
 //! Upstream gradients of one token, returned by the callback of log_prob_fused.
 struct logprob_grads {
@@ -447,12 +517,9 @@ struct logprob_grads {
   double d_entropy = 0;
 };
 
-//! Forward and backward in one sweep: per token, the row statistics, then
-//! `grad_fn(token, logp, entropy) -> logprob_grads` (the per-token loss gradient, e.g. from a
-//! ppo_clip_token), then the row's dlogits while the row is still in cache: the logits come from
-//! memory once and dlogits go to memory once. Needs the loss to be per-token given its weights.
+namespace detail {
 template <class L, class I, class T, class D, class GradFn>
-void log_prob_fused(std::span<L const> logits, index_t vocab, std::span<I const> targets, logprob_options const& opt,
+void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I const> targets, logprob_options const& opt,
                     std::span<T> logp, std::span<T> entropy, GradFn&& grad_fn, std::span<D> dlogits) {
   detail::check_logprob_args(logits, vocab, targets, opt);
   WEFT_EXPECTS_SHAPE(logp.size() == targets.size(), "logp", targets.size(), logp.size());
@@ -460,7 +527,7 @@ void log_prob_fused(std::span<L const> logits, index_t vocab, std::span<I const>
   WEFT_EXPECTS_SHAPE(dlogits.size() == logits.size(), "dlogits", logits.size(), dlogits.size());
   detail::check_targets(targets, vocab, opt);
   using C = logit_compute_t<L>;
-  C const inv_tau = static_cast<C>(1.0 / opt.temperature);
+  C const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   // One row's e^{x - m_c} (V values, in cache for the backward) and chunk maxima.
   constexpr bool save = std::is_same_v<C, float>;
   std::vector<C> saved_exp(save ? static_cast<std::size_t>(vocab) : 0);
@@ -494,6 +561,19 @@ void log_prob_fused(std::span<L const> logits, index_t vocab, std::span<I const>
     else
       detail::row_backward(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o, dz);
   }
+}
+}  // namespace detail
+
+//! Forward and backward in one sweep: per token, the row statistics, then
+//! `grad_fn(token, logp, entropy) -> logprob_grads` (the per-token loss gradient, e.g. from a
+//! ppo_clip_token), then the row's dlogits while the row is still in cache: the logits come from
+//! memory once and dlogits go to memory once. Needs the loss to be per-token given its weights.
+template <FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER, class GradFn, MutableFlatArray DR>
+void log_prob_fused(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt, PR&& logp, ER&& entropy,
+                    GradFn&& grad_fn, DR&& dlogits) {
+  detail::log_prob_fused_impl(as_flat_const(logits, "logits"), vocab, as_flat_const(targets, "targets"), opt,
+                              as_flat(logp, "logp"), as_flat(entropy, "entropy"), std::forward<GradFn>(grad_fn),
+                              as_flat(dlogits, "dlogits"));
 }
 
 }  // namespace weft::rl

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -67,7 +68,11 @@ struct policy_loss_config {
 //! clipped_high: A>0 & r>1+eps_high; clipped_low: A<0 & r<1-eps_low (for cispo: r outside the
 //! interval whatever A); dual_clipped: A<0 & r>c. These are exactly the token sets whose gradient
 //! the clip kills (verl pg_clipfrac = low+high, pg_clipfrac_lower = dual). neg_log_ratio_sum is
-//! sum(l_old - l) of the clamped log-ratio (verl `ppo_kl`; OpenRLHF reports it unclamped).
+//! sum(l_old - l) of the clamped log-ratio (verl's `ppo_kl` for vanilla PPO and CISPO, which
+//! clamp before their metric), neg_log_ratio_raw_sum the same before the clamp (OpenRLHF's; +inf
+//! if some token has l = -inf and a finite l_old). GSPO clamps no token's log-ratio, so there the
+//! two are equal, as verl's gspo `ppo_kl` is unclamped. Dropped tokens (see policy_loss) are not
+//! counted at all.
 struct policy_metrics {
   double tokens = 0;
   double clipped_low = 0;
@@ -77,17 +82,19 @@ struct policy_metrics {
   double neg_log_ratio_sum = 0;
   double ratio_sum = 0;
   double ratio_sq_sum = 0;
+  double neg_log_ratio_raw_sum = 0;
   double ratio_min = std::numeric_limits<double>::infinity();
   double ratio_max = -std::numeric_limits<double>::infinity();
 
-  static constexpr std::size_t num_sums = 8;
+  static constexpr std::size_t num_sums = 9;
   [[nodiscard]] std::array<double, num_sums> sums() const noexcept {
     return {tokens, clipped_low, clipped_high, dual_clipped, log_ratio_clamped, neg_log_ratio_sum,
-            ratio_sum, ratio_sq_sum};
+            ratio_sum, ratio_sq_sum, neg_log_ratio_raw_sum};
   }
   void set_sums(std::array<double, num_sums> const& s) noexcept {
     tokens = s[0]; clipped_low = s[1]; clipped_high = s[2]; dual_clipped = s[3];
     log_ratio_clamped = s[4]; neg_log_ratio_sum = s[5]; ratio_sum = s[6]; ratio_sq_sum = s[7];
+    neg_log_ratio_raw_sum = s[8];
   }
   policy_metrics& operator+=(policy_metrics const& o) noexcept {
     auto a = sums();
@@ -104,7 +111,15 @@ struct policy_metrics {
   [[nodiscard]] double clip_frac_high() const noexcept { return frac(clipped_high); }
   [[nodiscard]] double clip_frac() const noexcept { return frac(clipped_low + clipped_high); }
   [[nodiscard]] double dual_clip_frac() const noexcept { return frac(dual_clipped); }
+  //! Mean of l_old - l over the clamped log-ratio (verl `ppo_kl` of vanilla / cispo).
   [[nodiscard]] double approx_kl() const noexcept { return frac(neg_log_ratio_sum); }
+  //! Mean of l_old - l before the clamp (OpenRLHF's `ppo_kl`; verl's for gspo, where it equals
+  //! approx_kl()).
+  [[nodiscard]] double approx_kl_unclamped() const noexcept { return frac(neg_log_ratio_raw_sum); }
+  //! verl's metric names, for logging side by side with verl runs.
+  [[nodiscard]] double pg_clipfrac() const noexcept { return clip_frac(); }
+  [[nodiscard]] double pg_clipfrac_lower() const noexcept { return dual_clip_frac(); }
+  [[nodiscard]] double ppo_kl() const noexcept { return approx_kl(); }
   [[nodiscard]] double ratio_mean() const noexcept { return frac(ratio_sum); }
   [[nodiscard]] double ratio_std() const noexcept {
     if (tokens <= 0) return 0.0;
@@ -140,15 +155,20 @@ struct pg_token {
   T loss;
   T grad;
   T ratio;
-  T neg_log_ratio;  // l_old - l after clamping
-  unsigned flags;   // pg_flag bits
+  T neg_log_ratio;      // l_old - l after clamping
+  unsigned flags;       // pg_flag bits
+  T neg_log_ratio_raw;  // l_old - l before clamping
 };
 
+//! pg_dropped: the token's loss has no finite value (l = l_old = -inf: the log-ratio is
+//! undefined; l = -inf in cispo / reinforce: -A l is infinite); its loss and gradient are 0 and
+//! policy_loss leaves it out of the metrics, as if masked.
 enum pg_flag : unsigned {
   pg_clipped_low = 1u,
   pg_clipped_high = 2u,
   pg_dual_clipped = 4u,
   pg_log_ratio_clamped = 8u,
+  pg_dropped = 32u,  // 16 is the policy loop's valid bit
 };
 
 //! PPO clip with decoupled bounds and dual clip, per token (§8 of the reference note). The
@@ -165,7 +185,9 @@ struct ppo_clip_token {
 
   // Branch-free (selects, weft's exp_fn) so the CPU loop over tokens vectorises.
   WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
-    T const delta = logp - old_logp;
+    constexpr T ninf = -cuda::std::numeric_limits<T>::infinity();
+    bool const drop = (logp == ninf) & (old_logp == ninf);  // -inf - -inf would be NaN
+    T const delta = select(drop, T(0), logp - old_logp);
     bool const above = delta > log_ratio_clamp;
     bool const below = delta < -log_ratio_clamp;
     bool const clamped = above | below;
@@ -179,10 +201,11 @@ struct ppo_clip_token {
     bool const clip_low = neg & (r < lo);
     bool const dual = neg & (r > dual_clip);
     T const rc = select(clip_high, hi, select(clip_low, lo, select(dual, dual_clip, r)));
-    bool const keep = (pos | neg) & !(clip_high | clip_low | dual) & !clamped;
+    bool const keep = (pos | neg) & !(clip_high | clip_low | dual) & !clamped & !drop;
     unsigned const flags = (clamped ? unsigned(pg_log_ratio_clamped) : 0u) | (clip_high ? unsigned(pg_clipped_high) : 0u) |
-                           (clip_low ? unsigned(pg_clipped_low) : 0u) | (dual ? unsigned(pg_dual_clipped) : 0u);
-    return {select(pos | neg, -adv * rc, T(0)), select(keep, -adv * r, T(0)), r, -dc, flags};
+                           (clip_low ? unsigned(pg_clipped_low) : 0u) | (dual ? unsigned(pg_dual_clipped) : 0u) |
+                           (drop ? unsigned(pg_dropped) : 0u);
+    return {select((pos | neg) & !drop, -adv * rc, T(0)), select(keep, -adv * r, T(0)), r, -dc, flags, -delta};
   }
 };
 
@@ -194,7 +217,8 @@ struct cispo_token {
   T log_ratio_clamp;
 
   WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
-    T const delta = logp - old_logp;
+    bool const drop = logp == -cuda::std::numeric_limits<T>::infinity();  // -A l infinite
+    T const delta = select(drop, T(0), logp - old_logp);
     bool const above = delta > log_ratio_clamp;
     bool const below = delta < -log_ratio_clamp;
     T const dc = select(above, log_ratio_clamp, select(below, -log_ratio_clamp, delta));
@@ -205,8 +229,9 @@ struct cispo_token {
     bool const rhigh = r > hi;
     T const rc = select(rlow, lo, select(rhigh, hi, r));
     unsigned const flags = ((above | below) ? unsigned(pg_log_ratio_clamped) : 0u) |
-                           (rlow ? unsigned(pg_clipped_low) : 0u) | (rhigh ? unsigned(pg_clipped_high) : 0u);
-    return {-rc * adv * logp, -rc * adv, r, -dc, flags};
+                           (rlow ? unsigned(pg_clipped_low) : 0u) | (rhigh ? unsigned(pg_clipped_high) : 0u) |
+                           (drop ? unsigned(pg_dropped) : 0u);
+    return {select(drop, T(0), -rc * adv * logp), select(drop, T(0), -rc * adv), r, -dc, flags, -delta};
   }
 };
 
@@ -214,8 +239,10 @@ struct cispo_token {
 template <class T>
 struct reinforce_token {
   WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
-    T const dc = logp - old_logp;
-    return {-adv * logp, -adv, exp_fn{}(dc), -dc, 0u};
+    bool const drop = logp == -cuda::std::numeric_limits<T>::infinity();
+    T const dc = select(drop, T(0), logp - old_logp);
+    return {select(drop, T(0), -adv * logp), select(drop, T(0), -adv), exp_fn{}(dc), -dc,
+            drop ? unsigned(pg_dropped) : 0u, -dc};
   }
 };
 
@@ -228,7 +255,7 @@ struct gspo_token {
   WEFT_HD pg_token<T> operator()(T s, T adv) const noexcept {
     T const lo = T(1) - eps_low;
     T const hi = T(1) + eps_high;
-    pg_token<T> out{T(0), T(0), s, T(0), 0u};
+    pg_token<T> out{T(0), T(0), s, T(0), 0u, T(0)};
     if (adv > T(0)) {
       bool const clip = s > hi;
       out.loss = -adv * (clip ? hi : s);
@@ -244,17 +271,68 @@ struct gspo_token {
   }
 };
 
-//! Inputs of policy_loss: flat per-token arrays in the order of a token_layout.
-//! `weights` are the aggregation weights (aggregation_weights), `rollout_is_weights` optional
-//! detached per-token importance weights (empty = none); `old_logp` may be empty for reinforce.
+//! Named per-token inputs of policy_loss. Each field of policy_inputs has its own type, built
+//! explicitly from any FlatArray, so a positional list of plain arrays, or the new and old
+//! log-probs given in verl's order (old first), does not compile:
+//!   policy_inputs<float, std::uint8_t> in{arg::new_logp{lp}, arg::old_logp{old},
+//!                                         arg::advantages{adv}, arg::mask{m}, arg::weights{w}};
+namespace arg {
+
+template <class Tag, class E>
+class named_array {
+ public:
+  named_array() = default;
+  template <FlatArray R>
+    requires std::same_as<flat_value_t<R>, E>
+  explicit named_array(R&& r) : s_(as_flat_const(r, Tag::name)) {}
+
+  [[nodiscard]] E const* data() const noexcept { return s_.data(); }
+  [[nodiscard]] std::size_t size() const noexcept { return s_.size(); }
+  [[nodiscard]] bool empty() const noexcept { return s_.empty(); }
+  [[nodiscard]] E const& operator[](std::size_t k) const noexcept { return s_[k]; }
+  [[nodiscard]] std::span<E const> span() const noexcept { return s_; }
+
+ private:
+  std::span<E const> s_;
+};
+
+#define WEFT_RL_NAMED_ARRAY(type, label)                                    \
+  struct type##_tag {                                                       \
+    static constexpr char const* name = label;                              \
+  };                                                                        \
+  template <class E>                                                        \
+  struct type : named_array<type##_tag, E> {                                \
+    using named_array<type##_tag, E>::named_array;                          \
+  };                                                                        \
+  template <FlatArray R>                                                    \
+  type(R&&) -> type<flat_value_t<R>>
+
+//! The current policy's log-probs l (the differentiable input).
+WEFT_RL_NAMED_ARRAY(new_logp, "logp");
+//! The behaviour policy's log-probs l_old (may be empty for reinforce).
+WEFT_RL_NAMED_ARRAY(old_logp, "old_logp");
+WEFT_RL_NAMED_ARRAY(advantages, "advantages");
+//! Nonzero = valid token.
+WEFT_RL_NAMED_ARRAY(mask, "mask");
+//! Aggregation weights (aggregation_weights).
+WEFT_RL_NAMED_ARRAY(weights, "weights");
+//! Optional detached per-token importance weights (empty = none).
+WEFT_RL_NAMED_ARRAY(rollout_is_weights, "rollout_is_weights");
+#undef WEFT_RL_NAMED_ARRAY
+
+}  // namespace arg
+
+//! Inputs of policy_loss: per-token arrays in the order of a token_layout, each wrapped in its
+//! arg:: name (new log-prob before old, unlike verl's argument order; the names make a swap a
+//! compile error).
 template <class T, class M>
 struct policy_inputs {
-  std::span<T const> logp;
-  std::span<T const> old_logp;
-  std::span<T const> advantages;
-  std::span<M const> mask;
-  std::span<T const> weights;
-  std::span<T const> rollout_is_weights = {};
+  arg::new_logp<T> logp;
+  arg::old_logp<T> old_logp;
+  arg::advantages<T> advantages;
+  arg::mask<M> mask;
+  arg::weights<T> weights;
+  arg::rollout_is_weights<T> rollout_is_weights = {};
 };
 
 struct policy_loss_result {
@@ -296,12 +374,13 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
   T const* isw = HasIsw ? in.rollout_is_weights.data() : nullptr;
   T* dl = dlogp.data();
   double acc_loss[W] = {}, acc_tok[W] = {}, acc_lo[W] = {}, acc_hi[W] = {}, acc_dual[W] = {}, acc_clamp[W] = {},
-         acc_nlr[W] = {}, acc_r[W] = {}, acc_r2[W] = {};
+         acc_nlr[W] = {}, acc_r[W] = {}, acc_r2[W] = {}, acc_raw[W] = {};
   T rmin[W], rmax[W];
   for (index_t l = 0; l < W; ++l) rmin[l] = inf, rmax[l] = -inf;
   constexpr index_t tree_lanes = 16;
   alignas(64) T b_r2[token_block];
-  alignas(64) T b_loss[token_block], b_r[token_block], b_nlr[token_block], b_rmin[token_block], b_rmax[token_block];
+  alignas(64) T b_loss[token_block], b_r[token_block], b_nlr[token_block], b_rmin[token_block], b_rmax[token_block],
+      b_raw[token_block];
   alignas(64) std::uint32_t b_flags[token_block + 16];
   constexpr index_t CW = 16;                // lanes of the integer counts
   constexpr std::uint32_t valid_bit = 16u;  // beside the pg_flag bits
@@ -319,6 +398,7 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
       if constexpr (std::is_arithmetic_v<M>) v = static_cast<T>(mask[k]) != T(0);
       else v = valid(mask[k]);
       pg_token<T> const p = fn(lp[k], old[k], adv[k]);
+      v = v & ((p.flags & pg_dropped) == 0u);  // dropped tokens count nowhere, as if masked
       T scale = w[k];
       if constexpr (HasIsw) scale *= isw[k];
       dl[k] = select(v, scale * p.grad, T(0));
@@ -326,6 +406,7 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
       b_r[j] = select(v, p.ratio, T(0));
       b_r2[j] = select(v, p.ratio * p.ratio, T(0));
       b_nlr[j] = select(v, p.neg_log_ratio, T(0));
+      b_raw[j] = select(v, p.neg_log_ratio_raw, T(0));
       b_rmin[j] = select(v, p.ratio, inf);
       b_rmax[j] = select(v, p.ratio, -inf);
       b_flags[j] = v ? (p.flags | valid_bit) : 0u;
@@ -362,7 +443,7 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
     // Ratio sums and extrema: pairwise trees over the (padded) block down to tree_lanes values,
     // every level a map (vectorises; a running min/max or double sum over lanes does not).
     for (index_t j = len; j < token_block; ++j) {
-      b_r[j] = b_r2[j] = b_nlr[j] = T(0);
+      b_r[j] = b_r2[j] = b_nlr[j] = b_raw[j] = T(0);
       b_rmin[j] = inf;
       b_rmax[j] = -inf;
     }
@@ -371,6 +452,7 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
         b_r[j] += b_r[j + h];
         b_r2[j] += b_r2[j + h];
         b_nlr[j] += b_nlr[j + h];
+        b_raw[j] += b_raw[j + h];
         b_rmin[j] = select(b_rmin[j + h] < b_rmin[j], b_rmin[j + h], b_rmin[j]);
         b_rmax[j] = select(b_rmax[j + h] > b_rmax[j], b_rmax[j + h], b_rmax[j]);
       }
@@ -378,6 +460,7 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
       acc_r[0] += static_cast<double>(b_r[l]);
       acc_r2[0] += static_cast<double>(b_r2[l]);
       acc_nlr[0] += static_cast<double>(b_nlr[l]);
+      acc_raw[0] += static_cast<double>(b_raw[l]);
       rmin[0] = b_rmin[l] < rmin[0] ? b_rmin[l] : rmin[0];
       rmax[0] = b_rmax[l] > rmax[0] ? b_rmax[l] : rmax[0];
     }
@@ -392,6 +475,7 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
     m.dual_clipped += acc_dual[l];
     m.log_ratio_clamped += acc_clamp[l];
     m.neg_log_ratio_sum += acc_nlr[l];
+    m.neg_log_ratio_raw_sum += acc_raw[l];
     m.ratio_sum += acc_r[l];
     m.ratio_sq_sum += acc_r2[l];
     m.ratio_min = std::min(m.ratio_min, static_cast<double>(rmin[l]));
@@ -427,12 +511,9 @@ void policy_token_loop(Fn const& fn, policy_inputs<T, M> const& in, std::span<T>
 
 }  // namespace detail
 
-//! Computes the loss sum_t w_t * isw_t * loss_t and writes dlogp_t = w_t * isw_t * d loss_t / d l_t
-//! (exactly 0 on masked tokens, whose inputs are never read, so NaN padding cannot leak).
-//! Because w carries the global normalisation, the loss and gradient of a micro-batch or shard
-//! are plain partial sums of the whole mini-batch's. GSPO needs whole rows in one call.
+namespace detail {
 template <class T, class M>
-policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const& layout,
+policy_loss_result policy_loss_impl(policy_loss_config const& cfg, token_layout const& layout,
                                policy_inputs<T, M> const& in, std::span<T> dlogp) {
   static_assert(std::is_floating_point_v<T>, "weft::rl::policy_loss: T must be float or double");
   cfg.validate();
@@ -484,6 +565,9 @@ policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const
       T const* w = in.weights.data();
       auto const* mask = in.mask.data();
       policy_metrics& m = res.metrics;
+      // A token with l = l_old = -inf is dropped (its log-ratio is undefined): it counts as masked.
+      constexpr T ninf = -std::numeric_limits<T>::infinity();
+      auto live = [&](index_t t) { return detail::valid(mask[t]) && !(lp[t] == ninf && old[t] == ninf); };
       for (index_t i = 0; i < layout.rows(); ++i) {
         index_t const b = layout.row_begin(i);
         index_t const e = layout.row_end(i);
@@ -491,8 +575,8 @@ policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const
         double nlr = 0;
         index_t n = 0;
         for (index_t t = b; t < e; ++t) {
-          bool const v = detail::valid(mask[t]);
-          T const d = lp[t] - old[t];
+          bool const v = live(t);
+          T const d = v ? lp[t] - old[t] : T(0);
           sum_delta += select(v, d, T(0));
           nlr += select(v, static_cast<double>(-d), 0.0);
           n += v ? 1 : 0;
@@ -513,7 +597,7 @@ policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const
         T dsum = 0;
         index_t npos = 0, nneg = 0;
         for (index_t t = b; t < e; ++t) {
-          bool const v = detail::valid(mask[t]);
+          bool const v = live(t);
           T const a = adv[t];
           bool const pos = a > T(0);
           bool const neg = a < T(0);
@@ -533,17 +617,29 @@ policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const
         m.clipped_low += clip_lo ? static_cast<double>(nneg) : 0.0;
         m.log_ratio_clamped += clamped ? nd : 0.0;
         m.neg_log_ratio_sum += nlr;
+        m.neg_log_ratio_raw_sum += nlr;
         m.ratio_sum += nd * sd;
         m.ratio_sq_sum += nd * sd * sd;
         m.ratio_min = std::min(m.ratio_min, sd);
         m.ratio_max = std::max(m.ratio_max, sd);
         T const g = clamped ? T(0) : dsum * s / static_cast<T>(n);
-        for (index_t t = b; t < e; ++t) dlogp[static_cast<std::size_t>(t)] = select(detail::valid(mask[t]), g, T(0));
+        for (index_t t = b; t < e; ++t) dlogp[static_cast<std::size_t>(t)] = select(live(t), g, T(0));
       }
       break;
     }
   }
   return res;
+}
+}  // namespace detail
+
+//! Computes the loss sum_t w_t * isw_t * loss_t and writes dlogp_t = w_t * isw_t * d loss_t / d l_t
+//! (exactly 0 on masked tokens, whose inputs are never read, so NaN padding cannot leak).
+//! Because w carries the global normalisation, the loss and gradient of a micro-batch or shard
+//! are plain partial sums of the whole mini-batch's. GSPO needs whole rows in one call.
+template <class T, class M, MutableFlatArray DR>
+policy_loss_result policy_loss(policy_loss_config const& cfg, token_layout const& layout,
+                               policy_inputs<T, M> const& in, DR&& dlogp) {
+  return detail::policy_loss_impl(cfg, layout, in, as_flat(dlogp, "dlogp"));
 }
 
 }  // namespace weft::rl

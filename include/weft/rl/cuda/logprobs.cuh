@@ -71,7 +71,8 @@ __global__ void __launch_bounds__(Block) log_prob_backward_kernel(
   C const gl = ignored || d_logp == nullptr ? C(0) : static_cast<C>(d_logp[k]);
   C const ge = ignored || d_entropy == nullptr ? C(0) : static_cast<C>(d_entropy[k]);
   C const l = static_cast<C>(lse[k]);
-  bool const zero = ignored || !(l > -::cuda::std::numeric_limits<C>::infinity()) || (gl == C(0) && ge == C(0));
+  // lse -inf (an all -inf row): zero row; NaN (a NaN or +inf logit): NaN propagates.
+  bool const zero = ignored || l == -::cuda::std::numeric_limits<C>::infinity() || (gl == C(0) && ge == C(0));
   logit_grad<C> const fn{l, static_cast<C>(static_cast<double>(lse[k]) - static_cast<double>(l)), static_cast<C>(entropy[k]),
                          gl, ge, inv_tau};
   for (std::int64_t v = threadIdx.x; v < vocab; v += Block) {
@@ -91,11 +92,11 @@ template <class L, class I, class T>
 void log_prob_forward(cudaStream_t stream, L const* logits, std::int64_t vocab, I const* targets, std::int64_t tokens,
                       logprob_options const& opt, T* logp, T* entropy, T* lse = nullptr) {
   WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
-  WEFT_EXPECTS(opt.temperature > 0, "temperature", "> 0", opt.temperature);
+  auto const inv_tau = weft::rl::detail::inverse_temperature<L>(opt.temperature);
   if (tokens <= 0) return;
+  (void)weft::rl::detail::checked_elements(static_cast<std::size_t>(tokens), vocab, "logits");
   log_prob_forward_kernel<logprob_block, L, I, T><<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
-      logits, vocab, targets, tokens, static_cast<logit_compute_t<L>>(1.0 / opt.temperature), opt.ignore_index, logp,
-      entropy, lse);
+      logits, vocab, targets, tokens, inv_tau, opt.ignore_index, logp, entropy, lse);
 }
 
 //! Launches the backward on `stream` (asynchronous); all pointers are device memory.
@@ -104,11 +105,11 @@ void log_prob_backward(cudaStream_t stream, L const* logits, std::int64_t vocab,
                        logprob_options const& opt, T const* lse, T const* entropy, T const* d_logp,
                        T const* d_entropy, D* dlogits) {
   WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
-  WEFT_EXPECTS(opt.temperature > 0, "temperature", "> 0", opt.temperature);
+  auto const inv_tau = weft::rl::detail::inverse_temperature<L>(opt.temperature);
   if (tokens <= 0) return;
+  (void)weft::rl::detail::checked_elements(static_cast<std::size_t>(tokens), vocab, "logits");
   log_prob_backward_kernel<logprob_block, L, I, T, D><<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
-      logits, vocab, targets, tokens, static_cast<logit_compute_t<L>>(1.0 / opt.temperature), opt.ignore_index, lse,
-      entropy, d_logp, d_entropy, dlogits);
+      logits, vocab, targets, tokens, inv_tau, opt.ignore_index, lse, entropy, d_logp, d_entropy, dlogits);
 }
 
 }  // namespace weft::rl::kernels
