@@ -492,3 +492,74 @@ TEST_CASE("issue 9.10: tokens x vocab that overflows int64 is a shape_error, not
   weft::rl::vocab_shard const bad{index_t{1} << 40, std::numeric_limits<index_t>::max(), index_t{1} << 41};
   CHECK_THROWS_AS(bad.validate(), weft::invalid_argument_error);  // begin + size overflowed
 }
+
+namespace {
+namespace arg = weft::rl::arg;
+template <class... A>
+concept makes_inputs = requires(A&... a) { weft::rl::policy_inputs<double, u8>{a...}; };
+using dvec = std::vector<double>;
+// The named fields compile in their order; plain arrays, or new and old swapped (verl's order),
+// do not.
+static_assert(makes_inputs<arg::new_logp<double>, arg::old_logp<double>, arg::advantages<double>, arg::mask<u8>,
+                           arg::weights<double>>);
+static_assert(!makes_inputs<arg::old_logp<double>, arg::new_logp<double>, arg::advantages<double>, arg::mask<u8>,
+                            arg::weights<double>>);
+static_assert(!makes_inputs<dvec, dvec, dvec, std::vector<u8>, dvec>);
+static_assert(!makes_inputs<arg::new_logp<double>, arg::old_logp<double>, arg::weights<double>, arg::mask<u8>,
+                            arg::advantages<double>>);
+static_assert(!std::is_convertible_v<dvec&, arg::new_logp<double>>);
+static_assert(!std::is_constructible_v<arg::new_logp<double>, arg::old_logp<double>>);
+static_assert(!std::is_constructible_v<arg::new_logp<double>, std::vector<float>&>);  // no silent f32 -> f64
+static_assert(weft::rl::FlatArray<std::array<float, 3>&> && weft::rl::FlatArray<std::span<float const>> &&
+              weft::rl::FlatArray<weft::tensor_view<float, 2>> && weft::rl::FlatArray<weft::tensor<float, 1>&>);
+static_assert(!weft::rl::MutableFlatArray<std::vector<float> const&> &&
+              !weft::rl::MutableFlatArray<std::span<float const>>);
+}  // namespace
+
+TEST_CASE("issue 9.18: entry points take vectors, arrays, spans, weft views and tensors without std::span wrapping") {
+  index_t const V = 3;
+  std::vector<float> const z = {0.5f, -1.0f, 2.0f, 1.0f, 1.0f, -0.25f};
+  std::array<std::int64_t, 2> const tgt = {0, 2};
+  auto lp = weft::make_tensor<float>(2);
+  auto h = weft::make_tensor<float>(2);
+  std::vector<float> lse(2), lp_ref(2), h_ref(2);
+  weft::rl::log_prob_forward(z, V, tgt, {}, lp, h.view(), lse);
+  weft::rl::log_prob_forward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), {},
+                             std::span<float>(lp_ref), std::span<float>(h_ref));
+  for (std::size_t k = 0; k < 2; ++k) {
+    CHECK(lp.data()[k] == lp_ref[k]);
+    CHECK(h.data()[k] == h_ref[k]);
+  }
+  std::vector<float> dz(z.size());
+  weft::rl::log_prob_backward(z, V, tgt, {}, lse, h, std::vector<float>{1.0f, -1.0f}, {}, dz);
+  CHECK(dz[0] != 0.0f);
+  // A non-contiguous view is a shape_error naming the argument.
+  auto zt = weft::make_tensor<float>(3, 2);
+  for (std::size_t k = 0; k < 6; ++k) zt.data()[k] = z[k];
+  try {
+    weft::rl::log_prob_forward(weft::transpose(zt.view()), V, tgt, {}, lp, h);
+    FAIL("a transposed view was accepted");
+  } catch (weft::shape_error const& e) {
+    CHECK(std::string(e.what()).find("logits") != std::string::npos);
+  }
+  // Losses, aggregation, advantages and KL on plain containers.
+  auto const layout = token_layout::padded(1, 4);
+  std::vector<double> const l = {-0.5, -0.2, -1.0, -0.3}, old = {-0.4, -0.25, -1.1, -0.3};
+  std::array<u8, 4> const m = {1, 1, 1, 0};
+  std::vector<double> w(4), adv(4), g(4);
+  weft::rl::aggregation_weights(loss_agg::token_mean, layout, m, weft::rl::count_tokens(layout, m), w);
+  std::array<double, 1> const score = {1.0}, rows = {0.7};
+  std::array<double, 1> a{};
+  weft::rl::grpo_advantages(score, weft::rl::group_layout::fixed(1), a);
+  weft::rl::broadcast_to_tokens(layout, rows, m, adv);
+  auto const r = weft::rl::policy_loss(
+      policy_loss_config{}, layout,
+      weft::rl::policy_inputs<double, u8>{arg::new_logp{l}, arg::old_logp{old}, arg::advantages{adv}, arg::mask{m},
+                                          arg::weights{w}},
+      g);
+  CHECK(r.metrics.tokens == 3);
+  double const kl = weft::rl::kl_loss(weft::rl::kl_kind::k3, 0.1, l, old, m, w, g);
+  CHECK(std::isfinite(kl));
+  std::vector<int> cu = {0, 2, 4};
+  CHECK(token_layout::packed(cu).rows() == 2);
+}

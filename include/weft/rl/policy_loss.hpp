@@ -282,8 +282,11 @@ template <class Tag, class E>
 class named_array {
  public:
   named_array() = default;
-  template <FlatArray R>
-    requires std::same_as<flat_value_t<R>, E>
+  // The first clause keeps copies of named arrays away from the FlatArray check (which asks
+  // whether the type is copyable, which would ask this constructor again).
+  template <class R>
+    requires(!std::is_base_of_v<named_array, std::remove_cvref_t<R>>) && FlatArray<R> &&
+            std::same_as<flat_value_t<R>, E>
   explicit named_array(R&& r) : s_(as_flat_const(r, Tag::name)) {}
 
   [[nodiscard]] E const* data() const noexcept { return s_.data(); }
