@@ -200,7 +200,7 @@ TEST_CASE("issue 9.3: a NaN or +inf logit gives NaN log-prob, entropy and lse (n
   std::vector<float> lp(5), h(5), lse(5);
   weft::rl::log_prob_forward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), {},
                              std::span<float>(lp), std::span<float>(h), std::span<float>(lse));
-  for (int k = 0; k < 3; ++k) {
+  for (std::size_t k = 0; k < 3; ++k) {
     CAPTURE(k);
     CHECK(std::isnan(lp[k]));
     CHECK(std::isnan(h[k]));
