@@ -10,5 +10,6 @@
 #include <weft/rl/kl.hpp>
 #include <weft/rl/layout.hpp>
 #include <weft/rl/logprobs.hpp>
+#include <weft/rl/named_arrays.hpp>
 #include <weft/rl/policy_loss.hpp>
 #include <weft/rl/vocab_parallel.hpp>
