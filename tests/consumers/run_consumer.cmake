@@ -1,5 +1,5 @@
 # Configures, builds and runs one consumer project in a fresh directory (cmake -P).
-# Inputs: KIND (find_package|add_subdirectory|fetchcontent), SOURCE_DIR (weft), BUILD_DIR (weft's
+# Inputs: KIND (a folder beside this file: find_package, add_subdirectory...), SOURCE_DIR (weft), BUILD_DIR (weft's
 # build tree, for the install), WORK (scratch directory), GENERATOR, CXX_COMPILER.
 cmake_minimum_required(VERSION 3.25)
 file(REMOVE_RECURSE "${WORK}")
