@@ -246,28 +246,35 @@ TEST_CASE("blas: weft's GEMM called from thread ranks runs on one thread per cal
       threads_seen = std::max(threads_seen.load(), weft::blas::threads_per_call());
     }
   };
-  auto const weft_split = measure_on_ranks(2, weft_calls);
-  CHECK(x0.c[0] == doctest::Approx(0.125 * 1024));
-  CHECK(threads_seen == 1);
-  CHECK(openblas_get_num_threads() == 4);  // the user's setting is back
-  MESSAGE("weft calls on 2 ranks: rank threads " << weft_split.ranks << " ticks, other threads "
-                                                 << weft_split.others << " ticks");
-  REQUIRE(weft_split.ranks >= 4);  // enough work to see a split
-  CHECK(weft_split.others * 10 <= weft_split.ranks + 20);
-
   // The control: the same products through cblas directly do use OpenBLAS's worker threads, so
-  // the measurement above would have seen them.
-  next = 0;
+  // the measurement of weft's calls would have seen them.
   auto const raw_calls = [&] {
     auto& x = next++ == 0 ? x0 : x1;
     for (int r = 0; r < 3; ++r)
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(x.n), int(x.n), int(x.n), 1.0f,
                   x.a.data(), int(x.n), x.b.data(), int(x.n), 0.0f, x.c.data(), int(x.n));
   };
-  auto const raw_split = measure_on_ranks(2, raw_calls);
-  MESSAGE("raw cblas on 2 ranks: rank threads " << raw_split.ranks << " ticks, other threads "
-                                                << raw_split.others << " ticks");
-  CHECK(raw_split.others * 10 > raw_split.ranks + 20);
+  // CPU ticks are sampled by the scheduler: on a machine loaded by other builds one sample can
+  // be off. A regression (weft's calls on OpenBLAS's workers) fails every attempt; noise does not.
+  bool split_seen = false;
+  for (int attempt = 0; attempt < 3 && !split_seen; ++attempt) {
+    next = 0;
+    threads_seen = 0;
+    auto const weft_split = measure_on_ranks(2, weft_calls);
+    CHECK(x0.c[0] == doctest::Approx(0.125 * 1024));
+    CHECK(threads_seen == 1);
+    CHECK(openblas_get_num_threads() == 4);  // the user's setting is back
+    next = 0;
+    auto const raw_split = measure_on_ranks(2, raw_calls);
+    MESSAGE("attempt " << attempt << ": weft calls on 2 ranks: rank threads " << weft_split.ranks
+                       << " ticks, other threads " << weft_split.others
+                       << " ticks; raw cblas: rank threads " << raw_split.ranks
+                       << " ticks, other threads " << raw_split.others << " ticks");
+    split_seen = weft_split.ranks >= 4 &&  // enough work to see a split
+                 weft_split.others * 10 <= weft_split.ranks + 20 &&
+                 raw_split.others * 10 > raw_split.ranks + 20;
+  }
+  CHECK(split_seen);
 #else
   MESSAGE("no OpenBLAS, or not Linux: nothing to measure");
   CHECK(weft::blas::threads_per_call() == 1);
