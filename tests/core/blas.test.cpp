@@ -1,13 +1,8 @@
 // weft::blas: the GEMM weft's tiles call matches a naive product, and BLAS calls made from thread
-// ranks (weft::blas::gemm, and flash attention's tiles) run on one thread. The thread count is measured, not asked: the CPU time each thread of
-// the process spent during the calls, from /proc/self/task (Linux).
+// ranks (weft::blas::gemm, and flash attention's tiles) run on one thread. The thread count is
+// measured, not asked: the CPU time each thread of the process spent during the calls, from
+// /proc/self/task (Linux).
 #include <weft/attention/flash.hpp>
-// flash.hpp reaches weft/core/blas.hpp only when its tiles call BLAS through weft::blas.
-#if defined(WEFT_BLAS_IS_OPENBLAS)
-#  define WEFT_TEST_TILES_USE_WEFT_BLAS 1
-#else
-#  define WEFT_TEST_TILES_USE_WEFT_BLAS 0
-#endif
 #include <weft/comm/threads/world.hpp>
 #include <weft/core/blas.hpp>
 
@@ -287,10 +282,6 @@ TEST_CASE("blas: flash attention's BLAS tiles on thread ranks run on one thread 
     MESSAGE("sequential OpenBLAS: every call is single-threaded");
     return;
   }
-#  if !WEFT_TEST_TILES_USE_WEFT_BLAS
-  WARN_MESSAGE(false, "attention/tile_gemm.hpp calls cblas directly, not through weft::blas");
-  return;
-#  endif
   openblas_threads const user(4);
   // [1, 1024, 4, 128] f32: 64×128×128 tiles, which OpenBLAS would split over its threads.
   i64 const s = 1024, h = 4, d = 128;
@@ -306,11 +297,15 @@ TEST_CASE("blas: flash attention's BLAS tiles on thread ranks run on one thread 
     for (int r = 0; r < 2; ++r)
       weft::attention::flash_forward(q.view(), k.view(), v.view(), o.view(), lse.view(), {});
   };
-  auto const split = measure_on_ranks(2, run_flash);
-  MESSAGE("flash_forward on 2 ranks: rank threads " << split.ranks << " ticks, other threads "
-                                                    << split.others << " ticks");
-  REQUIRE(split.ranks >= 4);
-  CHECK(split.others * 10 <= split.ranks + 20);
+  // As above: a scheduler sample can be off on a loaded machine; a regression fails every attempt.
+  bool one_thread = false;
+  for (int attempt = 0; attempt < 3 && !one_thread; ++attempt) {
+    auto const split = measure_on_ranks(2, run_flash);
+    MESSAGE("attempt " << attempt << ": flash_forward on 2 ranks: rank threads " << split.ranks
+                       << " ticks, other threads " << split.others << " ticks");
+    one_thread = split.ranks >= 4 && split.others * 10 <= split.ranks + 20;
+  }
+  CHECK(one_thread);
   CHECK(openblas_get_num_threads() == 4);
 #else
   MESSAGE("no OpenBLAS, or not Linux: nothing to measure");

@@ -8,9 +8,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#if WEFT_HAS_BLAS
-#  include <cblas.h>
-#endif
+#include <weft/core/blas.hpp>  // BLAS calls, single-threaded: weft parallelises above its tiles
 
 namespace weft::attention::detail {
 
@@ -92,13 +90,9 @@ void gemm_nt(idx m, idx n, idx k, T alpha, T const* a, idx lda, T const* b, idx 
              T* scratch) {
 #if WEFT_HAS_BLAS
   (void)scratch;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), alpha, a, int(lda),
-                b, int(ldb), 0.0f, c, int(ldc));
-    return;
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), alpha, a, int(lda),
-                b, int(ldb), 0.0, c, int(ldc));
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    weft::blas::gemm<T>(weft::blas::op::none, weft::blas::op::transpose, m, n, k, alpha, a, lda, b,
+                        ldb, T(0), c, ldc);
     return;
   }
 #endif
@@ -116,13 +110,9 @@ void gemm_nn_acc(idx m, idx n, idx k, T alpha, T const* a, idx lda, T const* b, 
                  idx ldc, T* scratch) {
 #if WEFT_HAS_BLAS
   (void)scratch;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a,
-                int(lda), b, int(ldb), 1.0f, c, int(ldc));
-    return;
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a,
-                int(lda), b, int(ldb), 1.0, c, int(ldc));
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    weft::blas::gemm<T>(weft::blas::op::none, weft::blas::op::none, m, n, k, alpha, a, lda, b,
+                        ldb, T(1), c, ldc);
     return;
   }
 #endif
@@ -142,13 +132,9 @@ void gemm_tn_acc(idx m, idx n, idx k, T alpha, T const* a, idx lda, T const* b, 
                  idx ldc, T* scratch) {
 #if WEFT_HAS_BLAS
   (void)scratch;
-  if constexpr (std::is_same_v<T, float>) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a, int(lda),
-                b, int(ldb), 1.0f, c, int(ldc));
-    return;
-  } else if constexpr (std::is_same_v<T, double>) {
-    cblas_dgemm(CblasRowMajor, CblasTrans, CblasNoTrans, int(m), int(n), int(k), alpha, a, int(lda),
-                b, int(ldb), 1.0, c, int(ldc));
+  if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+    weft::blas::gemm<T>(weft::blas::op::transpose, weft::blas::op::none, m, n, k, alpha, a, lda, b,
+                        ldb, T(1), c, ldc);
     return;
   }
 #endif
