@@ -8,6 +8,8 @@
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/simulate.hpp>
 
+#include "pipeline/note_costs.hpp"
+
 #include <doctest/doctest.h>
 
 #include <numeric>
@@ -101,7 +103,7 @@ TEST_CASE("cost_model: point-to-point and collective latencies in closed form") 
   // One microbatch through p stages: p forwards, p backwards, 2(p-1) transfers.
   for (int p : {2, 3, 5}) {
     auto const s = one_f_one_b(p, 1, {true});
-    auto c = unit_costs(s);
+    auto c = note_costs(s);
     c.p2p_latency = 0.25;
     c.p2p_bandwidth = 4.0;
     c.p2p_bytes = 1.0;  // + 0.25 per message
@@ -110,7 +112,7 @@ TEST_CASE("cost_model: point-to-point and collective latencies in closed form") 
   }
   // GPipe p=2, m=4 with latency d: rank 1 starts d late and the backwards return d late.
   auto const g = gpipe(2, 4);
-  auto c = unit_costs(g);
+  auto c = note_costs(g);
   c.p2p_latency = 0.5;
   CHECK(simulate(g, c).makespan == doctest::Approx(15.0 + 2 * 0.5));
   // Collectives run one after another on their own stream.

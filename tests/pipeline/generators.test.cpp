@@ -8,6 +8,8 @@
 #include <weft/pipeline/text.hpp>
 #include <weft/pipeline/validate.hpp>
 
+#include "pipeline/note_costs.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -55,7 +57,7 @@ TEST_CASE("generators: golden unit-cost makespans and peaks (note §2.1)") {
   };
   for (auto const& g : table) {
     CAPTURE(g.name);
-    auto const sim = simulate(g.s);
+    auto const sim = simulate_note(g.s);
     CHECK(sim.makespan == doctest::Approx(g.makespan).epsilon(1e-12));
     CHECK(sim.bubble_fraction == doctest::Approx(g.bubble).epsilon(1e-12));
     CHECK(sim.bubble_rate == doctest::Approx(g.bubble / (1 + g.bubble)).epsilon(1e-12));
@@ -72,12 +74,12 @@ TEST_CASE("generators: GPipe and 1F1B makespan is (m+p-1)(F+B) over the grid") {
       for (auto [f, i, w] : {std::tuple{1.0, 1.0, 1.0}, std::tuple{1.5, 1.0, 1.5}}) {
         double const want = (m + p - 1) * (f + i + w);
         auto const g = gpipe(p, m);
-        CHECK(simulate(g, unit_costs(g, f, i, w)).makespan == doctest::Approx(want));
+        CHECK(simulate(g, note_costs(g, f, i, w)).makespan == doctest::Approx(want));
         auto const s = one_f_one_b(p, m);
-        auto const sim = simulate(s, unit_costs(s, f, i, w));
+        auto const sim = simulate(s, note_costs(s, f, i, w));
         CHECK(sim.makespan == doctest::Approx(want));
         for (int r = 0; r < p; ++r) CHECK(sim.peak_in_flight[static_cast<std::size_t>(r)] == std::min(p - r, m));
-        for (int r = 0; r < p; ++r) CHECK(simulate(g).peak_in_flight[static_cast<std::size_t>(r)] == m);
+        for (int r = 0; r < p; ++r) CHECK(simulate_note(g).peak_in_flight[static_cast<std::size_t>(r)] == m);
       }
     }
 }
@@ -94,7 +96,7 @@ TEST_CASE("generators: interleaved makespan is m(F+B) + (p-1)(F+B)/v for every l
           CAPTURE(v);
           CAPTURE(g);
           auto const s = interleaved_one_f_one_b(p, m, v, {g, false});
-          auto const sim = simulate(s);
+          auto const sim = simulate_note(s);
           CHECK(sim.makespan == doctest::Approx(3.0 * m + 3.0 * (p - 1) / v));
           CHECK(sim.bubble_fraction == doctest::Approx(double(p - 1) / (v * m)));
           if (v > 1)
@@ -105,8 +107,8 @@ TEST_CASE("generators: interleaved makespan is m(F+B) + (p-1)(F+B)/v for every l
         }
   CHECK(legal > 100);
   // Rank 0 holds p + (p-1)/v stage-microbatches at g = p: 5.5 for p=4, v=2 (11 chunks of 1/2).
-  CHECK(simulate(interleaved_one_f_one_b(4, 8, 2)).peak_activation_bytes[0] == doctest::Approx(5.5));
-  CHECK(simulate(interleaved_one_f_one_b(4, 8, 4)).peak_activation_bytes[0] == doctest::Approx(4.75));
+  CHECK(simulate_note(interleaved_one_f_one_b(4, 8, 2)).peak_activation_bytes[0] == doctest::Approx(5.5));
+  CHECK(simulate_note(interleaved_one_f_one_b(4, 8, 4)).peak_activation_bytes[0] == doctest::Approx(4.75));
 }
 
 TEST_CASE("generators: configurations Megatron and PyTorch reject are rejected") {
@@ -137,22 +139,22 @@ TEST_CASE("generators: configurations Megatron and PyTorch reject are rejected")
 TEST_CASE("generators: built unchecked, rejected configurations break the formula") {
   // p=4, m=9, g=4: remainder 1 < p. The note's simulation gives 37.0; the formula 31.5.
   auto const s = interleaved_one_f_one_b(4, 9, 2, {4, true});
-  auto const sim = simulate(s);
+  auto const sim = simulate_note(s);
   double const formula = 3.0 * 9 + 3.0 * 3 / 2;
   CHECK(formula == doctest::Approx(31.5));
   CHECK(sim.makespan == doctest::Approx(37.0));
   CHECK(sim.makespan > formula + 1);
   // p=8, m=16, g=9: remainder 7 < p: 59.5 against 55.5.
-  auto const t = simulate(interleaved_one_f_one_b(8, 16, 2, {9, true}));
+  auto const t = simulate_note(interleaved_one_f_one_b(8, 16, 2, {9, true}));
   CHECK(t.makespan == doctest::Approx(59.5));
   CHECK(t.bubble_fraction == doctest::Approx(0.2395833333));
   // A group smaller than p does not even run: the validator's replay finds the deadlock.
   auto const stuck = check(interleaved_one_f_one_b(4, 5, 2, {1, true}));
   CHECK_FALSE(stuck.ok);
   CHECK(stuck.issue.rule == "deadlock");
-  CHECK_THROWS_AS(simulate(interleaved_one_f_one_b(4, 5, 2, {1, true})), weft::schedule_error);
+  CHECK_THROWS_AS(simulate_note(interleaved_one_f_one_b(4, 5, 2, {1, true})), weft::schedule_error);
   // 1F1B with m < p still runs (it is the m = p schedule with fewer microbatches) when unchecked.
-  CHECK(simulate(one_f_one_b(4, 2, {true})).makespan == doctest::Approx((2 + 3) * 3.0));
+  CHECK(simulate_note(one_f_one_b(4, 2, {true})).makespan == doctest::Approx((2 + 3) * 3.0));
 }
 
 TEST_CASE("generators: every generated schedule round-trips through text and CSV") {

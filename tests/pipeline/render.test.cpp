@@ -6,6 +6,8 @@
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/simulate.hpp>
 
+#include "pipeline/note_costs.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cstddef>
@@ -25,7 +27,7 @@ TEST_CASE("render: text picture of 1F1B p=2, m=2 matches the hand-derived timeli
   // Rank 0: F0 [0,1] F1 [1,2] idle B0 [4,6] idle B1 [7,9]; rank 1: F0 [1,2] B0 [2,4] F1 [4,5]
   // B1 [5,7]; half a time unit per character.
   auto const s = one_f_one_b(2, 2);
-  auto const text = render_text(s, simulate(s), {"1F1B", 0.5, 0});
+  auto const text = render_text(s, simulate_note(s), {"1F1B", 0.5, 0});
   CHECK(text ==
         "1F1B: makespan 9, bubble 50% of busy time (rate 33.3%) [one character = 0.5]\n"
         " 0 |F0F1....B0--..B1--|\n"
@@ -34,7 +36,7 @@ TEST_CASE("render: text picture of 1F1B p=2, m=2 matches the hand-derived timeli
 
 TEST_CASE("render: the SVG has one box per compute action where the simulation put it") {
   auto const s = one_f_one_b(4, 8);
-  auto const sim = simulate(s);
+  auto const sim = simulate_note(s);
   svg_options o;
   o.title = "1F1B <p=4>";
   o.width = 56 + 16 + 330;  // 10 pixels per time unit

@@ -13,6 +13,8 @@
 #include <weft/pipeline/text.hpp>
 #include <weft/pipeline/validate.hpp>
 
+#include "pipeline/note_costs.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -42,7 +44,7 @@ TEST_CASE("vocab: peak in-flight is p-r+1 with one barrier and p-r+2 with two") 
         CAPTURE(m);
         int const extra = variant == vocab_variant::one_barrier ? 1 : 2;
         auto const s = vocab_one_f_one_b(p, m, variant);
-        auto const sim = simulate(s);
+        auto const sim = simulate_note(s);
         for (int r = 0; r < p; ++r) {
           CHECK(sim.peak_in_flight[static_cast<std::size_t>(r)] == std::min(p - r + extra, m));
           // The output-layer shard lives from S to T: never more than two microbatches.
@@ -50,8 +52,8 @@ TEST_CASE("vocab: peak in-flight is p-r+1 with one barrier and p-r+2 with two") 
         }
       }
   // The paper's numbers at p = 8: p+1 = 9 and p+2 = 10 on rank 0.
-  CHECK(simulate(vocab_one_f_one_b(8, 32, vocab_variant::one_barrier)).peak_in_flight[0] == 9);
-  CHECK(simulate(vocab_one_f_one_b(8, 32, vocab_variant::two_barrier)).peak_in_flight[0] == 10);
+  CHECK(simulate_note(vocab_one_f_one_b(8, 32, vocab_variant::one_barrier)).peak_in_flight[0] == 9);
+  CHECK(simulate_note(vocab_one_f_one_b(8, 32, vocab_variant::two_barrier)).peak_in_flight[0] == 10);
 }
 
 TEST_CASE("vocab: every pass once, one collective order, valid and deadlock-free") {

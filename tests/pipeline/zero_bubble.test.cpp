@@ -8,6 +8,8 @@
 #include <weft/pipeline/text.hpp>
 #include <weft/pipeline/validate.hpp>
 
+#include "pipeline/note_costs.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -26,7 +28,7 @@ std::vector<int> grid_m(int p) {
 
 TEST_CASE("zero_bubble: ZB-H1 golden value p=4, m=8: 27 against 1F1B's 33") {
   auto const s = zero_bubble_h1(4, 8);
-  auto const sim = simulate(s);
+  auto const sim = simulate_note(s);
   CHECK(sim.makespan == doctest::Approx(27.0));
   CHECK(sim.peak_in_flight == std::vector<int>{4, 4, 4, 4});
   // Bubble 3 per rank against 1F1B's 9: a third.
@@ -39,12 +41,12 @@ TEST_CASE("zero_bubble: ZB-H1 closed form and memory over the grid") {
       CAPTURE(p);
       CAPTURE(m);
       auto const s = zero_bubble_h1(p, m);
-      auto const sim = simulate(s);
+      auto const sim = simulate_note(s);
       CHECK(sim.makespan == doctest::Approx(3.0 * m + (p - 1) * 1.0));
       for (int r = 0; r < p; ++r) CHECK(sim.peak_in_flight[static_cast<std::size_t>(r)] == p);
       auto const low = lower(s);
       CHECK(check(low).ok);
-      CHECK(simulate(low).makespan == doctest::Approx(sim.makespan));
+      CHECK(simulate_note(low).makespan == doctest::Approx(sim.makespan));
       CHECK(parse_csv(to_csv(low)) == low);
       CHECK(parse_schedule(to_text(s)) == s);
     }
@@ -67,7 +69,7 @@ TEST_CASE("zero_bubble: ZBV has zero bubble inside each rank's window") {
     auto const s = zero_bubble_v(p, m);
     CHECK(s.style() == placement::v);
     CHECK(s.num_stages() == 2 * p);
-    auto const sim = simulate(s);
+    auto const sim = simulate_note(s);
     CHECK(sim.makespan == doctest::Approx(makespan));
     for (int r = 0; r < p; ++r) {
       CHECK(sim.window(r) == doctest::Approx(3.0 * m));
@@ -80,13 +82,13 @@ TEST_CASE("zero_bubble: ZBV has zero bubble inside each rank's window") {
       CAPTURE(p);
       CAPTURE(m);
       auto const s = zero_bubble_v(p, m);
-      auto const sim = simulate(s);
+      auto const sim = simulate_note(s);
       if (m >= 2 * p - 1)
         for (int r = 0; r < p; ++r) CHECK(sim.window(r) == doctest::Approx(3.0 * m));
       CHECK(check(s).ok);
       auto const low = lower(s);
       CHECK(check(low).ok);
-      CHECK(simulate(low).makespan == doctest::Approx(sim.makespan));
+      CHECK(simulate_note(low).makespan == doctest::Approx(sim.makespan));
       CHECK(parse_csv(to_csv(low)) == low);
       // The turn of the V is local: rank p-1 never sends to itself.
       for (auto const& a : low.actions(p - 1))

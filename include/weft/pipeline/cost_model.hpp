@@ -36,10 +36,21 @@ struct cost_model {
   }
 };
 
-//! The unit model of the reference note: a full stage costs F = 1, I = 1, W = 1 (B = 2), chunks of
-//! an interleaved or V schedule 1/v of that; no communication cost; one byte of activation per
-//! chunk-microbatch, so peak activation bytes equal the in-flight count in stage units.
-inline cost_model unit_costs(schedule const& s, double f = 1.0, double i = 1.0, double w = 1.0) {
+//! The unit model of the reference note: a full stage costs F = f, I = i, W = w (default 1, so
+//! B = 2), chunks of an interleaved or V schedule 1/v of that; no communication cost; one byte of
+//! activation per chunk-microbatch, so peak activation bytes equal the in-flight count in stage
+//! units.
+//!
+//! The output layer costs `output_layer` stage forwards (its backward twice that, I and W alike)
+//! and is placed as each schedule runs it, so that schedules compare fairly: without vocabulary
+//! parallelism on the last stage (F += E·f, I += E·i, W += E·w); with it as the S and T passes of
+//! every rank, its F + B = E(f + i + w) split evenly over the p ranks, S = E(f + i)/p and T = E·w/p
+//! for one barrier (S also forms the input-gradient partial), S = E·f/p and T = E(i + w)/p for
+//! two. IF and IB (lookups) cost 0. The reference note's golden numbers model no output layer:
+//! pass output_layer = 0 to reproduce them.
+inline cost_model unit_costs(schedule const& s, double f = 1.0, double i = 1.0, double w = 1.0,
+                             double output_layer = 1.0) {
+  detail::require(output_layer >= 0.0, "output_layer", ">= 0", output_layer, "output_layer >= 0");
   cost_model c;
   auto const stages = static_cast<std::size_t>(s.num_stages());
   double const v = static_cast<double>(s.num_chunks());
@@ -48,6 +59,17 @@ inline cost_model unit_costs(schedule const& s, double f = 1.0, double i = 1.0, 
   c.backward_weight.assign(stages, w / v);
   c.activation_bytes.assign(stages, 1.0 / v);
   c.parameter_bytes.assign(static_cast<std::size_t>(s.num_ranks()), 0.0);
+  double const E = output_layer;
+  if (s.vocab() == vocab_variant::none) {
+    c.forward.back() += E * f;
+    c.backward_input.back() += E * i;
+    c.backward_weight.back() += E * w;
+  } else {
+    double const p = static_cast<double>(s.num_ranks());
+    bool const one = s.vocab() == vocab_variant::one_barrier;
+    c.vocab_forward = E * (one ? f + i : f) / p;
+    c.vocab_backward = E * (one ? w : i + w) / p;
+  }
   return c;
 }
 

@@ -142,12 +142,13 @@ inline schedule lower_by_replay(schedule const& s) {
 //! where its rank stands when the receiver starts waiting (right after the producer whenever the
 //! receiver keeps up), exchanges between two ranks in one step go lower-rank-receives-first (the
 //! rank-parity rule), and no pair straddles a collective. The result passes `validate`'s
-//! rendezvous replay by construction. Throws schedule_error if `s` already has point-to-point ops
-//! or its dataflow cannot progress.
+//! rendezvous replay by construction. Throws schedule_error if `s` already has point-to-point ops,
+//! breaks validate's mapping rule, or its dataflow cannot progress.
 inline schedule lower(schedule const& s) {
   if (s.has_p2p())
     WEFT_THROW(schedule_error, "argument `s`: expected a compute-only schedule, actual one that already "
                "has SEND/RECV actions");
+  detail::require_mapping(s, "lower");
   return detail::lower_by_replay(s);
 }
 

@@ -81,11 +81,14 @@ class schedule {
   }
   [[nodiscard]] int chunk_of(int stage) const noexcept { return stage / ranks_; }
 
+  //! Rank `rank`'s program; schedule_error unless 0 <= rank < num_ranks().
   [[nodiscard]] std::vector<action> const& actions(int rank) const {
-    return programs_.at(static_cast<std::size_t>(rank));
+    check_rank(rank);
+    return programs_[static_cast<std::size_t>(rank)];
   }
   [[nodiscard]] std::vector<action>& actions(int rank) {
-    return programs_.at(static_cast<std::size_t>(rank));
+    check_rank(rank);
+    return programs_[static_cast<std::size_t>(rank)];
   }
 
   //! A compute or point-to-point action on `stage` with `chunk` and `peer` derived from the mapping.
@@ -109,6 +112,9 @@ class schedule {
     }
     if (is_vocab_compute(a.kind)) return;  // stage is the rank; chunk stays 0
     a.chunk = a.stage >= 0 ? chunk_of(a.stage) : 0;
+    // A stage outside [0, stages) (a parsed file may hold one) gets no peer: `validate` reports it,
+    // and stage + 1 cannot overflow.
+    if (a.stage < 0 || a.stage >= stages_) return;
     if (a.kind == op::send_forward || a.kind == op::recv_backward) a.peer = stage_to_rank(a.stage + 1);
     if (a.kind == op::recv_forward || a.kind == op::send_backward) a.peer = stage_to_rank(a.stage - 1);
   }
@@ -132,6 +138,13 @@ class schedule {
   friend bool operator==(schedule const&, schedule const&) = default;
 
  private:
+  void check_rank(int rank) const {
+    if (rank < 0 || rank >= ranks_)
+      WEFT_THROW(schedule_error, ::weft::detail::expectation_message(
+                                     "0 <= rank < num_ranks", "rank",
+                                     ::weft::detail::concat("in [0, ", ranks_, ")"), rank));
+  }
+
   int ranks_ = 0;
   int stages_ = 0;
   int microbatches_ = 0;

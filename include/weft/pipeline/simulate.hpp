@@ -10,6 +10,7 @@
 #include <weft/pipeline/cost_model.hpp>
 #include <weft/pipeline/detail/deps.hpp>
 #include <weft/pipeline/schedule.hpp>
+#include <weft/pipeline/validate.hpp>  // check_mapping: what simulate indexes by must be in range
 
 #include <algorithm>
 #include <cstddef>
@@ -116,11 +117,13 @@ inline void measure_memory(schedule const& s, cost_model const& c, simulation& o
 
 }  // namespace detail
 
-//! Times `s` under `costs`. Throws schedule_error when the cost model does not cover the
+//! Times `s` under `costs`. Throws schedule_error when an action is out of the schedule's range
+//! or on the wrong rank (validate's mapping rule), when the cost model does not cover the
 //! schedule's stages, when ranks disagree on the collective order, or when the dataflow cannot
 //! progress (a rank waits on something that never happens); `validate` explains such schedules
 //! in more detail.
 inline simulation simulate(schedule const& s, cost_model const& costs) {
+  detail::require_mapping(s, "simulate");
   int const p = s.num_ranks();
   auto const stages = static_cast<std::size_t>(s.num_stages());
   detail::require(costs.forward.size() == stages && costs.backward_input.size() == stages &&
@@ -278,6 +281,11 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
 }
 
 //! Shorthand: the unit model (F = I = W = 1 per stage, 1/v per chunk).
-inline simulation simulate(schedule const& s) { return simulate(s, unit_costs(s)); }
+//! Times `s` under `unit_costs(s)`. The schedule is checked (validate's mapping rule) before the
+//! cost model is sized by its stage count, so a parsed header cannot make it allocate.
+inline simulation simulate(schedule const& s) {
+  detail::require_mapping(s, "simulate");
+  return simulate(s, unit_costs(s));
+}
 
 }  // namespace weft::pipeline

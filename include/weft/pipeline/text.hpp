@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,10 +108,12 @@ inline schedule parse_schedule(std::string_view text) {
   else if (vocab_word != "none")
     WEFT_THROW(schedule_error, "argument `vocab`: expected `none`, `1-barrier` or `2-barrier`, actual `",
                vocab_word, "`");
-  schedule s(ranks, stages, mbs, style, vocab);
-  if (static_cast<int>(body.size()) - 1 != ranks)
-    WEFT_THROW(schedule_error, "argument `text`: expected ", ranks, " rank lines, actual ",
+  // The rank lines are counted before the schedule is built: `ranks=` sizes it, and a header
+  // alone must not make a short text allocate gigabytes.
+  if (body.size() - 1 != static_cast<std::size_t>(ranks))
+    WEFT_THROW(schedule_error, "argument `text`: expected ", ranks, " rank lines (the header's `ranks=`), actual ",
                body.size() - 1);
+  schedule s(ranks, stages, mbs, style, vocab);
   for (int r = 0; r < ranks; ++r) {
     auto line = body[static_cast<std::size_t>(r) + 1];
     auto const colon = line.find(':');
@@ -176,6 +179,8 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
     }
     rows.push_back(std::move(row));
   }
+  if (rows.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+    WEFT_THROW(schedule_error, "argument `text`: expected fewer than 2^31 CSV rows, actual ", rows.size());
   int const ranks = static_cast<int>(rows.size());
   if (ranks < 1) WEFT_THROW(schedule_error, "argument `text`: expected at least one CSV row, actual 0");
   int max_stage = -1, max_mb = -1;
@@ -187,9 +192,24 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
       has_s = has_s || a.kind == op::vocab_forward;
       has_c1 = has_c1 || (a.kind == op::collective && a.tag == collective_kind::c1);
     }
-  int stages = opt.stages;
-  if (stages < 0) stages = std::max(ranks, ((max_stage + 1 + ranks - 1) / ranks) * ranks);
-  int const mbs = opt.microbatches >= 0 ? opt.microbatches : std::max(1, max_mb + 1);
+  if (opt.placement_override < -1 || opt.placement_override > static_cast<int>(placement::v))
+    WEFT_THROW(schedule_error, ::weft::detail::expectation_message(
+                                   "placement_override in [-1, 1]", "opt.placement_override",
+                                   "-1 (infer), 0 (loop) or 1 (v)", opt.placement_override));
+  if (opt.vocab_override < -1 || opt.vocab_override > static_cast<int>(vocab_variant::two_barrier))
+    WEFT_THROW(schedule_error, ::weft::detail::expectation_message(
+                                   "vocab_override in [-1, 2]", "opt.vocab_override",
+                                   "-1 (infer), 0 (none), 1 (1-barrier) or 2 (2-barrier)",
+                                   opt.vocab_override));
+  // Inferred sizes in 64 bits: a stage or microbatch index near INT_MAX must not overflow.
+  long long stages = opt.stages;
+  if (stages < 0)
+    stages = std::max<long long>(ranks, ((max_stage + 1LL + ranks - 1) / ranks) * ranks);
+  long long const mbs = opt.microbatches >= 0 ? opt.microbatches : std::max(1LL, max_mb + 1LL);
+  if (stages > std::numeric_limits<int>::max() || mbs > std::numeric_limits<int>::max())
+    WEFT_THROW(schedule_error, "argument `text`: expected stage and microbatch indices below ",
+               std::numeric_limits<int>::max(), ", actual a CSV implying ", stages, " stages and ", mbs,
+               " microbatches");
   placement style = placement::loop;
   if (opt.placement_override >= 0) {
     style = static_cast<placement>(opt.placement_override);
@@ -213,7 +233,7 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
                         : has_s ? vocab_variant::one_barrier
                                 : vocab_variant::none;
   if (opt.vocab_override >= 0) vocab = static_cast<vocab_variant>(opt.vocab_override);
-  schedule s(ranks, stages, mbs, style, vocab);
+  schedule s(ranks, static_cast<int>(stages), static_cast<int>(mbs), style, vocab);
   for (int r = 0; r < ranks; ++r)
     for (auto a : rows[static_cast<std::size_t>(r)]) {
       s.resolve(a);

@@ -157,17 +157,16 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
 
 }  // namespace detail
 
-//! Checks every rule; returns the first violation found (static rules first, then the replay).
-inline validation_result check(schedule const& s) {
-  using detail::at;
-  using detail::fail;
+namespace detail {
+
+//! Rule 1, mapping: indices in range, ops allowed, each on its owner rank, derived fields right;
+//! and the schedule no larger in stages × microbatches than its actions (see `indexable`). What
+//! simulate and lower need before they index anything by an action's fields.
+inline validation_result check_mapping(schedule const& s) {
   int const p = s.num_ranks();
   int const S = s.num_stages();
   int const m = s.num_microbatches();
   bool const vocab = s.vocab() != vocab_variant::none;
-  bool const lowered = s.has_p2p();
-
-  // 1. Mapping: indices in range, ops allowed, each on its owner rank, derived fields right.
   for (int r = 0; r < p; ++r) {
     auto const& prog = s.actions(r);
     for (int i = 0; i < static_cast<int>(prog.size()); ++i) {
@@ -209,7 +208,32 @@ inline validation_result check(schedule const& s) {
       }
     }
   }
+  if (!indexable(s)) return fail(-1, -1, "completeness", "expected " + indexable_message(s) + ", actual more");
+  return {};
+}
 
+//! Throws schedule_error, naming `who`, when `s` breaks the mapping rule (check_mapping).
+inline void require_mapping(schedule const& s, char const* who) {
+  auto const r = check_mapping(s);
+  if (!r.ok)
+    WEFT_THROW(schedule_error, who, ": invalid schedule: rank ", r.issue.rank, ", action ",
+               r.issue.index < 0 ? std::string("(missing)") : std::to_string(r.issue.index), ", rule `",
+               r.issue.rule, "`: ", r.issue.message);
+}
+
+}  // namespace detail
+
+//! Checks every rule; returns the first violation found (static rules first, then the replay).
+inline validation_result check(schedule const& s) {
+  using detail::at;
+  using detail::fail;
+  int const p = s.num_ranks();
+  int const S = s.num_stages();
+  int const m = s.num_microbatches();
+  bool const vocab = s.vocab() != vocab_variant::none;
+  bool const lowered = s.has_p2p();
+
+  if (auto const mapping = detail::check_mapping(s); !mapping.ok) return mapping;
   detail::action_index const index(s);
 
   // 2. Completeness.

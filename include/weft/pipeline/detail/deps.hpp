@@ -3,11 +3,13 @@
 // index from (op, stage, microbatch) and (collective, microbatch) to where a schedule holds it.
 #pragma once
 
+#include <weft/core/error.hpp>
 #include <weft/pipeline/action.hpp>
 #include <weft/pipeline/schedule.hpp>
 
 #include <array>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 namespace weft::pipeline::detail {
@@ -119,6 +121,26 @@ inline std::vector<action> required_collectives(schedule const& s) {
 //! Where a schedule holds each action. Compute and point-to-point ops are keyed by
 //! (op, stage, microbatch) with one location each (the first occurrence; `count` says how many);
 //! collectives by (tag, microbatch) per rank.
+//! validate, simulate and lower index (op, stage, microbatch) densely. Every valid schedule holds
+//! a forward for each (stage, microbatch), so it has at least stages × microbatches actions; a
+//! header that asks for more (a parsed file's `stages=10^9`) describes no valid schedule and is
+//! rejected before anything is sized by it, which bounds the index by the schedule's own size.
+[[nodiscard]] inline bool indexable(schedule const& s) noexcept {
+  return static_cast<unsigned long long>(s.num_stages()) *
+             static_cast<unsigned long long>(s.num_microbatches()) <=
+         static_cast<unsigned long long>(s.total_actions());
+}
+inline std::string indexable_message(schedule const& s) {
+  return ::weft::detail::concat("stages x microbatches = ", s.num_stages(), " x ", s.num_microbatches(),
+                                " (one forward each) at most the schedule's ", s.total_actions(),
+                                " actions");
+}
+inline void require_indexable(schedule const& s) {
+  if (!indexable(s))
+    WEFT_THROW(schedule_error, "argument `s`: expected ", indexable_message(s),
+               ", actual more (rule `completeness`)");
+}
+
 class action_index {
  public:
   struct loc {
@@ -129,6 +151,7 @@ class action_index {
 
   explicit action_index(schedule const& s)
       : stages_(s.num_stages()), ranks_(s.num_ranks()), mbs_(s.num_microbatches()) {
+    require_indexable(s);
     width_ = stages_ > ranks_ ? stages_ : ranks_;
     ops_.resize(static_cast<std::size_t>(kOps) * static_cast<std::size_t>(width_) *
                 static_cast<std::size_t>(mbs_));
