@@ -467,6 +467,47 @@ TEST_CASE("tensor: a failed copy names both shapes and writes nothing") {
   for (int i = 0; i < 6; ++i) CHECK(dst.data()[i] == -1.0f);
 }
 
+TEST_CASE("tensor: copy between overlapping host views reads all of src before writing dst") {
+  // Reference: the same copy from a separate snapshot of the buffer, element by element.
+  std::vector<float> buf(16);
+  auto reset = [&] {
+    for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  };
+  // Contiguous, dst after src (a forward memcpy would read elements it already wrote).
+  reset();
+  weft::copy(hv2(buf.data() + 2, 2, 6), weft::tensor_view<float const, 2>(buf.data(), 2, 6));
+  for (int i = 0; i < 16; ++i)
+    CHECK(buf[std::size_t(i)] == static_cast<float>(i >= 2 && i < 14 ? i - 2 : i));
+  // Contiguous, dst before src.
+  reset();
+  weft::copy(hv2(buf.data(), 2, 6), hv2(buf.data() + 3, 2, 6));
+  for (int i = 0; i < 16; ++i) CHECK(buf[std::size_t(i)] == static_cast<float>(i < 12 ? i + 3 : i));
+  // Strided: the even elements shifted by one step (buf[2 i] = old buf[2 i - 2], i = 1..7); an
+  // element loop without a snapshot would spread buf[0] over all of them.
+  reset();
+  auto const even = weft::select(hv2(buf.data(), 8, 2), 1, 0);  // elements 0, 2, ..., 14
+  weft::copy(weft::slice(even, 0, 1, 8), weft::slice(even, 0, 0, 7));
+  for (int i = 0; i < 16; ++i)
+    CHECK(buf[std::size_t(i)] == static_cast<float>(i % 2 == 0 && i >= 2 ? i - 2 : i));
+  // In-place transpose of a 4x4 matrix: dst is the transposed view of src's own storage.
+  reset();
+  hv2 const m(buf.data(), 4, 4);
+  weft::copy(m, weft::transpose(m));
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c) CHECK(buf[std::size_t(r * 4 + c)] == static_cast<float>(c * 4 + r));
+  // Strided with a gap: columns 0..2 of a 4x4 matrix into columns 1..3 of the same matrix.
+  reset();
+  auto const ms = weft::as_strided(m);
+  weft::copy(weft::slice(ms, 1, 1, 4), weft::slice(ms, 1, 0, 3));
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 4; ++c)
+      CHECK(buf[std::size_t(r * 4 + c)] == static_cast<float>(r * 4 + (c == 0 ? 0 : c - 1)));
+  // The same view as dst and src is a no-op.
+  reset();
+  weft::copy(m, m);
+  for (int i = 0; i < 16; ++i) CHECK(buf[std::size_t(i)] == static_cast<float>(i));
+}
+
 TEST_CASE("tensor: fill writes exactly the viewed elements") {
   auto t = weft::make_tensor<int>(3, 4);
   weft::fill(t.view(), 0);

@@ -16,6 +16,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <ostream>
 #include <string>
@@ -644,14 +645,44 @@ void host_strided_copy(Dst const& dst, Src const& src) {
                                     [&](index_t od, index_t os) { d[od] = s[os]; });
 }
 
+//! The bytes [first, last) that a view's elements lie in (negative strides included); empty for a
+//! view with no elements. Addresses as integers: comparing pointers into unrelated objects is
+//! unspecified, and unsigned arithmetic wraps where a negative stride reaches below the handle.
+template <Tensor V>
+std::pair<std::uintptr_t, std::uintptr_t> byte_span(V const& v) {
+  using T = typename V::value_type;
+  auto const ext = extents_of(v);
+  auto const str = strides_of(v);
+  index_t lo = 0, hi = 0;
+  for (std::size_t k = 0; k != V::rank(); ++k) {
+    if (ext[k] == 0) return {0, 0};
+    index_t const reach = (ext[k] - 1) * str[k];
+    (reach < 0 ? lo : hi) += reach;
+  }
+  auto const base = reinterpret_cast<std::uintptr_t>(v.data_handle());
+  return {base + static_cast<std::uintptr_t>(lo) * sizeof(T),
+          base + static_cast<std::uintptr_t>(hi + 1) * sizeof(T)};
+}
+
+//! Whether the byte ranges of two views intersect (a conservative test: interleaved views that
+//! share no element still count, and are then copied through a snapshot, which is also correct).
+template <Tensor A, Tensor B>
+bool spans_overlap(A const& a, B const& b) {
+  auto const [a0, a1] = byte_span(a);
+  auto const [b0, b1] = byte_span(b);
+  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
 }  // namespace detail
 
 //! Copies src's elements into dst (same rank, same extents, same value type), across memory
 //! spaces: one memcpy/cudaMemcpy when both are contiguous, an element loop between strided host
 //! views, a host staging buffer when a strided host view meets a contiguous device view. A
 //! strided device view throws error(errc::unsupported): use copy(exec, dst, src) from exec.hpp.
-//! Shapes are checked first (shape_error); on any error nothing has been written. The views
-//! must not overlap.
+//! Shapes are checked first (shape_error); on any error nothing has been written.
+//! Overlapping host views are copied as if all of src were read before dst is written (memmove
+//! for two contiguous views, a snapshot of src otherwise), so an in-place shift or transpose is
+//! well defined. Overlapping device views throw invalid_argument_error before anything is written.
 template <Tensor Dst, Tensor Src>
   requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
            (Dst::rank() == Src::rank())
@@ -663,6 +694,22 @@ void copy(Dst const& dst, Src const& src) {
   if (dst.size() == 0) return;
   bool const dst_c = is_contiguous(dst);
   bool const src_c = is_contiguous(src);
+  if constexpr (dst_space::host_accessible && src_space::host_accessible) {
+    if (detail::spans_overlap(dst, src)) {
+      if (dst_c && src_c) {
+        std::memmove(dst.data_handle(), src.data_handle(), dst.size() * sizeof(T));
+      } else {
+        tensor<T, Dst::rank(), host_space> snapshot(detail::to_std_array(detail::extents_of(dst)));
+        detail::host_strided_copy(snapshot.view(), src);
+        detail::host_strided_copy(dst, snapshot.view());
+      }
+      return;
+    }
+  } else if constexpr (std::same_as<dst_space, src_space>) {
+    WEFT_EXPECTS(!detail::spans_overlap(dst, src), "dst",
+                 "a device view that does not overlap `src` (copy through a separate buffer)",
+                 "overlapping byte ranges");
+  }
   if (dst_c && src_c) {
     copy_bytes(dst_space{}, dst.data_handle(), src_space{}, src.data_handle(),
                dst.size() * sizeof(T));
