@@ -20,7 +20,7 @@ namespace weft::attention {
 //! chunk against a longer KV prefix needs). With Sq == Sk both are the usual causal mask.
 enum class causal_mode : std::uint8_t { none, top_left, bottom_right };
 
-//! Options of every attention call. `scale` <= 0 means 1/sqrt(dim). `num_threads` > 1 lets the CPU
+//! Options of every attention call. `scale` 0 means 1/sqrt(dim); otherwise finite and positive. `num_threads` > 1 lets the CPU
 //! kernel use that many OpenMP threads (ignored without OpenMP); inside thread ranks keep 1.
 struct attention_options {
   double scale = 0.0;
@@ -60,7 +60,14 @@ inline mask_rule make_mask(causal_mode c, std::int64_t sq, std::int64_t sk) noex
   return {false, 0};
 }
 
-inline double resolve_scale(double scale, std::int64_t dim) noexcept {
+//! The softmax scale an entry point uses: `scale` when it is a finite positive number, 1/sqrt(dim)
+//! when it is 0 (the default). A NaN, infinite or negative scale, or a head dimension below 1, is
+//! an invalid_argument_error: silently replacing it (as a NaN once was) or multiplying scores by
+//! +inf (every row then looked as if it saw no key) hides the caller's bug.
+inline double resolve_scale(double scale, std::int64_t dim) {
+  WEFT_EXPECTS(dim >= 1, "q", "a head dimension of at least 1", dim);
+  WEFT_EXPECTS(scale == 0.0 || (scale > 0.0 && std::isfinite(scale)), "opt.scale",
+               "0 (meaning 1/sqrt(head dim)) or a finite positive number", scale);
   return scale > 0.0 ? scale : 1.0 / std::sqrt(static_cast<double>(dim));
 }
 
@@ -154,14 +161,41 @@ void check_lse_shape(bshd<A> const& q, bhs<L> const& l, char const* name) {
                      shape_string(l.b, l.h, l.s));
 }
 
+//! Throws invalid_argument_error naming `name` and the first index unless every element of `t` is
+//! finite. q and k are scanned at entry (O(S·D), beside the O(S²·D) attention): an infinite or
+//! NaN score would otherwise make its row look as if it saw no key (O = 0, lse = -inf). A
+//! non-finite v propagates into o as NaN or inf, which is visible, so v is not scanned.
+template <class T>
+void check_finite(bshd<T> const& t, char const* name) {
+  using C = acc_t<T>;
+  for (std::int64_t bi = 0; bi < t.b; ++bi)
+    for (std::int64_t si = 0; si < t.s; ++si)
+      for (std::int64_t hi = 0; hi < t.h; ++hi) {
+        T const* row = t.row(bi, si, hi);
+        bool ok = true;
+        for (std::int64_t di = 0; di < t.d; ++di) {
+          C const x = static_cast<C>(row[di]);
+          ok = ok & (x - x == C(0));  // false for inf and NaN; branch-free so it vectorises
+        }
+        if (!ok)
+          for (std::int64_t di = 0; di < t.d; ++di)
+            WEFT_EXPECTS(std::isfinite(static_cast<double>(static_cast<C>(row[di]))), name,
+                         "finite values", ::weft::detail::concat(static_cast<double>(static_cast<C>(row[di])),
+                                                                 " at [", bi, ", ", si, ", ", hi, ", ", di, "]"));
+      }
+}
+
 //! The checks every forward entry point makes: q, k, v agree (GQA heads divide), o is q's shape,
-//! lse is [B, H, S] of q.
+//! lse is [B, H, S] of q, the head dimension is at least 1, q and k are finite.
 template <class Q, class K, class V, class O, class L>
 void check_forward_shapes(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> const& o,
                           bhs<L> const& lse) {
   check_qkv(q, k, v);
   check_same_shape(q, o, "o");
   check_lse_shape(q, lse, "lse");
+  WEFT_EXPECTS(q.d >= 1, "q", "a head dimension of at least 1", q.d);
+  check_finite(q, "q");
+  check_finite(k, "k");
 }
 
 //! The checks every backward entry point adds: dout and dq are q's shape, dk and dv are k's.
