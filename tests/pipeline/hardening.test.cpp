@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -160,7 +161,16 @@ TEST_CASE("hardening: unit costs give the vocabulary passes and the output layer
       }
   }
   CHECK(seen == 2 * p * m);
+  // Every S and T box of the drawing spans time and is wider than the 0.5 px a zero-length box gets.
   auto const svg = render_svg(vp, sim);
-  CHECK(svg.find("<title>0S0 [") != std::string::npos);
+  std::regex const box(R"re(width="([0-9.eE+-]+)"[^\n]*<title>\d+[ST]\d+ \[([^,]+), ([^\]]+)\])re");
+  int boxes = 0;
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), box); it != std::sregex_iterator(); ++it) {
+    CAPTURE((*it)[0].str());
+    CHECK(std::stod((*it)[1].str()) > 0.5);
+    CHECK(std::stod((*it)[3].str()) > std::stod((*it)[2].str()));
+    ++boxes;
+  }
+  CHECK(boxes == 2 * p * m);
   CHECK_THROWS_AS((void)unit_costs(base, 1, 1, 1, -1.0), weft::schedule_error);
 }
