@@ -140,10 +140,17 @@ TEST_CASE("faults: a missing rank makes the others throw timeout_error naming it
       // The first rank to reach its deadline gives up for everyone, so a rank that started late
       // may throw sooner after its own call: time everyone from the common start.
       auto const t0 = clk::now();
+      std::atomic<int> gave_up{0};
+      int const waiting = o == op::recv ? 1 : n - 1;
       weft::test::run_ranks(
           n,
           [&](communicator& c) {
-            if (c.rank() == missing) return;  // never arrives
+            if (c.rank() == missing) {
+              // Alive but late: it arrives only after the others gave up (a rank whose function
+              // returned has finished, and its peers fail at once; see the test below).
+              for (int i = 0; i < 500 && gave_up.load() < waiting; ++i) std::this_thread::sleep_for(10ms);
+              return;
+            }
             if (o == op::recv && c.rank() != root) return;  // one receiver waits for `missing`
             try {
               call(c, o, o == op::recv ? missing : root);
@@ -155,6 +162,7 @@ TEST_CASE("faults: a missing rank makes the others throw timeout_error naming it
               CHECK(waited >= 190.0);
               CHECK(waited < 1500.0);
             }
+            ++gave_up;
             CHECK(c.state() == weft::comm::comm_state::poisoned);
           },
           opts);
@@ -306,15 +314,17 @@ TEST_CASE("faults: a poisoned communicator rejects every later call at once") {
   auto& c = comms[1];
   CHECK(c.state() == weft::comm::comm_state::poisoned);
   std::vector<float> v(4);
+  std::vector<float> half(2);
   auto const b = host_view(std::span<float>(v));
+  auto const h = host_view(std::span<float>(half));
   auto const empty = host_view(std::span<float>());
   auto const t0 = clk::now();
   CHECK_THROWS_AS(c.all_reduce(b, b), weft::timeout_error);
   CHECK_THROWS_AS(c.all_reduce(empty, empty), weft::timeout_error);  // even zero-length
   CHECK_THROWS_AS(c.reduce(b, b, {}, 0), weft::timeout_error);
   CHECK_THROWS_AS(c.broadcast(b, b, 0), weft::timeout_error);
-  CHECK_THROWS_AS(c.all_gather(host_view(std::span<float>(v).first(2)), b), weft::timeout_error);
-  CHECK_THROWS_AS(c.reduce_scatter(b, host_view(std::span<float>(v).first(2))), weft::timeout_error);
+  CHECK_THROWS_AS(c.all_gather(h, b), weft::timeout_error);
+  CHECK_THROWS_AS(c.reduce_scatter(b, h), weft::timeout_error);
   CHECK_THROWS_AS(c.all_to_all(b, b), weft::timeout_error);
   CHECK_THROWS_AS(c.barrier(), weft::timeout_error);
   CHECK_THROWS_AS((void)c.split(0, 0), weft::timeout_error);
@@ -507,8 +517,113 @@ TEST_CASE("faults: destroying a communicator withdraws its pending sends") {
     CHECK_FALSE(w.done());
   }  // the buffer and the communicator die with the send pending
   std::vector<float> v(4, 0.0f);
-  CHECK_THROWS_AS(comms[1].recv(host_view(std::span<float>(v)), 0), weft::timeout_error);
+  auto const t0 = clk::now();
+  // Its communicator is gone, so rank 0 can never send again: the receive fails at once.
+  CHECK_THROWS_AS(comms[1].recv(host_view(std::span<float>(v)), 0), weft::peer_aborted_error);
+  CHECK(ms_since(t0) < 100.0);  // not the 150 ms deadline
   CHECK(v[0] == 0.0f);  // nothing was read from the dead buffer
+}
+
+TEST_CASE("faults: a rank whose function returns makes peers waiting for it fail at once") {
+  // The world's deadline is 10 s; the issue's old behaviour waited for all of it.
+  for (int n : {2, 4}) {
+    for (op o : {op::all_reduce, op::reduce, op::all_gather_v, op::barrier, op::split, op::recv}) {
+      CAPTURE(n);
+      CAPTURE(op_name(o));
+      int const gone = n - 1;
+      int const root = 0;
+      std::atomic<int> failed_fast{0};
+      auto const t0 = clk::now();
+      CHECK_THROWS_AS(
+          weft::test::run_ranks(n,
+                                [&](communicator& c) {
+                                  if (c.rank() == gone) return;  // finishes without calling
+                                  if (o == op::recv && c.rank() != root) return;
+                                  try {
+                                    call(c, o, o == op::recv ? gone : root);
+                                    FAIL_CHECK(op_name(o) << " returned without rank " << gone);
+                                  } catch (weft::peer_aborted_error const& e) {
+                                    CHECK(e.origin_rank() == gone);
+                                    CHECK(contains(e.what(), "finished"));
+                                    CHECK(contains(e.what(), "world rank " + std::to_string(gone)));
+                                    ++failed_fast;
+                                    throw;
+                                  }
+                                }),
+          weft::peer_aborted_error);
+      CHECK(ms_since(t0) < 2000.0);
+      CHECK(failed_fast.load() >= 1);
+    }
+  }
+}
+
+TEST_CASE("faults: a rank that returns from a split group's function fails only waiters on it") {
+  // Ranks 0 and 1 form one group, 2 and 3 another; rank 3 returns, rank 2 fails at once, and
+  // the group {0, 1} keeps working.
+  std::atomic<bool> rank2_failed{false};
+  auto const t0 = clk::now();
+  CHECK_THROWS_AS(
+      weft::test::run_ranks(4,
+                            [&](communicator& c) {
+                              auto sub = c.split(c.rank() / 2, c.rank());
+                              if (c.rank() == 3) return;
+                              std::vector<float> v(4, 1.0f);
+                              auto const b = host_view(std::span<float>(v));
+                              if (c.rank() == 2) {
+                                CHECK_THROWS_AS(sub.all_reduce(b, b), weft::peer_aborted_error);
+                                rank2_failed = true;
+                                return;
+                              }
+                              for (int i = 0; i < 3; ++i) sub.all_reduce(b, b);
+                              CHECK(v[0] == 8.0f);
+                              // Rank 3 is gone, so the world barrier fails at once too.
+                              c.barrier();
+                            }),
+      weft::peer_aborted_error);
+  CHECK(rank2_failed.load());
+  CHECK(ms_since(t0) < 2000.0);
+}
+
+TEST_CASE("faults: ranks that all make the same invalid call each get their own argument error") {
+  // The first rank to throw aborts the world (threads::world does); the others, arriving later,
+  // must still see their own argument error: validation comes before the poison check.
+  for (int n : {2, 4}) {
+    CAPTURE(n);
+    std::atomic<int> shape_errors{0};
+    std::atomic<int> arg_errors{0};
+    std::atomic<int> others{0};
+    std::atomic<bool> first_thrown{false};
+    CHECK_THROWS(weft::test::run_ranks(n, [&](communicator& c) {
+      if (c.rank() != 0) {
+        for (int i = 0; i < 200 && !first_thrown; ++i) std::this_thread::sleep_for(1ms);
+        std::this_thread::sleep_for(20ms);  // rank 0's failure has aborted the world by now
+        CHECK(c.state() != weft::comm::comm_state::healthy);
+      }
+      std::vector<float> in(4);
+      std::vector<float> out(3);
+      try {
+        c.all_reduce(host_view(std::span<float>(in)), host_view(std::span<float>(out)));
+      } catch (weft::shape_error const&) {
+        ++shape_errors;
+      } catch (...) {
+        ++others;
+      }
+      try {
+        c.broadcast(host_view(std::span<float>(in)), host_view(std::span<float>(in)), n);
+      } catch (weft::invalid_argument_error const&) {
+        ++arg_errors;
+      } catch (...) {
+        ++others;
+      }
+      if (c.rank() == 0) {
+        first_thrown = true;
+        throw weft::invalid_argument_error("rank 0 gives up");
+      }
+    }));
+    CHECK(shape_errors.load() == n);
+    CHECK(arg_errors.load() == n);
+    CHECK(others.load() == 0);
+  }
 }
 
 }  // TEST_SUITE("threads")

@@ -209,9 +209,10 @@ TEST_CASE("threads: isend and irecv return pending work that completes when the 
 TEST_CASE("threads: history keeps the last N operations and the hook sees each one") {
   auto opts = weft::test::test_options();
   opts.history_size = 4;
+  std::atomic<bool> rank0_done{false};
   weft::test::run_ranks(
       2,
-      [](communicator& c) {
+      [&](communicator& c) {
         std::vector<weft::comm::op_record> hooked;
         c.set_hook([&](weft::comm::op_record const& r) { hooked.push_back(r); });
         std::vector<float> v(8, 1.0f);
@@ -249,6 +250,10 @@ TEST_CASE("threads: history keeps the last N operations and the hook sees each o
           CHECK_FALSE(last.ok);
           CHECK(last.error.find("timed out") != std::string::npos);
           CHECK_FALSE(hooked.back().ok);
+          rank0_done = true;
+        } else {
+          // Late, not finished: a finished rank would fail the barrier at once instead.
+          for (int i = 0; i < 500 && !rank0_done; ++i) std::this_thread::sleep_for(10ms);
         }
         c.set_hook({});
       },

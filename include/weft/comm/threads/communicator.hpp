@@ -4,6 +4,7 @@
 #pragma once
 
 #include <weft/comm/concepts.hpp>
+#include <weft/comm/detail/checked.hpp>
 #include <weft/comm/reference.hpp>
 #include <weft/comm/threads/detail/group.hpp>
 #include <weft/comm/threads/detail/kernels.hpp>
@@ -760,7 +761,7 @@ class communicator {
     return s;
   }
 
-  // Entry of every operation: membership, poison, per-call timeout. Nothing is communicated.
+  // Entry of every operation: membership and per-call timeout. Nothing is communicated.
   call begin(op_kind op, op_options const& o) {
     WEFT_EXPECTS(group_ != nullptr, "communicator",
                  "a member communicator (size() > 0)",
@@ -772,11 +773,18 @@ class communicator {
     WEFT_EXPECTS(o.timeout.count() >= 0, "options.timeout", ">= 0 ms (0: the communicator's default)",
                  o.timeout.count());
     c.timeout = o.timeout.count() > 0 ? o.timeout : state_->timeout;
+    return c;
+  }
+
+  // After the local argument checks, before anything is communicated or changed: a poisoned
+  // communicator fails every call. Arguments come first so that ranks making the same invalid
+  // call each get their own argument error, not a peer_aborted_error from whichever of them
+  // threw first (threads::world aborts the world when a rank throws).
+  void check_alive(call const& c) const {
     if (state_->aborted.load(std::memory_order_acquire) || group_->faulted()) {
       detail::fault_info f = group_->fault();
       detail::throw_fault(f, context(c) + " on a poisoned communicator");
     }
-    return c;
   }
 
   void check_rank(int r, char const* name) const {
@@ -882,6 +890,7 @@ class communicator {
   }
 
   work finish_trivial(call& c) {
+    check_alive(c);
     c.rec.type = c.d.fp.type;
     c.rec.end = clock::now();
     state_->add(c.rec);
@@ -891,6 +900,7 @@ class communicator {
 
   template <class Local>
   work finish_local(call& c, Local&& local) {
+    check_alive(c);
     c.rec.seq = ++state_->seq;
     local();
     return finish_trivial(c);
@@ -904,12 +914,29 @@ class communicator {
     auto const deadline = detail::deadline_after(c.timeout);
     for (;;) {
       bool const ok = g.park().wait_until(
-          [&] { return g.all_arrived(seq) || g.faulted(); }, deadline);
+          [&] { return g.all_arrived(seq) || g.faulted() || g.departed_missing(seq) >= 0; },
+          deadline);
       if (g.all_arrived(seq)) return;
-      if (ok && !g.faulted()) continue;  // spurious
-      bool const timed_out = !g.faulted();
+      int const gone = g.departed_missing(seq);
+      if (ok && !g.faulted() && gone < 0) continue;  // spurious
+      bool const timed_out = !g.faulted() && gone < 0;
       bool const closed = g.close_or_pass(seq, [&](detail::group& grp) {
-        if (!timed_out || grp.faulted()) return;
+        if (grp.faulted()) return;
+        if (gone >= 0) {
+          // It will never arrive: waiting for the deadline would only delay the same failure.
+          detail::fault_info f;
+          f.kind = errc::peer_aborted;
+          f.origin = gone;
+          f.missing = {gone};
+          f.message = weft::detail::concat(
+              describe(c.d, grp.size()), " at seq ", seq, " on rank ", rank_, " (world rank ",
+              grp.world_rank(rank_), "): rank ", gone, " (world rank ", grp.world_rank(gone),
+              ") has finished (its function returned or its communicator was destroyed) without "
+              "calling it");
+          grp.fail_locked(std::move(f));
+          return;
+        }
+        if (!timed_out) return;
         std::vector<int> missing;
         std::vector<int> arrived;
         for (int s = 0; s < grp.size(); ++s)
@@ -997,6 +1024,7 @@ class communicator {
 
   template <class Prepare, class Body>
   work run(call& c, Prepare&& prepare, Body&& body) {
+    check_alive(c);
     std::uint64_t const seq = ++state_->seq;
     c.rec.seq = seq;
     c.rec.type = c.d.fp.type;
@@ -1095,10 +1123,28 @@ class p2p_work final : public weft::comm::detail::work_state {
         if (cancel()) fail_with(group_->fault());
         continue;
       }
+      int const peer = op_->is_send ? op_->dst : op_->src;
+      if (group_->departed(peer)) {
+        if (cancel()) {
+          fault_info f;
+          f.kind = errc::peer_aborted;
+          f.origin = peer;
+          f.missing = {peer};
+          f.message = weft::detail::concat(
+              op_->is_send ? "send" : "recv", " #", op_->seq, " (dtype ", op_->type, ", count ",
+              op_->count, ") ", op_->is_send ? "to" : "from", " rank ", peer, " (world rank ",
+              group_->world_rank(peer), ") on rank ", rank_, ": rank ", peer,
+              " has finished (its function returned or its communicator was destroyed) without "
+              "posting the matching ",
+              op_->is_send ? "recv" : "send");
+          group_->fail(f);
+          fail_with(f);
+        }
+        continue;
+      }
       auto const now = clock::now();
       if (now >= deadline_) {
         if (cancel()) {
-          int const peer = op_->is_send ? op_->dst : op_->src;
           fault_info f;
           f.kind = errc::timeout;
           f.origin = rank_;
@@ -1116,7 +1162,8 @@ class p2p_work final : public weft::comm::detail::work_state {
       if (now >= caller_deadline) return false;
       group_->park().wait_until(
           [&] {
-            return op_->state.load(std::memory_order_acquire) != p2p_op::pending || group_->faulted();
+            return op_->state.load(std::memory_order_acquire) != p2p_op::pending ||
+                   group_->faulted() || group_->departed(peer);
           },
           std::min(deadline_, caller_deadline));
     }
@@ -1198,6 +1245,7 @@ inline work communicator::post_p2p(bool is_send, buffer_view b, int peer_rank, o
   (is_send ? c.rec.send_bytes : c.rec.recv_bytes) = b.bytes();
   auto const up = static_cast<std::size_t>(peer_rank);
   if (b.count == 0) return finish_trivial(c);
+  check_alive(c);
   c.rec.seq = ++(is_send ? state_->send_seq : state_->recv_seq)[up];
 
   auto op = std::make_shared<detail::p2p_op>();
@@ -1304,6 +1352,7 @@ inline void communicator::release() noexcept {
         [&] { return op->state.load(std::memory_order_acquire) != detail::p2p_op::claimed; },
         detail::clock::time_point::max());
   state_->outstanding.clear();
+  group_->depart(rank_, false);
   group_.reset();
   state_.reset();
   rank_ = -1;

@@ -41,6 +41,9 @@ inline std::string describe_exception(std::exception_ptr const& e) {
 //! pending and later calls on any communicator of this world (split ones included) throw
 //! peer_aborted_error naming it. After the join, run() rethrows the first exception thrown by
 //! any f (the original failure, not the peer_aborted_errors it caused). Nothing outlives run().
+//! A rank whose f returns has finished: a peer that waits for it (in a collective or a
+//! point-to-point message of any communicator of this world that it belongs to) throws
+//! peer_aborted_error naming it at once, without waiting for the deadline.
 //! Ranks that multiply matrices should run BLAS single-threaded (openblas_set_num_threads(1)), or
 //! N ranks times M BLAS threads oversubscribe the cores.
 class world {
@@ -65,6 +68,9 @@ class world {
     auto body = [&](int r) {
       try {
         std::invoke(f, comms[static_cast<std::size_t>(r)]);
+        // This rank will never call again: peers waiting for it fail now (peer_aborted_error),
+        // not at their deadline.
+        root->depart(r, true);
       } catch (...) {
         auto e = std::current_exception();
         {

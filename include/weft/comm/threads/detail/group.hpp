@@ -49,6 +49,7 @@ struct alignas(64) rank_slot {
   descriptor desc[2];
   std::atomic<std::uint64_t> arrived{0};   // last seq this rank arrived at (for messages only)
   std::atomic<std::uint64_t> progress{0};  // 4 * seq + phase, monotonic: barriers after A
+  std::atomic<bool> departed{false};       // its owner is gone: it will never call again
   std::shared_ptr<group> split_out;        // written by a split leader between phases
   std::unique_ptr<std::byte[]> staging[2];  // owner's copy-in buffers of small all_reduce
 };
@@ -201,6 +202,52 @@ class group {
     }
   }
 
+  // ---- departures ----------------------------------------------------------------------------
+  // A rank whose function returned (threads::world) or whose communicator was destroyed will
+  // never arrive again: a peer waiting for it fails at once with peer_aborted_error instead of
+  // waiting for its deadline. Departure is not a fault: groups not waiting on it stay healthy.
+
+  //! Marks rank r of this group (and, with `tree`, its rank in every group split from this one)
+  //! as departed and wakes waiters.
+  void depart(int r, bool tree) noexcept {
+    if (r < 0 || r >= n_) return;
+    if (tree) {
+      try {
+        std::vector<std::pair<std::shared_ptr<group>, int>> kids;
+        {
+          std::lock_guard<std::mutex> lock(children_mutex_);
+          for (auto const& [weak, members] : children_)
+            if (auto g = weak.lock())
+              for (std::size_t i = 0; i < members.size(); ++i)
+                if (members[i] == r) kids.emplace_back(std::move(g), static_cast<int>(i));
+        }
+        for (auto& [g, child_rank] : kids) g->depart(child_rank, true);
+      } catch (...) {
+        // Out of memory: the sub-groups fall back to their deadlines.
+      }
+    }
+    if (!slot(r).departed.exchange(true, std::memory_order_seq_cst))
+      departed_count_.fetch_add(1, std::memory_order_seq_cst);
+    park_.notify_all();
+  }
+
+  //! A departed rank that has not arrived at barrier `seq` (it never will), or -1.
+  [[nodiscard]] int departed_missing(std::uint64_t seq) noexcept {
+    if (departed_count_.load(std::memory_order_acquire) == 0) return -1;
+    for (int s = 0; s < n_; ++s) {
+      auto& sl = slot(s);
+      if (sl.departed.load(std::memory_order_acquire) &&
+          sl.arrived.load(std::memory_order_acquire) < seq)
+        return s;
+    }
+    return -1;
+  }
+
+  [[nodiscard]] bool departed(int r) noexcept {
+    return departed_count_.load(std::memory_order_acquire) != 0 &&
+           slot(r).departed.load(std::memory_order_acquire);
+  }
+
   //! Registers a group split from this one; `members[i]` is the rank here of its rank i.
   void add_child(std::shared_ptr<group> const& child, std::vector<int> members) {
     std::lock_guard<std::mutex> lock(children_mutex_);
@@ -233,6 +280,7 @@ class group {
   std::atomic<std::uint64_t> arrival_[2] = {0, 0};
 
   std::atomic<bool> faulted_{false};
+  std::atomic<int> departed_count_{0};
   mutable std::mutex fault_mutex_;
   fault_info fault_;
 
