@@ -1,7 +1,8 @@
 // tests/attention/mailbox_comm.hpp — a minimal in-process Communicator for the attention tests:
 // ranks are threads, point-to-point messages go through per-(src, dst) FIFO mailboxes (isend is
-// buffered and completes at once; irecv completes at wait), all_to_all is built on them, and every
-// operation is logged with a timestamp so tests can check protocol invariants from outside.
+// buffered and completes at once; irecv completes at wait), all_to_all and all_gather are built on
+// them, and every operation is logged with a timestamp so tests can check protocol invariants from
+// outside (all_gather, the distributed calls' agreement check, logs one `collective` event only).
 // Operations the attention code does not use throw. Waits time out (timeout_error), so a protocol
 // bug fails the test instead of hanging it.
 #pragma once
@@ -25,7 +26,7 @@ namespace attention_testing {
 
 namespace wc = weft::comm;
 
-enum class event_kind { post_send, post_recv, wait_send, wait_recv };
+enum class event_kind { post_send, post_recv, wait_send, wait_recv, collective };
 
 struct event {
   event_kind kind;
@@ -66,13 +67,7 @@ class mailbox_comm {
   wc::work isend(wc::buffer_view in, int peer, wc::op_options = {}) {
     check_peer(peer);
     log(event_kind::post_send, peer, in.bytes());
-    std::vector<std::byte> msg(in.bytes());
-    if (in.bytes()) std::memcpy(msg.data(), in.data, in.bytes());
-    {
-      std::lock_guard lk(w_->mu);
-      w_->boxes[std::size_t(rank_ * w_->size + peer)].push_back(std::move(msg));
-    }
-    w_->cv.notify_all();
+    post(in.data, in.bytes(), peer);
     return wc::work(std::make_shared<done_state>(this, peer, in.bytes()));
   }
   wc::work irecv(wc::buffer_view out, int peer, wc::op_options = {}) {
@@ -117,7 +112,14 @@ class mailbox_comm {
   wc::work all_reduce(wc::buffer_view, wc::buffer_view, wc::reduce_op, wc::op_options = {}) { unsupported(); }
   wc::work reduce(wc::buffer_view, wc::buffer_view, wc::reduce_op, int, wc::op_options = {}) { unsupported(); }
   wc::work broadcast(wc::buffer_view, wc::buffer_view, int, wc::op_options = {}) { unsupported(); }
-  wc::work all_gather(wc::buffer_view, wc::buffer_view, wc::op_options = {}) { unsupported(); }
+  wc::work all_gather(wc::buffer_view in, wc::buffer_view out, wc::op_options = {}) {
+    std::size_t const n = std::size_t(w_->size);
+    WEFT_EXPECTS(out.bytes() == in.bytes() * n, "out", in.bytes() * n, out.bytes());
+    log(event_kind::collective, -1, in.bytes());
+    for (int p = 0; p < w_->size; ++p) post(in.data, in.bytes(), p);
+    for (int p = 0; p < w_->size; ++p) take(static_cast<std::byte*>(out.data) + in.bytes() * std::size_t(p), in.bytes(), p);
+    return {};
+  }
   wc::work all_gather_v(wc::buffer_view, wc::buffer_view, std::span<std::size_t const>, wc::op_options = {}) { unsupported(); }
   wc::work reduce_scatter(wc::buffer_view, wc::buffer_view, wc::reduce_op, wc::op_options = {}) { unsupported(); }
   wc::work reduce_scatter_v(wc::buffer_view, wc::buffer_view, std::span<std::size_t const>, wc::reduce_op, wc::op_options = {}) { unsupported(); }
@@ -141,6 +143,29 @@ class mailbox_comm {
  private:
   void check_peer(int peer) const {
     WEFT_EXPECTS(peer >= 0 && peer < w_->size, "peer", "a rank of the group", peer);
+  }
+  // Unlogged transport: a message into the (rank, peer) mailbox, and the next one out of (peer, rank).
+  void post(void const* data, std::size_t bytes, int peer) {
+    std::vector<std::byte> msg(bytes);
+    if (bytes) std::memcpy(msg.data(), data, bytes);
+    {
+      std::lock_guard lk(w_->mu);
+      w_->boxes[std::size_t(rank_ * w_->size + peer)].push_back(std::move(msg));
+    }
+    w_->cv.notify_all();
+  }
+  void take(void* out, std::size_t bytes, int peer) {
+    auto& w = *w_;
+    std::unique_lock lk(w.mu);
+    auto& box = w.boxes[std::size_t(peer * w.size + rank_)];
+    if (!w.cv.wait_for(lk, w.timeout, [&] { return !box.empty() || w.aborted; }))
+      throw weft::timeout_error("mailbox_comm: receive timed out", {peer});
+    if (box.empty()) throw weft::peer_aborted_error("mailbox_comm: world aborted", peer);
+    auto msg = std::move(box.front());
+    box.pop_front();
+    lk.unlock();
+    WEFT_EXPECTS(msg.size() == bytes, "recv buffer", msg.size(), bytes);
+    if (!msg.empty()) std::memcpy(out, msg.data(), msg.size());
   }
   void log(event_kind k, int peer, std::size_t bytes) {
     w_->logs[std::size_t(rank_)].push_back(
@@ -169,17 +194,7 @@ class mailbox_comm {
     bool complete = false;
     bool wait_until(std::chrono::steady_clock::time_point) override {
       if (complete) return true;
-      auto& w = *comm->w_;
-      std::unique_lock lk(w.mu);
-      auto& box = w.boxes[std::size_t(peer * w.size + comm->rank_)];
-      if (!w.cv.wait_for(lk, w.timeout, [&] { return !box.empty() || w.aborted; }))
-        throw weft::timeout_error("mailbox_comm: receive timed out", {peer});
-      if (box.empty()) throw weft::peer_aborted_error("mailbox_comm: world aborted", peer);
-      auto msg = std::move(box.front());
-      box.pop_front();
-      lk.unlock();
-      WEFT_EXPECTS(msg.size() == out.bytes(), "recv buffer", msg.size(), out.bytes());
-      if (!msg.empty()) std::memcpy(out.data, msg.data(), msg.size());
+      comm->take(out.data, out.bytes(), peer);
       complete = true;
       comm->log(event_kind::wait_recv, peer, out.bytes());
       return true;

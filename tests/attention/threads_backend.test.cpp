@@ -179,10 +179,13 @@ TEST_SUITE("threads") {
         CHECK(dkv == std::size_t(n));
         CHECK(other == 0);
         // Each step's K/V transfer is issued before that step's dK/dV hand-off, i.e. before the
-        // step's compute finished; the first event of the backward is the prefetch of step 1.
-        REQUIRE(!comm.events().empty());
-        CHECK(comm.events().front().op == weft::comm::op_kind::send);
-        CHECK(comm.events().front().send_bytes == kv_bytes);
+        // step's compute finished; the first event of the backward after the entry's agreement
+        // check (one small all_gather) is the prefetch of step 1.
+        REQUIRE(comm.events().size() >= 2);
+        CHECK(comm.events()[0].op == weft::comm::op_kind::all_gather);
+        CHECK(comm.count(weft::comm::op_kind::all_gather) == 1);
+        CHECK(comm.events()[1].op == weft::comm::op_kind::send);
+        CHECK(comm.events()[1].send_bytes == kv_bytes);
       });
     }
   }
@@ -205,14 +208,16 @@ TEST_SUITE("threads") {
       std::size_t const q_bytes = std::size_t(b * c * hq * d) * sizeof(float);
       std::size_t const kv_bytes = std::size_t(b * c * 1 * d * n) * sizeof(float);
       auto const& ev = comm.events();
-      REQUIRE(ev.size() == 5);
-      CHECK(ev[0].send_bytes == q_bytes);
-      CHECK(ev[1].send_bytes == kv_bytes);
+      REQUIRE(ev.size() == 6);  // the entry's agreement check (one small all_gather), then 5 all-to-alls
+      CHECK(ev[0].op == weft::comm::op_kind::all_gather);
+      CHECK(ev[1].send_bytes == q_bytes);
       CHECK(ev[2].send_bytes == kv_bytes);
+      CHECK(ev[3].send_bytes == kv_bytes);
       comm.clear();
       wa::ulysses_backward(comm, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), g.view(),
                            res.dq.view(), res.dk.view(), res.dv.view(), opt);
       CHECK(comm.count(weft::comm::op_kind::all_to_all) == 9);
+      CHECK(comm.count(weft::comm::op_kind::all_gather) == 1);
     });
   }
 }

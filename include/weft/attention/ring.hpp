@@ -3,6 +3,7 @@
 // with their block to the owner (N sends); per-step causal rules for contiguous, zigzag and stripe.
 #pragma once
 
+#include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/flash.hpp>
 #include <weft/attention/layout.hpp>
@@ -267,12 +268,17 @@ void ring_forward(C& comm, seq_layout const& layout, QV const& q, KV const& k, V
   WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
   bool const causal = detail::is_causal(opt);
   detail::check_ring_layout(layout, comm.size(), causal, rq.s);
+  double const scale = resolve_scale(opt.scale, rq.d);
+  detail::check_agreement(comm,
+                          detail::make_fingerprint<T>(detail::sp_entry::ring_forward, &layout, causal, scale,
+                                                      rq.b, rq.s, rq.h, rk.h, rq.d),
+                          "ring");
   std::vector<Acc> o_buf(std::size_t(rq.b * rq.s * rq.h * rq.d)), l_buf(std::size_t(rq.b * rq.h * rq.s));
   auto const oa = detail::contiguous_bshd(o_buf.data(), rq.b, rq.s, rq.h, rq.d);
   auto const la = detail::contiguous_bhs(l_buf.data(), rq.b, rq.h, rq.s);
   detail::ring_forward_impl<T const>(comm, layout.kind(), causal, detail::as_const(rq),
-                                     detail::as_const(rk), detail::as_const(rv), oa, la,
-                                     resolve_scale(opt.scale, rq.d), opt.num_threads);
+                                     detail::as_const(rk), detail::as_const(rv), oa, la, scale,
+                                     opt.num_threads);
   detail::copy_bshd(detail::as_const(oa), ro);
   detail::copy_bhs(detail::as_const(la), rl);
 }
@@ -306,6 +312,11 @@ void ring_backward(C& comm, seq_layout const& layout, QV const& q, KV const& k, 
   WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
   bool const causal = detail::is_causal(opt);
   detail::check_ring_layout(layout, comm.size(), causal, rq.s);
+  double const scale = resolve_scale(opt.scale, rq.d);
+  detail::check_agreement(comm,
+                          detail::make_fingerprint<T>(detail::sp_entry::ring_backward, &layout, causal, scale,
+                                                      rq.b, rq.s, rq.h, rk.h, rq.d),
+                          "ring");
   std::vector<Acc> gq(std::size_t(rq.b * rq.s * rq.h * rq.d)), gk(std::size_t(rk.b * rk.s * rk.h * rk.d)),
       gv(gk.size());
   auto const aq = detail::contiguous_bshd(gq.data(), rq.b, rq.s, rq.h, rq.d);
@@ -314,8 +325,7 @@ void ring_backward(C& comm, seq_layout const& layout, QV const& q, KV const& k, 
   detail::ring_backward_impl<T const>(comm, layout.kind(), causal, detail::as_const(rq),
                                       detail::as_const(rk), detail::as_const(rv),
                                       detail::as_const(ro), detail::as_const(rl),
-                                      detail::as_const(rg), aq, ak, av,
-                                      resolve_scale(opt.scale, rq.d), opt.num_threads);
+                                      detail::as_const(rg), aq, ak, av, scale, opt.num_threads);
   detail::copy_bshd(detail::as_const(aq), rdq);
   detail::copy_bshd(detail::as_const(ak), rdk);
   detail::copy_bshd(detail::as_const(av), rdv);

@@ -3,6 +3,7 @@
 // attention runs there, and a second all-to-all turns the result back; forward and backward.
 #pragma once
 
+#include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/flash.hpp>
 #include <weft/attention/ring.hpp>
@@ -234,9 +235,14 @@ void ulysses_forward(C& comm, QV const& q, KV const& k, VV const& v, OV const& o
                 "weft: ulysses_forward needs q, k and v of one element type");
   detail::check_forward_args(q, k, v, o, lse);
   auto const rq = detail::const_bshd(q, "q");
-  (void)ulysses_heads::make(comm.size(), rq.h, detail::as_bshd(k, "k").h);
+  std::int64_t const hk = detail::as_bshd(k, "k").h;
+  (void)ulysses_heads::make(comm.size(), rq.h, hk);
   double const scale = resolve_scale(opt.scale, rq.d);
   mask_rule const mask{opt.causal != causal_mode::none, 0};
+  detail::check_agreement(comm,
+                          detail::make_fingerprint<T>(detail::sp_entry::ulysses_forward, nullptr, mask.causal,
+                                                      scale, rq.b, rq.s, rq.h, hk, rq.d),
+                          "Ulysses");
   int const threads = opt.num_threads;
   detail::ulysses_forward_impl(comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"),
                                detail::as_bshd(o, "o"), detail::as_bhs(lse),
@@ -259,9 +265,14 @@ void ulysses_backward(C& comm, QV const& q, KV const& k, VV const& v, OV const& 
                 "weft: ulysses_backward needs q, k and v of one element type");
   detail::check_backward_args(q, k, v, o, lse, dout, dq, dk, dv);
   auto const rq = detail::const_bshd(q, "q");
-  (void)ulysses_heads::make(comm.size(), rq.h, detail::as_bshd(k, "k").h);
+  std::int64_t const hk = detail::as_bshd(k, "k").h;
+  (void)ulysses_heads::make(comm.size(), rq.h, hk);
   double const scale = resolve_scale(opt.scale, rq.d);
   mask_rule const mask{opt.causal != causal_mode::none, 0};
+  detail::check_agreement(comm,
+                          detail::make_fingerprint<T>(detail::sp_entry::ulysses_backward, nullptr, mask.causal,
+                                                      scale, rq.b, rq.s, rq.h, hk, rq.d),
+                          "Ulysses");
   int const threads = opt.num_threads;
   detail::ulysses_backward_impl(
       comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"), detail::const_bshd(o, "o"),

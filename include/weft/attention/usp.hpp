@@ -3,6 +3,7 @@
 // ranks runs on it, and a second all-to-all returns the rows; on two communicators or a device_mesh.
 #pragma once
 
+#include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/layout.hpp>
 #include <weft/attention/ring.hpp>
@@ -49,8 +50,12 @@ void usp_forward(C& ulysses, C& ring, seq_layout const& layout, QV const& q, KV 
   auto const rq = detail::const_bshd(q, "q");
   bool const causal = detail::is_causal(opt);
   detail::check_usp_layout(layout, ulysses.size(), ring.size(), causal, rq.s);
-  (void)ulysses_heads::make(ulysses.size(), rq.h, detail::as_bshd(k, "k").h);
+  std::int64_t const hk = detail::as_bshd(k, "k").h;
+  (void)ulysses_heads::make(ulysses.size(), rq.h, hk);
   double const scale = resolve_scale(opt.scale, rq.d);
+  detail::check_agreement_2d(ulysses, ring,
+                             detail::make_fingerprint<T>(detail::sp_entry::usp_forward, &layout, causal, scale,
+                                                         rq.b, rq.s, rq.h, hk, rq.d));
   int const threads = opt.num_threads;
   layout_kind const kind = layout.kind();
   detail::ulysses_forward_impl(ulysses, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"),
@@ -77,8 +82,12 @@ void usp_backward(C& ulysses, C& ring, seq_layout const& layout, QV const& q, KV
   auto const rq = detail::const_bshd(q, "q");
   bool const causal = detail::is_causal(opt);
   detail::check_usp_layout(layout, ulysses.size(), ring.size(), causal, rq.s);
-  (void)ulysses_heads::make(ulysses.size(), rq.h, detail::as_bshd(k, "k").h);
+  std::int64_t const hk = detail::as_bshd(k, "k").h;
+  (void)ulysses_heads::make(ulysses.size(), rq.h, hk);
   double const scale = resolve_scale(opt.scale, rq.d);
+  detail::check_agreement_2d(ulysses, ring,
+                             detail::make_fingerprint<T>(detail::sp_entry::usp_backward, &layout, causal, scale,
+                                                         rq.b, rq.s, rq.h, hk, rq.d));
   int const threads = opt.num_threads;
   layout_kind const kind = layout.kind();
   detail::ulysses_backward_impl(
