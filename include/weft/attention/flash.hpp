@@ -3,6 +3,7 @@
 // [Sq, Sk] score matrix; layout [batch, seq, heads, dim]; MHA/GQA/MQA; packed cu_seqlens.
 #pragma once
 
+#include <weft/attention/args.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/softmax_state.hpp>
 #include <weft/attention/tile_gemm.hpp>
@@ -390,16 +391,17 @@ bhs<T> seq_slice(bhs<T> t, idx s0, idx s1) noexcept {
 //! Flash attention forward. q [B, Sq, Hq, D]; k, v [B, Sk, Hkv, D] with Hq % Hkv == 0 (query head
 //! h uses KV head h / (Hq/Hkv)); o [B, Sq, Hq, D] (any element type, e.g. the input's or f32);
 //! lse [B, Hq, Sq] (natural log; -inf for a row that sees no key, whose o row is 0).
-template <TensorIn<host_space> QV, TensorIn<host_space> KV, TensorIn<host_space> VV,
-          TensorIn<host_space> OV, TensorIn<host_space> LV>
-void flash_forward(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV>
+void flash_forward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                    attention_options const& opt = {}) {
-  auto const rq = detail::as_bshd(q, "q");
-  auto const rk = detail::as_bshd(k, "k");
-  auto const rv = detail::as_bshd(v, "v");
-  auto const ro = detail::as_bshd(o, "o");
-  auto const rl = detail::as_bhs(lse);
+  auto const rq = detail::as_bshd(detail::arg_view(q), "q");
+  auto const rk = detail::as_bshd(detail::arg_view(k), "k");
+  auto const rv = detail::as_bshd(detail::arg_view(v), "v");
+  auto const ro = detail::as_bshd(detail::arg_view(o), "o");
+  auto const rl = detail::as_bhs(detail::arg_view(lse));
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
+  detail::check_forward_aliases(rq, rk, rv, ro, rl);
   detail::flash_forward_raw(rq, rk, rv, ro, rl, make_mask(opt.causal, rq.s, rk.s),
                             resolve_scale(opt.scale, rq.d), opt.num_threads);
 }
@@ -407,23 +409,24 @@ void flash_forward(QV const& q, KV const& k, VV const& v, OV const& o, LV const&
 //! Flash attention backward from dout, with the forward's o and lse: writes dq, dk, dv
 //! (overwritten; any element type). Accumulates in f32 (f64 for f64 inputs); GQA dk/dv sum over
 //! their query-head group.
-template <TensorIn<host_space> QV, TensorIn<host_space> KV, TensorIn<host_space> VV,
-          TensorIn<host_space> OV, TensorIn<host_space> LV, TensorIn<host_space> GV,
-          TensorIn<host_space> DQV, TensorIn<host_space> DKV, TensorIn<host_space> DVV>
-void flash_backward(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
-                    GV const& dout, DQV const& dq, DKV const& dk, DVV const& dv,
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV, HostTensorArg GV,
+          HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
+void flash_backward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+                    GV&& dout, DQV&& dq, DKV&& dk, DVV&& dv,
                     attention_options const& opt = {}) {
-  auto const rq = detail::as_bshd(q, "q");
-  auto const rk = detail::as_bshd(k, "k");
-  auto const rv = detail::as_bshd(v, "v");
-  auto const ro = detail::as_bshd(o, "o");
-  auto const rl = detail::as_bhs(lse);
-  auto const rg = detail::as_bshd(dout, "dout");
-  auto const rdq = detail::as_bshd(dq, "dq");
-  auto const rdk = detail::as_bshd(dk, "dk");
-  auto const rdv = detail::as_bshd(dv, "dv");
+  auto const rq = detail::as_bshd(detail::arg_view(q), "q");
+  auto const rk = detail::as_bshd(detail::arg_view(k), "k");
+  auto const rv = detail::as_bshd(detail::arg_view(v), "v");
+  auto const ro = detail::as_bshd(detail::arg_view(o), "o");
+  auto const rl = detail::as_bhs(detail::arg_view(lse));
+  auto const rg = detail::as_bshd(detail::arg_view(dout), "dout");
+  auto const rdq = detail::as_bshd(detail::arg_view(dq), "dq");
+  auto const rdk = detail::as_bshd(detail::arg_view(dk), "dk");
+  auto const rdv = detail::as_bshd(detail::arg_view(dv), "dv");
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
   detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
+  detail::check_backward_aliases(rq, rk, rv, ro, rl, rg, rdq, rdk, rdv);
   detail::zero_rows(rdq);
   detail::zero_rows(rdk);
   detail::zero_rows(rdv);
@@ -436,18 +439,19 @@ void flash_backward(QV const& q, KV const& k, VV const& v, OV const& o, LV const
 //! q [1, Tq, Hq, D], k, v [1, Tk, Hkv, D]); document n spans rows [cu_q[n], cu_q[n+1]) of q and
 //! [cu_k[n], cu_k[n+1]) of k and v, and attends only within itself (causal alignment per document).
 //! lse is [1, Hq, Tq].
-template <TensorIn<host_space> QV, TensorIn<host_space> KV, TensorIn<host_space> VV,
-          TensorIn<host_space> OV, TensorIn<host_space> LV>
-void flash_forward_varlen(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV>
+void flash_forward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                           std::span<std::int64_t const> cu_seqlens_q,
                           std::span<std::int64_t const> cu_seqlens_k,
                           attention_options const& opt = {}) {
-  auto const rq = detail::as_bshd(q, "q");
-  auto const rk = detail::as_bshd(k, "k");
-  auto const rv = detail::as_bshd(v, "v");
-  auto const ro = detail::as_bshd(o, "o");
-  auto const rl = detail::as_bhs(lse);
+  auto const rq = detail::as_bshd(detail::arg_view(q), "q");
+  auto const rk = detail::as_bshd(detail::arg_view(k), "k");
+  auto const rv = detail::as_bshd(detail::arg_view(v), "v");
+  auto const ro = detail::as_bshd(detail::arg_view(o), "o");
+  auto const rl = detail::as_bhs(detail::arg_view(lse));
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
+  detail::check_forward_aliases(rq, rk, rv, ro, rl);
   WEFT_EXPECTS_SHAPE(rq.b == 1, "q", "batch 1 for packed sequences", rq.b);
   detail::check_cu_seqlens(cu_seqlens_q, rq.s, "cu_seqlens_q");
   detail::check_cu_seqlens(cu_seqlens_k, rk.s, "cu_seqlens_k");
@@ -465,25 +469,26 @@ void flash_forward_varlen(QV const& q, KV const& k, VV const& v, OV const& o, LV
 }
 
 //! Packed variable-length backward; arguments as flash_forward_varlen plus flash_backward's.
-template <TensorIn<host_space> QV, TensorIn<host_space> KV, TensorIn<host_space> VV,
-          TensorIn<host_space> OV, TensorIn<host_space> LV, TensorIn<host_space> GV,
-          TensorIn<host_space> DQV, TensorIn<host_space> DKV, TensorIn<host_space> DVV>
-void flash_backward_varlen(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
-                           GV const& dout, DQV const& dq, DKV const& dk, DVV const& dv,
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV, HostTensorArg GV,
+          HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
+void flash_backward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+                           GV&& dout, DQV&& dq, DKV&& dk, DVV&& dv,
                            std::span<std::int64_t const> cu_seqlens_q,
                            std::span<std::int64_t const> cu_seqlens_k,
                            attention_options const& opt = {}) {
-  auto const rq = detail::as_bshd(q, "q");
-  auto const rk = detail::as_bshd(k, "k");
-  auto const rv = detail::as_bshd(v, "v");
-  auto const ro = detail::as_bshd(o, "o");
-  auto const rl = detail::as_bhs(lse);
-  auto const rg = detail::as_bshd(dout, "dout");
-  auto const rdq = detail::as_bshd(dq, "dq");
-  auto const rdk = detail::as_bshd(dk, "dk");
-  auto const rdv = detail::as_bshd(dv, "dv");
+  auto const rq = detail::as_bshd(detail::arg_view(q), "q");
+  auto const rk = detail::as_bshd(detail::arg_view(k), "k");
+  auto const rv = detail::as_bshd(detail::arg_view(v), "v");
+  auto const ro = detail::as_bshd(detail::arg_view(o), "o");
+  auto const rl = detail::as_bhs(detail::arg_view(lse));
+  auto const rg = detail::as_bshd(detail::arg_view(dout), "dout");
+  auto const rdq = detail::as_bshd(detail::arg_view(dq), "dq");
+  auto const rdk = detail::as_bshd(detail::arg_view(dk), "dk");
+  auto const rdv = detail::as_bshd(detail::arg_view(dv), "dv");
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
   detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
+  detail::check_backward_aliases(rq, rk, rv, ro, rl, rg, rdq, rdk, rdv);
   WEFT_EXPECTS_SHAPE(rq.b == 1, "q", "batch 1 for packed sequences", rq.b);
   detail::check_cu_seqlens(cu_seqlens_q, rq.s, "cu_seqlens_q");
   detail::check_cu_seqlens(cu_seqlens_k, rk.s, "cu_seqlens_k");

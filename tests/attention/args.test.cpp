@@ -1,0 +1,137 @@
+// What the attention entry points accept (issue 9, items 7 and 18): owning weft::tensor arguments
+// as well as views, with results bit for bit those of the views; outputs that share memory with
+// an input (or with another output) rejected before anything is written, while disjoint views
+// interleaved in one packed buffer are accepted.
+#include <weft/attention/flash.hpp>
+
+#include "attention_testing.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace wa = weft::attention;
+using namespace attention_testing;
+
+namespace {
+
+template <class T, class... I>
+weft::tensor<T, sizeof...(I)> random_owning(std::uint64_t seed, I... ext) {
+  auto t = weft::make_tensor<T>(ext...);
+  for (std::size_t i = 0; i < t.size(); ++i) t.data()[i] = T(uniform(seed, i));
+  return t;
+}
+
+template <class A, class B>
+bool same_bits(A const& a, B const& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(*a.data())) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("attention args: flash_forward and flash_backward take owning tensors like views") {
+  std::int64_t const b = 2, s = 37, h = 4, hk = 2, d = 16;
+  auto q = random_owning<float>(1, b, s, h, d);
+  auto k = random_owning<float>(2, b, s, hk, d);
+  auto v = random_owning<float>(3, b, s, hk, d);
+  auto g = random_owning<float>(4, b, s, h, d);
+  wa::attention_options opt;
+  opt.causal = wa::causal_mode::top_left;
+  // Owning tensors everywhere; const inputs give read-only views.
+  auto o = weft::make_tensor<float>(b, s, h, d);
+  auto l = weft::make_tensor<float>(b, h, s);
+  auto const& cq = q;
+  wa::flash_forward(cq, k, v, o, l, opt);
+  auto dq = weft::make_tensor<float>(b, s, h, d), dk = weft::make_tensor<float>(b, s, hk, d),
+       dv = weft::make_tensor<float>(b, s, hk, d);
+  wa::flash_backward(cq, k, v, o, l, g, dq, dk, dv, opt);
+  // The same calls on views.
+  auto o2 = weft::make_tensor<float>(b, s, h, d);
+  auto l2 = weft::make_tensor<float>(b, h, s);
+  wa::flash_forward(q.view(), k.view(), v.view(), o2.view(), l2.view(), opt);
+  auto dq2 = weft::make_tensor<float>(b, s, h, d), dk2 = weft::make_tensor<float>(b, s, hk, d),
+       dv2 = weft::make_tensor<float>(b, s, hk, d);
+  wa::flash_backward(q.view(), k.view(), v.view(), o2.view(), l2.view(), g.view(), dq2.view(),
+                     dk2.view(), dv2.view(), opt);
+  CHECK(same_bits(o, o2));
+  CHECK(same_bits(l, l2));
+  CHECK(same_bits(dq, dq2));
+  CHECK(same_bits(dk, dk2));
+  CHECK(same_bits(dv, dv2));
+  // Packed sequences too.
+  auto qp = random_owning<float>(5, 1, s, h, d);
+  auto kp = random_owning<float>(6, 1, s, hk, d);
+  auto vp = random_owning<float>(7, 1, s, hk, d);
+  auto op = weft::make_tensor<float>(1, s, h, d);
+  auto lp = weft::make_tensor<float>(1, h, s);
+  std::vector<std::int64_t> const cu{0, 10, s};
+  wa::flash_forward_varlen(qp, kp, vp, op, lp, cu, cu, opt);
+  auto op2 = weft::make_tensor<float>(1, s, h, d);
+  auto lp2 = weft::make_tensor<float>(1, h, s);
+  wa::flash_forward_varlen(qp.view(), kp.view(), vp.view(), op2.view(), lp2.view(), cu, cu, opt);
+  CHECK(same_bits(op, op2));
+  CHECK(same_bits(lp, lp2));
+}
+
+TEST_CASE("attention args: an output that shares memory with an input is rejected, nothing written") {
+  std::int64_t const s = 8, h = 2, d = 4;
+  auto q = random_owning<float>(1, 1, s, h, d);
+  auto k = random_owning<float>(2, 1, s, h, d);
+  auto v = random_owning<float>(3, 1, s, h, d);
+  auto l = weft::make_tensor<float>(1, h, s);
+  auto const q_before = std::vector<float>(q.data(), q.data() + q.size());
+  // o is q itself.
+  CHECK_THROWS_WITH_AS(wa::flash_forward(q.view(), k.view(), v.view(), q.view(), l.view()),
+                       doctest::Contains("argument `o`"), weft::invalid_argument_error);
+  CHECK(std::vector<float>(q.data(), q.data() + q.size()) == q_before);
+  // o is v shifted by one element: a partial overlap.
+  auto big = random_owning<float>(4, 1, s * h * d + 1);
+  weft::tensor_view<float, 4> const vv(big.data(), 1, s, h, d), ov(big.data() + 1, 1, s, h, d);
+  CHECK_THROWS_WITH_AS(wa::flash_forward(q.view(), k.view(), vv, ov, l.view()),
+                       doctest::Contains("overlaps `v`"), weft::invalid_argument_error);
+  // lse inside k's storage.
+  weft::tensor_view<float, 3> const lk(k.data() + 3, 1, h, s);
+  CHECK_THROWS_WITH_AS(wa::flash_forward(q.view(), k.view(), v.view(), weft::make_tensor<float>(1, s, h, d).view(), lk),
+                       doctest::Contains("argument `lse`"), weft::invalid_argument_error);
+  // Backward: dq aliasing dout, dk aliasing dv.
+  auto o = weft::make_tensor<float>(1, s, h, d);
+  wa::flash_forward(q.view(), k.view(), v.view(), o.view(), l.view());
+  auto g = random_owning<float>(5, 1, s, h, d);
+  auto dk = weft::make_tensor<float>(1, s, h, d), dv = weft::make_tensor<float>(1, s, h, d);
+  auto const g_before = std::vector<float>(g.data(), g.data() + g.size());
+  CHECK_THROWS_WITH_AS(wa::flash_backward(q.view(), k.view(), v.view(), o.view(), l.view(),
+                                          g.view(), g.view(), dk.view(), dv.view()),
+                       doctest::Contains("overlaps `dout`"), weft::invalid_argument_error);
+  CHECK(std::vector<float>(g.data(), g.data() + g.size()) == g_before);
+  auto dq = weft::make_tensor<float>(1, s, h, d);
+  CHECK_THROWS_WITH_AS(wa::flash_backward(q.view(), k.view(), v.view(), o.view(), l.view(),
+                                          g.view(), dq.view(), dk.view(), dk.view()),
+                       doctest::Contains("argument `dv`"), weft::invalid_argument_error);
+}
+
+TEST_CASE("attention args: disjoint views interleaved in one packed buffer are accepted") {
+  // A [1, S, 4, H, D] buffer holding q, k, v and o as its four slots: byte hulls intersect, no
+  // element is shared. The result equals the one from separate tensors, bit for bit.
+  std::int64_t const s = 19, h = 2, d = 8;
+  auto packed = random_owning<float>(9, 1, s, 4, h, d);
+  auto slot = [&](std::int64_t i) {
+    using mapping = cuda::std::layout_stride::mapping<weft::dextents<4>>;
+    return weft::strided_view<float, 4>(
+        packed.data() + i * h * d,
+        mapping(weft::dextents<4>(1, s, h, d), cuda::std::array<weft::index_t, 4>{s * 4 * h * d, 4 * h * d, d, 1}));
+  };
+  auto q = weft::make_tensor<float>(1, s, h, d), k = weft::make_tensor<float>(1, s, h, d),
+       v = weft::make_tensor<float>(1, s, h, d);
+  weft::copy(q.view(), slot(0));
+  weft::copy(k.view(), slot(1));
+  weft::copy(v.view(), slot(2));
+  auto l = weft::make_tensor<float>(1, h, s), l2 = weft::make_tensor<float>(1, h, s);
+  wa::flash_forward(slot(0), slot(1), slot(2), slot(3), l.view());
+  auto o = weft::make_tensor<float>(1, s, h, d), o_packed = weft::make_tensor<float>(1, s, h, d);
+  wa::flash_forward(q.view(), k.view(), v.view(), o.view(), l2.view());
+  weft::copy(o_packed.view(), slot(3));
+  CHECK(same_bits(o, o_packed));
+  CHECK(same_bits(l, l2));
+}
