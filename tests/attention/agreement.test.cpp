@@ -130,7 +130,7 @@ TEST_SUITE("threads") {
     });
   }
 
-  TEST_CASE("Ulysses: disagreeing causality or local length is rejected on every rank") {
+  TEST_CASE("Ulysses: disagreeing causality is rejected on every rank, forward and backward") {
     int const n = 4;
     std::int64_t const s = n * 3;
     global_problem<float> gp(1, s, 4, 2, 8, {}, 73);
