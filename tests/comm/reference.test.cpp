@@ -3,6 +3,9 @@
 // integer wrap-around and truncating avg, NaN propagation, per-rank premul scalars).
 #include <weft/comm/reference.hpp>
 #include <weft/comm/threads/detail/kernels.hpp>
+#include <weft/comm/threads/world.hpp>
+
+#include <support/run_ranks.hpp>
 
 #include <doctest/doctest.h>
 
@@ -125,6 +128,42 @@ TEST_CASE("reference: validate_reduce_op rejects what no backend can apply") {
                                                       std::span<reduce_op const>(ops),
                                                       std::span<float>(&out, 1)),
                   weft::invalid_argument_error);
+}
+
+TEST_CASE("reference: a premul_sum scale must be finite in the accumulator type (NaN, inf rejected)") {
+  using weft::dtype;
+  for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::f16}) {
+    CAPTURE(t);
+    CHECK_THROWS_WITH_AS(weft::comm::validate_reduce_op(reduce_op::premul(NAN), t),
+                         doctest::Contains("a finite premul_sum scale"), weft::invalid_argument_error);
+    CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(INFINITY), t),
+                    weft::invalid_argument_error);
+    CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(-INFINITY), t),
+                    weft::invalid_argument_error);
+    CHECK_NOTHROW(weft::comm::validate_reduce_op(reduce_op::premul(-0.25), t));
+  }
+  // 1e300 is a finite double but inf once converted to f32's accumulator.
+  CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(1e300), dtype::f32),
+                  weft::invalid_argument_error);
+  CHECK_NOTHROW(weft::comm::validate_reduce_op(reduce_op::premul(1e300), dtype::f64));
+  // The reference and the threads backend reject it before anything is computed or communicated.
+  std::vector<float> const a{1.0f};
+  std::vector<float const*> ptrs{a.data()};
+  float out = 7.0f;
+  CHECK_THROWS_AS(weft::comm::reduce_reference<float>(std::span<float const* const>(ptrs),
+                                                      reduce_op::premul(NAN), std::span<float>(&out, 1)),
+                  weft::invalid_argument_error);
+  CHECK(out == 7.0f);
+  weft::test::run_ranks(2, [](weft::comm::threads::communicator& c) {
+    std::vector<float> in(4, 1.0f);
+    std::vector<float> res(4, 7.0f);
+    CHECK_THROWS_WITH_AS(c.all_reduce(weft::comm::host_view(std::span<float>(in)),
+                                      weft::comm::host_view(std::span<float>(res)),
+                                      reduce_op::premul(NAN)),
+                         doctest::Contains("op.scalar"), weft::invalid_argument_error);
+    CHECK(res == std::vector<float>(4, 7.0f));
+    CHECK(c.state() == weft::comm::comm_state::healthy);
+  });
 }
 
 TEST_CASE("reference: the threads backend's blocked kernel equals the element-wise fold") {

@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <type_traits>
 #include <vector>
@@ -139,13 +140,26 @@ constexpr decltype(auto) dispatch_reduce_kind(reduce_kind k, F&& f) {
 }
 
 //! Throws invalid_argument_error unless `op` is a reduction every backend can apply to `type`:
-//! the kind is one of the enum's, and for integer dtypes a premul_sum scalar is an integer that
-//! the element type can hold (3.0 is fine for i32; 0.5 or 300.0 for u8 are not).
+//! the kind is one of the enum's; a premul_sum scalar is finite in the accumulator type (a NaN or
+//! infinite scale would turn every element into NaN or +-inf, and a double beyond FLT_MAX becomes
+//! inf in f32), and for integer dtypes an integer that the element type can hold (3.0 is fine for
+//! i32; 0.5 or 300.0 for u8 are not).
 inline void validate_reduce_op(reduce_op op, dtype type) {
   auto const k = static_cast<unsigned>(op.kind);
   WEFT_EXPECTS(k <= static_cast<unsigned>(reduce_kind::premul_sum), "op.kind",
                "one of sum, prod, min, max, avg, premul_sum", k);
-  if (op.kind != reduce_kind::premul_sum || is_floating(type)) return;
+  if (op.kind != reduce_kind::premul_sum) return;
+  if (is_floating(type)) {
+    // f64 accumulates in double; f32, bf16 and f16 in float.
+    double const limit = type == dtype::f64 ? std::numeric_limits<double>::max()
+                                            : static_cast<double>(std::numeric_limits<float>::max());
+    WEFT_EXPECTS(std::isfinite(op.scalar) && std::fabs(op.scalar) <= limit, "op.scalar",
+                 weft::detail::concat("a finite premul_sum scale (|scalar| <= ", limit,
+                                      ", the largest ", type == dtype::f64 ? "double" : "float",
+                                      ": ", name(type), " accumulates in it)"),
+                 op.scalar);
+    return;
+  }
   double lo = 0.0;
   double hi = 0.0;
   switch (type) {
