@@ -82,6 +82,15 @@ TEST_CASE("hardening: simulate on an invalid parsed schedule throws schedule_err
                        weft::schedule_error);
   CHECK_THROWS_AS((void)simulate(s, unit_costs(s)), weft::schedule_error);
   CHECK_THROWS_AS((void)lower(s), weft::schedule_error);
+  // Stage 1 of a 1-stage schedule runs after 0F0: the old simulator looked its cost up with
+  // vector::at and threw std::out_of_range.
+  auto const t = parse_schedule(header1 + "0: 0F0 1F0\n");
+  CHECK_THROWS_WITH_AS((void)simulate(t), doctest::Contains("rule `mapping`"), weft::schedule_error);
+  CHECK_THROWS_AS((void)simulate(t, note_costs(t)), weft::schedule_error);
+  // Microbatch 1 of a 1-microbatch schedule: the old simulator timed it without a word.
+  auto const u = parse_schedule(header1 + "0: 0F0 0B0 0F1\n");
+  CHECK_THROWS_AS((void)simulate(u), weft::schedule_error);
+  CHECK_THROWS_AS((void)lower(u), weft::schedule_error);
 }
 
 TEST_CASE("hardening: CSV enum overrides are checked, so the round trip holds") {
