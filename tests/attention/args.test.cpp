@@ -3,13 +3,18 @@
 // an input (or with another output) rejected before anything is written, while disjoint views
 // interleaved in one packed buffer are accepted.
 #include <weft/attention/flash.hpp>
+#include <weft/attention/ring.hpp>
+#include <weft/attention/ulysses.hpp>
 
 #include "attention_testing.hpp"
+#include "distributed_testing.hpp"
+#include "mailbox_comm.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 namespace wa = weft::attention;
@@ -134,4 +139,52 @@ TEST_CASE("attention args: disjoint views interleaved in one packed buffer are a
   weft::copy(o_packed.view(), slot(3));
   CHECK(same_bits(o, o_packed));
   CHECK(same_bits(l, l2));
+}
+
+TEST_SUITE("threads") {
+  TEST_CASE("attention args: ring and Ulysses take owning tensors, with the views' results") {
+    wa::attention_options opt;
+    opt.causal = wa::causal_mode::top_left;
+    global_problem<float> const gp(1, 24, 4, 2, 8, opt, 77);
+    auto const zig = wa::seq_layout::zigzag(2, gp.s);
+    auto const con = wa::seq_layout::contiguous(2, gp.s);
+    int mismatches = 0;
+    std::mutex mu;
+    run_mailbox_ranks(2, [&](mailbox_comm& comm) {
+      int const r = comm.rank();
+      std::int64_t const c = zig.local_length();
+      auto owning = [&](auto const& x) {  // an owning weft::tensor copy of a test buffer
+        auto t = weft::make_tensor<float>(x.extent(0), x.extent(1), x.extent(2), x.extent(3));
+        weft::copy(t.view(), x.view());
+        return t;
+      };
+      auto const q = owning(gp.local(zig, r, gp.q));
+      auto const k = owning(gp.local(zig, r, gp.k));
+      auto const v = owning(gp.local(zig, r, gp.v));
+      auto const g = owning(gp.local(zig, r, gp.g));
+      auto o = weft::make_tensor<float>(1, c, 4, 8), o2 = weft::make_tensor<float>(1, c, 4, 8);
+      auto l = weft::make_tensor<float>(1, 4, c), l2 = weft::make_tensor<float>(1, 4, c);
+      auto dq = weft::make_tensor<float>(1, c, 4, 8), dq2 = weft::make_tensor<float>(1, c, 4, 8);
+      auto dk = weft::make_tensor<float>(1, c, 2, 8), dk2 = weft::make_tensor<float>(1, c, 2, 8);
+      auto dv = weft::make_tensor<float>(1, c, 2, 8), dv2 = weft::make_tensor<float>(1, c, 2, 8);
+      wa::ring_forward(comm, zig, q, k, v, o, l, opt);
+      wa::ring_backward(comm, zig, q, k, v, o, l, g, dq, dk, dv, opt);
+      wa::ring_forward(comm, zig, q.view(), k.view(), v.view(), o2.view(), l2.view(), opt);
+      wa::ring_backward(comm, zig, q.view(), k.view(), v.view(), o2.view(), l2.view(), g.view(),
+                        dq2.view(), dk2.view(), dv2.view(), opt);
+      int bad = !same_bits(o, o2) + !same_bits(l, l2) + !same_bits(dq, dq2) + !same_bits(dk, dk2) +
+                !same_bits(dv, dv2);
+      auto const qc = owning(gp.local(con, r, gp.q));
+      auto const kc = owning(gp.local(con, r, gp.k));
+      auto const vc = owning(gp.local(con, r, gp.v));
+      auto uo = weft::make_tensor<float>(1, c, 4, 8), uo2 = weft::make_tensor<float>(1, c, 4, 8);
+      auto ul = weft::make_tensor<float>(1, 4, c), ul2 = weft::make_tensor<float>(1, 4, c);
+      wa::ulysses_forward(comm, qc, kc, vc, uo, ul, opt);
+      wa::ulysses_forward(comm, qc.view(), kc.view(), vc.view(), uo2.view(), ul2.view(), opt);
+      bad += !same_bits(uo, uo2) + !same_bits(ul, ul2);
+      std::lock_guard lk(mu);
+      mismatches += bad;
+    });
+    CHECK(mismatches == 0);
+  }
 }

@@ -3,6 +3,7 @@
 // with their block to the owner (N sends); per-step causal rules for contiguous, zigzag and stripe.
 #pragma once
 
+#include <weft/attention/args.hpp>
 #include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/flash.hpp>
@@ -250,13 +251,18 @@ bhs<T const> as_const(bhs<T> const& t) noexcept {
 //! [B, c, Hkv, D] with c = layout.local_length()) and gets its rows of the global output o and
 //! lse [B, Hq, c]. K/V (unreplicated under GQA) make N-1 hops; each hop's isend/irecv is posted
 //! before the current block's compute. Non-causal attention needs the contiguous layout.
-template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
-          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV>
-void ring_forward(C& comm, seq_layout const& layout, QV const& q, KV const& k, VV const& v,
-                  OV const& o, LV const& lse, attention_options const& opt = {}) {
-  using T = std::remove_const_t<typename QV::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
+void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
+                  OV&& o_arg, LV&& lse_arg, attention_options const& opt = {}) {
+  auto const q = detail::arg_view(q_arg);
+  auto const k = detail::arg_view(k_arg);
+  auto const v = detail::arg_view(v_arg);
+  auto const o = detail::arg_view(o_arg);
+  auto const lse = detail::arg_view(lse_arg);
+  using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: ring_forward needs q, k and v of one element type (K/V travel as it)");
   using Acc = acc_t<T>;
   auto const rq = detail::as_bshd(q, "q");
@@ -286,16 +292,25 @@ void ring_forward(C& comm, seq_layout const& layout, QV const& q, KV const& k, V
 //! Ring attention backward: this rank's dq (its rows) and dk, dv (its K/V rows, summed over every
 //! rank's queries), from its shard of q, k, v, the forward's o and lse, and dout. dK/dV travel in
 //! the accumulation type and reach their owner after N sends.
-template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
-          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV,
-          TensorIn<host_space> GV, TensorIn<host_space> DQV, TensorIn<host_space> DKV,
-          TensorIn<host_space> DVV>
-void ring_backward(C& comm, seq_layout const& layout, QV const& q, KV const& k, VV const& v,
-                   OV const& o, LV const& lse, GV const& dout, DQV const& dq, DKV const& dk,
-                   DVV const& dv, attention_options const& opt = {}) {
-  using T = std::remove_const_t<typename QV::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
+          HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
+          HostTensorArg DVV>
+void ring_backward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
+                   OV&& o_arg, LV&& lse_arg, GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg,
+                   DVV&& dv_arg, attention_options const& opt = {}) {
+  auto const q = detail::arg_view(q_arg);
+  auto const k = detail::arg_view(k_arg);
+  auto const v = detail::arg_view(v_arg);
+  auto const o = detail::arg_view(o_arg);
+  auto const lse = detail::arg_view(lse_arg);
+  auto const dout = detail::arg_view(dout_arg);
+  auto const dq = detail::arg_view(dq_arg);
+  auto const dk = detail::arg_view(dk_arg);
+  auto const dv = detail::arg_view(dv_arg);
+  using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: ring_backward needs q, k and v of one element type (K/V travel as it)");
   using Acc = acc_t<T>;
   auto const rq = detail::as_bshd(q, "q");

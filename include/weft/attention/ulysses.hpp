@@ -3,6 +3,7 @@
 // attention runs there, and a second all-to-all turns the result back; forward and backward.
 #pragma once
 
+#include <weft/attention/args.hpp>
 #include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/flash.hpp>
@@ -225,13 +226,18 @@ void check_backward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV 
 //! [B, c, Hkv, D]); Hq must be divisible by the group size N, and Hkv divisible by N or dividing
 //! it (then KV heads are replicated N/Hkv times). o [B, c, Hq, D] and lse [B, Hq, c] are this
 //! rank's rows of single-device attention over the whole sequence.
-template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
-          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV>
-void ulysses_forward(C& comm, QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
+template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
+void ulysses_forward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV&& lse_arg,
                      attention_options const& opt = {}) {
-  using T = std::remove_const_t<typename QV::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+  auto const q = detail::arg_view(q_arg);
+  auto const k = detail::arg_view(k_arg);
+  auto const v = detail::arg_view(v_arg);
+  auto const o = detail::arg_view(o_arg);
+  auto const lse = detail::arg_view(lse_arg);
+  using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: ulysses_forward needs q, k and v of one element type");
   detail::check_forward_args(q, k, v, o, lse);
   auto const rq = detail::const_bshd(q, "q");
@@ -252,16 +258,25 @@ void ulysses_forward(C& comm, QV const& q, KV const& k, VV const& v, OV const& o
 }
 
 //! Ulysses attention backward: dq, dk, dv of this rank's shard (overwritten).
-template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
-          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV,
-          TensorIn<host_space> GV, TensorIn<host_space> DQV, TensorIn<host_space> DKV,
-          TensorIn<host_space> DVV>
-void ulysses_backward(C& comm, QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
-                      GV const& dout, DQV const& dq, DKV const& dk, DVV const& dv,
+template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
+          HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
+          HostTensorArg DVV>
+void ulysses_backward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV&& lse_arg,
+                      GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg, DVV&& dv_arg,
                       attention_options const& opt = {}) {
-  using T = std::remove_const_t<typename QV::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+  auto const q = detail::arg_view(q_arg);
+  auto const k = detail::arg_view(k_arg);
+  auto const v = detail::arg_view(v_arg);
+  auto const o = detail::arg_view(o_arg);
+  auto const lse = detail::arg_view(lse_arg);
+  auto const dout = detail::arg_view(dout_arg);
+  auto const dq = detail::arg_view(dq_arg);
+  auto const dk = detail::arg_view(dk_arg);
+  auto const dv = detail::arg_view(dv_arg);
+  using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: ulysses_backward needs q, k and v of one element type");
   detail::check_backward_args(q, k, v, o, lse, dout, dq, dk, dv);
   auto const rq = detail::const_bshd(q, "q");

@@ -3,6 +3,7 @@
 // ranks runs on it, and a second all-to-all returns the rows; on two communicators or a device_mesh.
 #pragma once
 
+#include <weft/attention/args.hpp>
 #include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/layout.hpp>
@@ -38,13 +39,18 @@ inline void check_usp_layout(seq_layout const& lay, int u, int r, bool causal, s
 //! rank holds the rows of `layout` (a seq_layout::usp(u, r, ...)) for global layout rank
 //! ring.rank()·u + ulysses.rank(). Head rules are Ulysses' (Hq % u == 0; Hkv divisible by u or
 //! dividing it); the ring carries the (possibly replicated) H_kv/u heads unreplicated further.
-template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
-          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV>
-void usp_forward(C& ulysses, C& ring, seq_layout const& layout, QV const& q, KV const& k, VV const& v,
-                 OV const& o, LV const& lse, attention_options const& opt = {}) {
-  using T = std::remove_const_t<typename QV::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
+void usp_forward(C& ulysses, C& ring, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
+                 OV&& o_arg, LV&& lse_arg, attention_options const& opt = {}) {
+  auto const q = detail::arg_view(q_arg);
+  auto const k = detail::arg_view(k_arg);
+  auto const v = detail::arg_view(v_arg);
+  auto const o = detail::arg_view(o_arg);
+  auto const lse = detail::arg_view(lse_arg);
+  using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: usp_forward needs q, k and v of one element type");
   detail::check_forward_args(q, k, v, o, lse);
   auto const rq = detail::const_bshd(q, "q");
@@ -67,16 +73,25 @@ void usp_forward(C& ulysses, C& ring, seq_layout const& layout, QV const& q, KV 
 }
 
 //! USP backward; arguments as usp_forward plus ring_backward's.
-template <comm::Communicator C, TensorIn<host_space> QV, TensorIn<host_space> KV,
-          TensorIn<host_space> VV, TensorIn<host_space> OV, TensorIn<host_space> LV,
-          TensorIn<host_space> GV, TensorIn<host_space> DQV, TensorIn<host_space> DKV,
-          TensorIn<host_space> DVV>
-void usp_backward(C& ulysses, C& ring, seq_layout const& layout, QV const& q, KV const& k, VV const& v,
-                  OV const& o, LV const& lse, GV const& dout, DQV const& dq, DKV const& dk, DVV const& dv,
+template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
+          HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
+          HostTensorArg DVV>
+void usp_backward(C& ulysses, C& ring, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
+                  OV&& o_arg, LV&& lse_arg, GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg, DVV&& dv_arg,
                   attention_options const& opt = {}) {
-  using T = std::remove_const_t<typename QV::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename KV::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename VV::element_type>, T>,
+  auto const q = detail::arg_view(q_arg);
+  auto const k = detail::arg_view(k_arg);
+  auto const v = detail::arg_view(v_arg);
+  auto const o = detail::arg_view(o_arg);
+  auto const lse = detail::arg_view(lse_arg);
+  auto const dout = detail::arg_view(dout_arg);
+  auto const dq = detail::arg_view(dq_arg);
+  auto const dk = detail::arg_view(dk_arg);
+  auto const dv = detail::arg_view(dv_arg);
+  using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
+  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: usp_backward needs q, k and v of one element type");
   detail::check_backward_args(q, k, v, o, lse, dout, dq, dk, dv);
   auto const rq = detail::const_bshd(q, "q");
