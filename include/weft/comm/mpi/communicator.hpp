@@ -8,6 +8,7 @@
 #endif
 
 #include <weft/comm/concepts.hpp>
+#include <weft/comm/detail/checked.hpp>
 #include <weft/comm/reference.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
@@ -591,8 +592,8 @@ class communicator {
     check_buffer(out, "out");
     check_same_type(in, out);
     auto const n = static_cast<std::size_t>(size());
-    WEFT_EXPECTS_SHAPE(in.count == n * out.count, "in.count",
-                       weft::detail::concat("size() * out.count = ", n * out.count), in.count);
+    WEFT_EXPECTS_SHAPE(in.count == weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), "in.count",
+                       weft::detail::concat("size() * out.count = ", weft::comm::detail::checked_mul(n, out.count, "size() * out.count")), in.count);
     check_in_place_or_disjoint(in, out, out.data == detail::at(in.data, me() * out.count, in.type),
                                "out == in + rank() * out.count (in-place)");
     validate_reduce_op(op, in.type);
@@ -611,7 +612,7 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const off = detail::exclusive_sums(counts);
+    auto const off = weft::comm::detail::checked_offsets(counts, in.type, "counts");
     WEFT_EXPECTS_SHAPE(in.count == off.back(), "in.count", weft::detail::concat("sum(counts) = ", off.back()),
                        in.count);
     WEFT_EXPECTS_SHAPE(out.count == counts[me()], "out.count",
@@ -667,8 +668,8 @@ class communicator {
     check_buffer(out, "out");
     check_same_type(in, out);
     auto const n = static_cast<std::size_t>(size());
-    WEFT_EXPECTS_SHAPE(out.count == n * in.count, "out.count",
-                       weft::detail::concat("size() * in.count = ", n * in.count), out.count);
+    WEFT_EXPECTS_SHAPE(out.count == weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), "out.count",
+                       weft::detail::concat("size() * in.count = ", weft::comm::detail::checked_mul(n, in.count, "size() * in.count")), out.count);
     bool const in_place = in.data == detail::at(out.data, me() * in.count, in.type);
     check_in_place_or_disjoint(in, out, in_place, "in == out + rank() * in.count (in-place)");
     c.fp = {op_kind::all_gather, in.type, in.count, -1, reduce_kind::sum, 0};
@@ -686,7 +687,7 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const off = detail::exclusive_sums(counts);
+    auto const off = weft::comm::detail::checked_offsets(counts, in.type, "counts");
     WEFT_EXPECTS_SHAPE(in.count == counts[me()], "in.count",
                        weft::detail::concat("counts[rank()] = ", counts[me()]), in.count);
     WEFT_EXPECTS_SHAPE(out.count == off.back(), "out.count",
@@ -712,8 +713,8 @@ class communicator {
     if (is_root) {
       check_buffer(out, "out");
       check_same_type(in, out);
-      WEFT_EXPECTS_SHAPE(out.count == n * in.count, "out.count (on the root)",
-                         weft::detail::concat("size() * in.count = ", n * in.count), out.count);
+      WEFT_EXPECTS_SHAPE(out.count == weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), "out.count (on the root)",
+                         weft::detail::concat("size() * in.count = ", weft::comm::detail::checked_mul(n, in.count, "size() * in.count")), out.count);
       in_place = in.data == detail::at(out.data, me() * in.count, in.type);
       check_in_place_or_disjoint(in, out, in_place, "in == out + root * in.count (in-place)");
     }
@@ -736,8 +737,8 @@ class communicator {
     if (is_root) {
       check_buffer(in, "in");
       check_same_type(in, out);
-      WEFT_EXPECTS_SHAPE(in.count == n * out.count, "in.count (on the root)",
-                         weft::detail::concat("size() * out.count = ", n * out.count), in.count);
+      WEFT_EXPECTS_SHAPE(in.count == weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), "in.count (on the root)",
+                         weft::detail::concat("size() * out.count = ", weft::comm::detail::checked_mul(n, out.count, "size() * out.count")), in.count);
       in_place = out.data == detail::at(in.data, me() * out.count, in.type);
       check_in_place_or_disjoint(in, out, in_place, "out == in + root * out.count (in-place)");
     }
@@ -793,8 +794,8 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const so = detail::exclusive_sums(send_counts);
-    auto const ro = detail::exclusive_sums(recv_counts);
+    auto const so = weft::comm::detail::checked_offsets(send_counts, in.type, "send_counts");
+    auto const ro = weft::comm::detail::checked_offsets(recv_counts, in.type, "recv_counts");
     WEFT_EXPECTS_SHAPE(in.count == so.back(), "in.count",
                        weft::detail::concat("sum(send_counts) = ", so.back()), in.count);
     WEFT_EXPECTS_SHAPE(out.count == ro.back(), "out.count",
@@ -926,6 +927,7 @@ class communicator {
                  "host memory (Debian's Open MPI is built without CUDA support)", to_string(b.where));
     WEFT_EXPECTS(b.count == 0 || b.data != nullptr, std::string(name) + ".data",
                  "non-null when count > 0", "nullptr");
+    (void)weft::comm::detail::checked_bytes(b.count, b.type, std::string(name) + ".count");
   }
   static void check_same_type(buffer_view const& in, buffer_view const& out) {
     WEFT_EXPECTS(out.type == in.type, "out.type", weft::detail::concat(in.type, " (in.type)"), out.type);
@@ -1161,7 +1163,8 @@ class communicator {
 
   bool fits(std::span<std::size_t const> counts) const {
     std::size_t total = 0;
-    for (auto x : counts) total += x;
+    for (auto x : counts)
+      if (__builtin_add_overflow(total, x, &total)) return false;
     return total <= max_count();  // every count and displacement is at most the total
   }
 

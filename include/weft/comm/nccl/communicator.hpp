@@ -8,6 +8,7 @@
 
 #if WEFT_HAS_NCCL
 #  include <weft/comm/concepts.hpp>
+#  include <weft/comm/detail/checked.hpp>
 #  include <weft/comm/reference.hpp>
 #  include <weft/core/dtype.hpp>
 #  include <weft/core/error.hpp>
@@ -566,8 +567,8 @@ class communicator {
     check_buffer(out, "out");
     check_same_type(in, out);
     auto const n = static_cast<std::size_t>(size());
-    WEFT_EXPECTS_SHAPE(out.count == n * in.count, "out.count",
-                       weft::detail::concat(n * in.count, " (size() * in.count)"), out.count);
+    WEFT_EXPECTS_SHAPE(out.count == weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), "out.count",
+                       weft::detail::concat(weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), " (size() * in.count)"), out.count);
     check_in_place_or_disjoint(in, out, in.data == detail::offset(out.data, rank() * in.count, in.type),
                                "in == out + rank() * in.count (in-place)");
     if (in.count == 0) return {};
@@ -584,8 +585,8 @@ class communicator {
     check_buffer(out, "out");
     check_same_type(in, out);
     auto const n = static_cast<std::size_t>(size());
-    WEFT_EXPECTS_SHAPE(in.count == n * out.count, "in.count",
-                       weft::detail::concat(n * out.count, " (size() * out.count)"), in.count);
+    WEFT_EXPECTS_SHAPE(in.count == weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), "in.count",
+                       weft::detail::concat(weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), " (size() * out.count)"), in.count);
     check_in_place_or_disjoint(in, out, out.data == detail::offset(in.data, rank() * out.count, in.type),
                                "out == in + rank() * out.count (in-place)");
     validate_reduce_op(op, in.type);
@@ -628,8 +629,8 @@ class communicator {
     if (is_root) {
       check_buffer(out, "out");
       check_same_type(in, out);
-      WEFT_EXPECTS_SHAPE(out.count == n * in.count, "out.count (on the root)",
-                         weft::detail::concat(n * in.count, " (size() * in.count)"), out.count);
+      WEFT_EXPECTS_SHAPE(out.count == weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), "out.count (on the root)",
+                         weft::detail::concat(weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), " (size() * in.count)"), out.count);
       check_in_place_or_disjoint(in, out, in.data == detail::offset(out.data, root * in.count, in.type),
                                  "in == out + root * in.count (in-place)");
     }
@@ -652,8 +653,8 @@ class communicator {
     if (is_root) {
       check_buffer(in, "in");
       check_same_type(in, out);
-      WEFT_EXPECTS_SHAPE(in.count == n * out.count, "in.count (on the root)",
-                         weft::detail::concat(n * out.count, " (size() * out.count)"), in.count);
+      WEFT_EXPECTS_SHAPE(in.count == weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), "in.count (on the root)",
+                         weft::detail::concat(weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), " (size() * out.count)"), in.count);
       check_in_place_or_disjoint(in, out, out.data == detail::offset(in.data, root * out.count, in.type),
                                  "out == in + root * out.count (in-place)");
     }
@@ -676,7 +677,7 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const off = prefix(counts);
+    auto const off = weft::comm::detail::checked_offsets(counts, in.type, "counts");
     auto const me = static_cast<std::size_t>(rank());
     WEFT_EXPECTS_SHAPE(in.count == counts[me], "in.count", weft::detail::concat(counts[me], " (counts[rank()])"),
                        in.count);
@@ -712,7 +713,7 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const off = prefix(counts);
+    auto const off = weft::comm::detail::checked_offsets(counts, in.type, "counts");
     auto const me = static_cast<std::size_t>(rank());
     WEFT_EXPECTS_SHAPE(out.count == counts[me], "out.count",
                        weft::detail::concat(counts[me], " (counts[rank()])"), out.count);
@@ -750,8 +751,8 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const so = prefix(send_counts);
-    auto const ro = prefix(recv_counts);
+    auto const so = weft::comm::detail::checked_offsets(send_counts, in.type, "send_counts");
+    auto const ro = weft::comm::detail::checked_offsets(recv_counts, in.type, "recv_counts");
     WEFT_EXPECTS_SHAPE(in.count == so.back(), "in.count",
                        weft::detail::concat(so.back(), " (sum of send_counts)"), in.count);
     WEFT_EXPECTS_SHAPE(out.count == ro.back(), "out.count",
@@ -927,6 +928,7 @@ class communicator {
                  "cuda memory (NCCL reads and writes device buffers)", to_string(b.where));
     WEFT_EXPECTS(b.count == 0 || b.data != nullptr, std::string(name) + ".data",
                  "non-null when count > 0", "nullptr");
+    (void)weft::comm::detail::checked_bytes(b.count, b.type, std::string(name) + ".count");
     WEFT_EXPECTS(b.device < 0 || b.device == device(), std::string(name) + ".device",
                  weft::detail::concat(device(), " (this communicator's device) or -1"), b.device);
   }
@@ -945,12 +947,6 @@ class communicator {
   void check_counts(std::span<std::size_t const> counts, char const* name) const {
     WEFT_EXPECTS(counts.size() == static_cast<std::size_t>(size()), std::string(name) + ".size()",
                  weft::detail::concat(size(), " (one per rank)"), counts.size());
-  }
-
-  static std::vector<std::size_t> prefix(std::span<std::size_t const> counts) {
-    std::vector<std::size_t> off(counts.size() + 1, 0);
-    for (std::size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
-    return off;
   }
 
   op_record make_record(op_kind k, dtype t, std::size_t send_bytes, std::size_t recv_bytes,

@@ -327,8 +327,8 @@ class communicator {
     check_buffer(out, "out");
     check_same_type(in, out);
     auto const n = static_cast<std::size_t>(size());
-    WEFT_EXPECTS_SHAPE(out.count == n * in.count, "out.count",
-                       weft::detail::concat(n * in.count, " (size() * in.count)"), out.count);
+    WEFT_EXPECTS_SHAPE(out.count == weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), "out.count",
+                       weft::detail::concat(weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), " (size() * in.count)"), out.count);
     auto const es = size_of(in.type);
     bool const in_place =
         in.count != 0 && detail::bytes_of(in.data) == detail::bytes_of(out.data) + me() * in.count * es;
@@ -362,7 +362,7 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const offsets = exclusive_sums(counts);
+    auto const offsets = weft::comm::detail::checked_offsets(counts, in.type, "counts");
     std::size_t const total = offsets.back();
     WEFT_EXPECTS_SHAPE(in.count == counts[me()], "in.count",
                        weft::detail::concat(counts[me()], " (counts[rank()])"), in.count);
@@ -403,8 +403,8 @@ class communicator {
     check_buffer(out, "out");
     check_same_type(in, out);
     auto const n = static_cast<std::size_t>(size());
-    WEFT_EXPECTS_SHAPE(in.count == n * out.count, "in.count",
-                       weft::detail::concat(n * out.count, " (size() * out.count)"), in.count);
+    WEFT_EXPECTS_SHAPE(in.count == weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), "in.count",
+                       weft::detail::concat(weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), " (size() * out.count)"), in.count);
     auto const es = size_of(in.type);
     bool const in_place = out.count != 0 && detail::bytes_of(out.data) ==
                                                 detail::bytes_of(in.data) + me() * out.count * es;
@@ -431,7 +431,7 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const offsets = exclusive_sums(counts);
+    auto const offsets = weft::comm::detail::checked_offsets(counts, in.type, "counts");
     std::size_t const total = offsets.back();
     WEFT_EXPECTS_SHAPE(out.count == counts[me()], "out.count",
                        weft::detail::concat(counts[me()], " (counts[rank()])"), out.count);
@@ -507,8 +507,8 @@ class communicator {
     check_buffer(in, "in");
     check_buffer(out, "out");
     check_same_type(in, out);
-    auto const soff = exclusive_sums(send_counts);
-    auto const roff = exclusive_sums(recv_counts);
+    auto const soff = weft::comm::detail::checked_offsets(send_counts, in.type, "send_counts");
+    auto const roff = weft::comm::detail::checked_offsets(recv_counts, in.type, "recv_counts");
     WEFT_EXPECTS_SHAPE(in.count == soff.back(), "in.count",
                        weft::detail::concat(soff.back(), " (the sum of send_counts)"), in.count);
     WEFT_EXPECTS_SHAPE(out.count == roff.back(), "out.count",
@@ -564,8 +564,8 @@ class communicator {
       check_buffer(out, "out");
       check_same_type(in, out);
       auto const n = static_cast<std::size_t>(size());
-      WEFT_EXPECTS_SHAPE(out.count == n * in.count, "out.count (on the root)",
-                         weft::detail::concat(n * in.count, " (size() * in.count)"), out.count);
+      WEFT_EXPECTS_SHAPE(out.count == weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), "out.count (on the root)",
+                         weft::detail::concat(weft::comm::detail::checked_mul(n, in.count, "size() * in.count"), " (size() * in.count)"), out.count);
       in_place = in.count != 0 &&
                  detail::bytes_of(in.data) == detail::bytes_of(out.data) + me() * in.count * es;
       check_in_place_or_disjoint(in, out, in_place, "in == out + root * in.count (in-place)");
@@ -599,8 +599,8 @@ class communicator {
       check_buffer(in, "in");
       check_same_type(in, out);
       auto const n = static_cast<std::size_t>(size());
-      WEFT_EXPECTS_SHAPE(in.count == n * out.count, "in.count (on the root)",
-                         weft::detail::concat(n * out.count, " (size() * out.count)"), in.count);
+      WEFT_EXPECTS_SHAPE(in.count == weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), "in.count (on the root)",
+                         weft::detail::concat(weft::comm::detail::checked_mul(n, out.count, "size() * out.count"), " (size() * out.count)"), in.count);
       in_place = out.count != 0 &&
                  detail::bytes_of(out.data) == detail::bytes_of(in.data) + me() * out.count * es;
       check_in_place_or_disjoint(in, out, in_place, "out == in + root * out.count (in-place)");
@@ -798,6 +798,7 @@ class communicator {
                  "host memory (the threads backend shares host memory)", to_string(b.where));
     WEFT_EXPECTS(b.count == 0 || b.data != nullptr, std::string(name) + ".data",
                  "non-null when count > 0", "nullptr");
+    (void)weft::comm::detail::checked_bytes(b.count, b.type, std::string(name) + ".count");
   }
 
   static void check_same_type(buffer_view const& in, buffer_view const& out) {
@@ -816,12 +817,6 @@ class communicator {
     WEFT_EXPECTS(counts.size() == static_cast<std::size_t>(size()),
                  weft::detail::concat(name, ".size()"), weft::detail::concat(size(), " (size())"),
                  counts.size());
-  }
-
-  static std::vector<std::size_t> exclusive_sums(std::span<std::size_t const> counts) {
-    std::vector<std::size_t> off(counts.size() + 1, 0);
-    for (std::size_t i = 0; i < counts.size(); ++i) off[i + 1] = off[i] + counts[i];
-    return off;
   }
 
   void reduce_local(buffer_view const& in, buffer_view const& out, reduce_op op) const {
