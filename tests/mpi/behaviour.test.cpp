@@ -8,6 +8,8 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <limits>
+#include <span>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -337,6 +339,43 @@ TEST_CASE("mpi: a non-contiguous tensor view is rejected before anything is comm
   CHECK(c.history().empty());  // nothing was issued
   weft::comm::all_reduce(c, m);
   CHECK(m.data()[0] == static_cast<float>(c.size()));
+}
+
+TEST_CASE("mpi: _v counts and sizes that overflow std::size_t are argument errors on every rank") {
+  // Issue 9, item 10: {SIZE_MAX, 1, ...} summed to 0 unchecked and then offset a null pointer.
+  auto c = communicator::world(opts(true));
+  auto const n = static_cast<std::size_t>(c.size());
+  std::size_t const max = std::numeric_limits<std::size_t>::max();
+  weft::u8 dummy[1] = {0};
+  auto fake = [&](std::size_t count) {
+    buffer_view b = host_view(std::span<weft::u8>(dummy, 1));
+    b.count = count;
+    return b;
+  };
+  if (n >= 2) {
+    std::vector<std::size_t> counts(n, 0);
+    counts[0] = max;
+    counts[1] = 1;
+    auto const mine = counts[static_cast<std::size_t>(c.rank())];
+    CHECK_THROWS_WITH_AS(c.all_gather_v(fake(mine), fake(0), counts), doctest::Contains("`counts`"),
+                         weft::invalid_argument_error);
+    CHECK_THROWS_WITH_AS(c.reduce_scatter_v(fake(0), fake(mine), counts),
+                         doctest::Contains("`counts`"), weft::invalid_argument_error);
+    CHECK_THROWS_WITH_AS(c.all_to_all_v(fake(0), fake(0), counts, counts),
+                         doctest::Contains("`send_counts`"), weft::invalid_argument_error);
+    // size() * count wrapping to out.count.
+    std::size_t const wrap = max / n + 1;  // n * wrap overflows
+    buffer_view out = fake(wrap * n);      // the wrapped product
+    CHECK_THROWS_AS(c.all_gather(fake(wrap), out), weft::invalid_argument_error);
+  }
+  float fdummy[1] = {0.0f};
+  buffer_view huge = host_view(std::span<float>(fdummy, 1));
+  huge.count = max / 2;  // its bytes do not fit
+  CHECK_THROWS_AS(c.all_reduce(huge, huge), weft::invalid_argument_error);
+  CHECK(c.state() == comm_state::healthy);
+  std::vector<float> a(4, 1.0f);
+  weft::comm::all_reduce(c, a);  // still works
+  CHECK(a[0] == static_cast<float>(c.size()));
 }
 
 }  // TEST_SUITE
