@@ -47,7 +47,9 @@ struct cost_model {
 //! every rank, its F + B = E(f + i + w) split evenly over the p ranks, S = E(f + i)/p and T = E·w/p
 //! for one barrier (S also forms the input-gradient partial), S = E·f/p and T = E(i + w)/p for
 //! two. IF and IB (lookups) cost 0. The reference note's golden numbers model no output layer:
-//! pass output_layer = 0 to reproduce them.
+//! pass output_layer = 0 to reproduce them. The model is sized by `num_stages()` as the schedule
+//! states it: for a schedule read from an untrusted file, `validate` (or `simulate(s)`, which
+//! checks first) before building it, so a header's `stages=` cannot make it allocate.
 inline cost_model unit_costs(schedule const& s, double f = 1.0, double i = 1.0, double w = 1.0,
                              double output_layer = 1.0) {
   detail::require(output_layer >= 0.0, "output_layer", ">= 0", output_layer, "output_layer >= 0");

@@ -280,8 +280,8 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
   return out;
 }
 
-//! Shorthand: the unit model (F = I = W = 1 per stage, 1/v per chunk).
-//! Times `s` under `unit_costs(s)`. The schedule is checked (validate's mapping rule) before the
+//! Shorthand: times `s` under `unit_costs(s)` (F = I = W = 1 per stage, 1/v per chunk, the
+//! output layer as the schedule runs it). The schedule is checked (validate's mapping rule) before the
 //! cost model is sized by its stage count, so a parsed header cannot make it allocate.
 inline simulation simulate(schedule const& s) {
   detail::require_mapping(s, "simulate");
