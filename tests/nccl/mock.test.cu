@@ -508,6 +508,22 @@ TEST_CASE("invalid arguments throw before any NCCL call and leave the communicat
   CHECK_THROWS_AS(r0.all_gather_v(dv(a), dv(c), bad_counts), weft::invalid_argument_error);
   std::vector<std::size_t> counts = {4, 4};
   CHECK_THROWS_AS(r0.all_gather_v(dv(a, 0, 3), dv(c), counts), weft::shape_error);
+  // Size arithmetic on counts is checked (issue 9, item 10): {SIZE_MAX, 1} sums to 0 unchecked.
+  std::vector<std::uint8_t> u8s(1);
+  std::vector<std::size_t> wraps = {std::size_t(-1), 1};
+  auto big = [&](std::size_t count) {  // dv's count sentinel is SIZE_MAX: build the view here
+    return wc::buffer_view{u8s.data(), count, weft::dtype::u8, wc::memory_kind::cuda, -1};
+  };
+  CHECK_THROWS_WITH_AS(r0.all_gather_v(big(std::size_t(-1)), big(0), wraps),
+                       doctest::Contains("`counts`"), weft::invalid_argument_error);
+  CHECK_THROWS_WITH_AS(r0.reduce_scatter_v(big(0), big(std::size_t(-1)), wraps),
+                       doctest::Contains("`counts`"), weft::invalid_argument_error);
+  CHECK_THROWS_WITH_AS(r0.all_to_all_v(big(0), big(0), wraps, wraps),
+                       doctest::Contains("`send_counts`"), weft::invalid_argument_error);
+  CHECK_THROWS_AS(r0.all_gather(big(std::size_t(1) << 63), big(0)),
+                  weft::invalid_argument_error);  // 2 * 2^63 wraps to 0
+  wc::buffer_view huge{a.data(), std::size_t(-1) / 2, weft::dtype::f32, wc::memory_kind::cuda, -1};
+  CHECK_THROWS_AS(r0.all_reduce(huge, huge), weft::invalid_argument_error);  // bytes do not fit
   std::vector<std::int32_t> ints(4);
   CHECK_THROWS_AS(r0.all_reduce(dv(ints), dv(ints), wc::reduce_op::premul(0.5)),
                   weft::invalid_argument_error);
