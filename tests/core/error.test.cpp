@@ -4,12 +4,24 @@
 #include <doctest/doctest.h>
 
 #include <string>
+#include <vector>
 
 namespace {
 
 void needs_positive(int count) { WEFT_EXPECTS(count > 0, "count", "> 0", count); }
 
 void needs_rank(int rank) { WEFT_EXPECTS_SHAPE(rank == 2, "tensor rank", 2, rank); }
+
+// A member template of a class template: its full signature carries every template argument.
+template <class T>
+struct holder {
+  template <class F, class G>
+  std::vector<T> const& check(int count, F&&, G const&) const {
+    WEFT_EXPECTS(count > 0, "count", "> 0", count);
+    static std::vector<T> none;
+    return none;
+  }
+};
 
 }  // namespace
 
@@ -72,4 +84,39 @@ TEST_CASE("error: WEFT_THROW streams its arguments") {
     CHECK(e.message() == "rank 1 action 4: recv before send");
     CHECK(std::string(e.what()).rfind("weft: rank 1", 0) == 0);
   }
+}
+
+TEST_CASE("error: what() ends with a short location, not a whole template signature") {
+  try {
+    holder<std::vector<double>>{}.check(-1, [](int) {}, std::string("x"));
+    FAIL("expected an exception");
+  } catch (weft::invalid_argument_error const& e) {
+    std::string const what = e.what();
+    std::string const expected = "[at error.test.cpp:" + std::to_string(e.where().line()) + " in holder::check]";
+    CHECK(what.size() >= expected.size());
+    CHECK(what.substr(what.size() - expected.size()) == expected);
+    CHECK(what.find("with ") == std::string::npos);
+    CHECK(what.find("std::") == std::string::npos);
+    // where() keeps the full location for whoever wants it.
+    CHECK(std::string(e.where().function_name()).find("check") != std::string::npos);
+  }
+  try {
+    needs_positive(0);
+  } catch (weft::error const& e) {
+    std::string const what = e.what();
+    CHECK(what.substr(what.rfind(" [at ")) ==
+          " [at error.test.cpp:" + std::to_string(e.where().line()) + " in needs_positive]");
+  }
+  CHECK(weft::error::short_file("/usr/local/include/weft/comm/threads/communicator.hpp") ==
+        "weft/comm/threads/communicator.hpp");
+  CHECK(weft::error::short_file("/src/app/train.cpp") == "train.cpp");
+  CHECK(weft::error::short_function(
+            "void weft::comm::threads::communicator::run(call&, P&&, B&&) [with P = std::nullptr_t; "
+            "B = weft::comm::threads::communicator::all_reduce(buffer_view, buffer_view, reduce_op, "
+            "op_options)::<lambda(uint64_t)>]") == "communicator::run");
+  CHECK(weft::error::short_function("std::vector<int> const& weft::a::b<T>::c(int) const [T = int]") ==
+        "b::c");
+  CHECK(weft::error::short_function("bool weft::x::operator()(int) const") == "x::operator()");
+  CHECK(weft::error::short_function("needs_positive") == "needs_positive");
+  CHECK(weft::error::short_function("operator()") == "operator()");
 }

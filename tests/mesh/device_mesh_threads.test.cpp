@@ -11,10 +11,15 @@
 
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <memory>
+#include <stdexcept>
 #include <numeric>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace mesh_threads_test {
@@ -279,5 +284,85 @@ TEST_SUITE("threads") {
                            "tp=2)), actual 6 ranks") != std::string::npos);
       CHECK(sums[r] == 15);
     }
+  }
+
+  TEST_CASE("device_mesh over threads: errors in an axis group name the axis and both ranks") {
+    // (dp, tp) = (2, 2): world ranks 2 and 3 form the tp group of dp = 1. In it, world rank 3
+    // never calls (timeout), then the dp = 0 tp group calls mismatched collectives.
+    using namespace std::chrono_literals;
+    std::vector<std::string> timeout_what(4);
+    std::vector<std::string> mismatch_what(4);
+    std::vector<int> world_missing(4, -2);
+    std::atomic<bool> rank2_done{false};
+    weft::test::run_ranks(4, [&](communicator& world) {
+      weft::device_mesh<communicator> m(world, {2, 2}, {"dp", "tp"});
+      auto const r = static_cast<std::size_t>(world.rank());
+      auto& tp = m.group("tp");
+      std::vector<float> v(4, 1.0f);
+      std::vector<float> all(8, 0.0f);
+      auto const in = weft::comm::host_view(std::span<float>(v));
+      if (world.rank() == 2) {
+        try {
+          tp.all_reduce(in, in, {}, {.timeout = 100ms}).wait();
+        } catch (weft::timeout_error const& e) {
+          timeout_what[r] = e.what();
+          world_missing[r] = e.missing_ranks().empty() ? -1 : e.missing_ranks()[0];
+        }
+        rank2_done = true;
+      }
+      // Late, not finished (a finished rank would fail its peers at once instead).
+      if (world.rank() == 3)
+        for (int i = 0; i < 500 && !rank2_done; ++i) std::this_thread::sleep_for(10ms);
+      if (world.rank() < 2) {
+        try {
+          if (world.rank() == 0) tp.all_reduce(in, in, {}, {}).wait();
+          else tp.all_gather(in, weft::comm::host_view(std::span<float>(all)), {}).wait();
+        } catch (weft::mismatch_error const& e) {
+          mismatch_what[r] = e.what();
+        }
+      }
+    });
+    std::string const& t = timeout_what[2];
+    INFO(t);
+    CHECK(t.find("all_reduce on rank 0 (world rank 2) of group `tp`") != std::string::npos);
+    CHECK(t.find("on rank 0 (world rank 2): ranks [1] (world ranks [3]) did not arrive") !=
+          std::string::npos);
+    CHECK(world_missing[2] == 1);  // missing_ranks() are group ranks
+    // The location is short: file from weft/, function without its template signature.
+    CHECK(t.find("[at weft/comm/threads/") != std::string::npos);
+    CHECK(t.find("with ") == std::string::npos);
+    CHECK(t.back() == ']');
+    for (std::size_t r = 0; r < 2; ++r) {
+      std::string const& w = mismatch_what[r];
+      INFO(w);
+      CHECK(w.find("of group `tp`") != std::string::npos);
+      CHECK(w.find("rank 0 (world rank 0) called all_reduce") != std::string::npos);
+      CHECK(w.find("but rank 1 (world rank 1) called all_gather") != std::string::npos);
+    }
+  }
+
+  TEST_CASE("device_mesh over threads: a failing rank is named by its world rank in every group") {
+    std::vector<std::string> what(4);
+    // The meshes outlive the ranks' functions: rank 3's groups stay alive while it fails.
+    std::vector<std::unique_ptr<weft::device_mesh<communicator>>> meshes(4);
+    auto body = [&](communicator& world) {
+      auto const r = static_cast<std::size_t>(world.rank());
+      meshes[r] = std::make_unique<weft::device_mesh<communicator>>(
+          world, std::vector<int>{2, 2}, std::vector<std::string>{"dp", "tp"});
+      if (world.rank() == 3) throw std::runtime_error("boom");
+      std::vector<float> v(4, 1.0f);
+      auto const in = weft::comm::host_view(std::span<float>(v));
+      try {
+        meshes[r]->group("dp").all_reduce(in, in, {}, {}).wait();
+      } catch (weft::peer_aborted_error const& e) {
+        what[r] = e.what();
+        throw;
+      }
+    };
+    CHECK_THROWS_WITH(weft::test::run_ranks(4, body), "boom");
+    // World rank 1 shares the dp group with world rank 3 (its dp rank 1).
+    INFO(what[1]);
+    CHECK(what[1].find("all_reduce on rank 0 (world rank 1) of group `dp`") != std::string::npos);
+    CHECK(what[1].find("world rank 3 failed: boom") != std::string::npos);
   }
 }

@@ -5,6 +5,7 @@
 
 #include <weft/core/config.hpp>
 
+#include <algorithm>
 #include <cassert>
 #include <cstdint>
 #include <source_location>
@@ -102,14 +103,101 @@ class error : public std::runtime_error {
     std::string out = "weft: ";
     out += message;
     out += " [at ";
-    out += where.file_name();
+    out += short_file(where.file_name());
     out += ':';
     out += std::to_string(where.line());
-    out += " in ";
-    out += where.function_name();
+    std::string const fn = short_function(where.function_name());
+    if (!fn.empty()) {
+      out += " in ";
+      out += fn;
+    }
     out += ']';
     return out;
   }
+
+ public:
+  //! The file as messages show it: from `weft/` for weft's headers ("weft/comm/mpi/communicator.hpp"),
+  //! the file name alone otherwise.
+  static std::string_view short_file(std::string_view file) noexcept {
+    if (auto const p = file.rfind("include/weft/"); p != std::string_view::npos)
+      return file.substr(p + 8);
+    if (auto const p = file.find_last_of("/\\"); p != std::string_view::npos) return file.substr(p + 1);
+    return file;
+  }
+
+  //! The function as messages show it: its name and the enclosing class or function, without
+  //! namespaces, return type, parameters or template arguments, which in a template's signature
+  //! ("... [with T = ...; Body = ...]") run to hundreds of characters:
+  //!   "void weft::comm::threads::communicator::run(call&, P&&, B&&) [with P = ...]" -> "communicator::run".
+  static std::string short_function(std::string_view f) {
+    // 1. GCC's " [with ...]" and clang's " [T = ...]" suffixes.
+    if (!f.empty() && f.back() == ']')
+      if (auto const p = f.rfind(" ["); p != std::string_view::npos) f = f.substr(0, p);
+    // 2. Trailing qualifiers, then the parameter list.
+    for (bool again = true; again;) {
+      again = false;
+      for (std::string_view q : {" const", " volatile", " noexcept", " &&", " &"})
+        if (f.size() > q.size() && f.substr(f.size() - q.size()) == q) {
+          f.remove_suffix(q.size());
+          again = true;
+        }
+    }
+    if (!f.empty() && f.back() == ')') {
+      int depth = 0;
+      std::size_t i = f.size();
+      while (i-- > 0) {
+        if (f[i] == ')') ++depth;
+        if (f[i] == '(' && --depth == 0) break;
+      }
+      // "operator()" alone (clang's short names) keeps its brackets.
+      if (i < f.size()) f = f.substr(0, f.substr(0, i).ends_with("operator") ? i + 2 : i);
+    }
+    // 3. Template arguments out ("<lambda(int)>" and clang's "(lambda at ...)" become "lambda"),
+    //    components split at "::" outside brackets, the return type dropped.
+    std::vector<std::string> parts(1);
+    int angle = 0;
+    int paren = 0;
+    std::size_t const op = f.rfind("operator");
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      char const ch = f[i];
+      if (op != std::string_view::npos && i >= op) {  // "operator<", "operator()": verbatim
+        parts.back() += ch;
+        continue;
+      }
+      if (ch == '<') {
+        if (angle++ == 0 && f.substr(i, 7) == "<lambda") parts.back() += "lambda";
+        continue;
+      }
+      if (ch == '>' && angle > 0) {
+        --angle;
+        continue;
+      }
+      if (angle > 0) continue;
+      if (ch == '(') {
+        if (paren++ == 0 && f.substr(i, 7) == "(lambda") parts.back() += "lambda";
+        if (paren == 1 && f.substr(i, 11) == "(anonymous ") parts.back() += "(anonymous)";
+      }
+      if (paren > 0) {
+        if (ch == ')') --paren;
+        continue;
+      }
+      if (ch == ':' && i + 1 < f.size() && f[i + 1] == ':') {
+        parts.emplace_back();
+        ++i;
+      } else if (ch == ' ') {
+        parts.assign(1, std::string());  // what came before was the return type
+      } else {
+        parts.back() += ch;
+      }
+    }
+    std::erase_if(parts, [](std::string const& x) { return x.empty() || x == "(anonymous)" || x == "{anonymous}"; });
+    if (parts.empty()) return std::string(f.substr(0, std::min<std::size_t>(f.size(), 60)));
+    std::string out = parts.back();
+    if (parts.size() >= 2) out = parts[parts.size() - 2] + "::" + out;
+    return out;
+  }
+
+ private:
 
   errc code_;
   source_location where_;

@@ -31,7 +31,9 @@ namespace weft {
 //!      coordinate on the axis), then once per flattened group in the order declared (color =
 //!      ravel of the coordinates outside the group, key = ravel of those inside, in the order
 //!      given).
-//! The mesh owns the sub-communicators; `world` is not kept and stays usable on its own.
+//! The mesh owns the sub-communicators; `world` is not kept and stays usable on its own. Where
+//! the backend can name a communicator (`set_name`), each group is named after its axis ("tp") or
+//! its flattened axes ("[dp, cp]"), and errors raised in it say so.
 template <comm::Communicator C>
 class device_mesh {
  public:
@@ -199,6 +201,8 @@ class device_mesh {
                   detail::concat("device_mesh: split(color ", sk.color, ", key ", sk.key,
                                  ") for group ", what, " gave rank ", sub.rank(), " of ",
                                  sub.size(), ", expected rank ", sk.key, " of ", expected_size));
+    // Errors raised in the group then name it after its axis (or flattened axes).
+    if constexpr (requires { sub.set_name(what); }) sub.set_name(what);
     groups_.push_back(std::move(sub));
   }
 

@@ -41,6 +41,7 @@ namespace detail {
 //! What one rank keeps for itself: sequence numbers, its deadline, its history and hook. Shared
 //! with its pending work so that a work outliving a moved communicator still finds it.
 struct rank_state {
+  std::string name;       // the group's name in messages (a mesh axis); set_name()
   std::uint64_t seq = 0;  // collectives that synchronised (zero-length ones do not count)
   std::vector<std::uint64_t> send_seq;
   std::vector<std::uint64_t> recv_seq;
@@ -91,14 +92,6 @@ struct rank_state {
   }
 };
 
-inline std::string rank_list(std::vector<int> const& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (i != 0) s += ", ";
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
 
 inline std::string describe(descriptor const& d, int size) {
   if (d.fp.op == op_kind::barrier || d.fp.op == op_kind::split)
@@ -188,6 +181,16 @@ class communicator {
   }
   //! The rank of this thread in the world the communicator was split from (for messages).
   [[nodiscard]] int world_rank() const noexcept { return group_ ? group_->world_rank(rank_) : -1; }
+  //! The name that errors raised in this communicator give its group ("tp": device_mesh names
+  //! each axis group after its axis). Errors in a group made by split name the group and give
+  //! each rank they mention as "rank 1 (world rank 3)".
+  void set_name(std::string name) {
+    if (state_) state_->name = std::move(name);
+  }
+  [[nodiscard]] std::string const& name() const noexcept {
+    static std::string const none;
+    return state_ ? state_->name : none;
+  }
 
   //! This communicator's default deadline (inherited by split); op_options::timeout overrides it.
   [[nodiscard]] std::chrono::milliseconds timeout() const noexcept {
@@ -641,7 +644,8 @@ class communicator {
     if (size() == 1) {
       finish_local(c, [&] {
         if (color < 0) return;
-        auto g = std::make_shared<detail::group>(1, group_->opts(), std::vector<int>{world_rank()});
+        auto g = std::make_shared<detail::group>(1, group_->opts(), std::vector<int>{world_rank()},
+                                                 true);
         group_->add_child(g, {rank_});
         result = make_child(std::move(g), 0);
       });
@@ -661,7 +665,7 @@ class communicator {
         std::vector<int> world;
         for (int m : members) world.push_back(group_->world_rank(m));
         auto g = std::make_shared<detail::group>(static_cast<int>(members.size()), group_->opts(),
-                                                 std::move(world));
+                                                 std::move(world), true);
         group_->add_child(g, members);
         group_->slot(rank_).split_out = std::move(g);
       }
@@ -711,8 +715,9 @@ class communicator {
     if (!group_) return;
     if (state_->aborted.exchange(true)) return;
     try {
-      group_->abort_tree(rank_, weft::detail::concat("rank ", rank_, " (world rank ", world_rank(),
-                                                     ") called abort()"));
+      group_->abort_tree(rank_, weft::detail::concat(detail::who(*group_, rank_),
+                                                     detail::group_label(*group_, state_->name),
+                                                     " called abort()"));
     } catch (...) {
       group_->abort_tree(rank_, {});
     }
@@ -756,7 +761,8 @@ class communicator {
   [[nodiscard]] std::size_t me() const noexcept { return static_cast<std::size_t>(rank_); }
 
   [[nodiscard]] std::string context(call const& c) const {
-    std::string s = weft::detail::concat(to_string(c.rec.op), " on rank ", rank_);
+    std::string s = weft::detail::concat(to_string(c.rec.op), " on ", detail::who(*group_, rank_),
+                                         detail::group_label(*group_, state_->name));
     if (c.rec.seq != 0) s += weft::detail::concat(" (seq ", c.rec.seq, ")");
     return s;
   }
@@ -924,9 +930,8 @@ class communicator {
           f.origin = gone;
           f.missing = {gone};
           f.message = weft::detail::concat(
-              describe(c.d, grp.size()), " at seq ", seq, " on rank ", rank_, " (world rank ",
-              grp.world_rank(rank_), "): rank ", gone, " (world rank ", grp.world_rank(gone),
-              ") has finished (its function returned or its communicator was destroyed) without "
+              describe(c.d, grp.size()), " at seq ", seq, " on ", detail::who(grp, rank_), ": ",
+              detail::who(grp, gone), " has finished (its function returned or its communicator was destroyed) without "
               "calling it");
           grp.fail_locked(std::move(f));
           return;
@@ -942,8 +947,9 @@ class communicator {
         f.missing = missing;
         f.message = weft::detail::concat(
             describe(c.d, grp.size()), " at seq ", seq, " timed out after ", c.timeout.count(),
-            " ms on rank ", rank_, ": ranks ", detail::rank_list(missing), " did not arrive (arrived: ",
-            detail::rank_list(arrived), "; last completed seq ", seq - 1, ")");
+            " ms on ", detail::who(grp, rank_), ": ranks ", detail::ranks(grp, missing),
+            " did not arrive (arrived: ", detail::ranks(grp, arrived), "; last completed seq ", seq - 1,
+            ")");
         grp.fail_locked(std::move(f));
       });
       if (!closed) return;  // everyone arrived just in time
@@ -998,13 +1004,15 @@ class communicator {
     auto const& da = peer(seq, bad_a);
     auto const& db = peer(seq, bad_b);
     if (da.fp.op == op_kind::all_to_all_v && fields.front() == "counts" && da.fp.op == db.fp.op) {
-      msg = weft::detail::concat("mismatched all_to_all_v at seq ", seq, ": rank ", bad_a,
-                                 " sends ", da.counts[bad_b], " elements to rank ", bad_b,
-                                 " but rank ", bad_b, " expects ", db.counts2[bad_a], " from rank ",
-                                 bad_a, "; they differ in: counts");
+      msg = weft::detail::concat("mismatched all_to_all_v at seq ", seq, ": ",
+                                 detail::who(*group_, bad_a), " sends ", da.counts[bad_b],
+                                 " elements to ", detail::who(*group_, bad_b), " but ",
+                                 detail::who(*group_, bad_b), " expects ", db.counts2[bad_a],
+                                 " from ", detail::who(*group_, bad_a), "; they differ in: counts");
     } else {
-      msg = weft::detail::concat("mismatched collectives at seq ", seq, ": rank ", bad_a, " called ",
-                                 describe(da, n), " but rank ", bad_b, " called ", describe(db, n),
+      msg = weft::detail::concat("mismatched collectives at seq ", seq, ": ", detail::who(*group_, bad_a),
+                                 " called ", describe(da, n), " but ", detail::who(*group_, bad_b),
+                                 " called ", describe(db, n),
                                  "; they differ in: ", list);
     }
     detail::fault_info f;
@@ -1042,7 +1050,7 @@ class communicator {
       f.kind = errc::peer_aborted;
       f.origin = rank_;
       try {
-        f.message = weft::detail::concat("rank ", rank_, " failed inside ", to_string(c.rec.op),
+        f.message = weft::detail::concat(detail::who(*group_, rank_), " failed inside ", to_string(c.rec.op),
                                          " (seq ", seq, "): ", e.what());
       } catch (...) {
       }
@@ -1127,9 +1135,8 @@ class p2p_work final : public weft::comm::detail::work_state {
           f.missing = {peer};
           f.message = weft::detail::concat(
               op_->is_send ? "send" : "recv", " #", op_->seq, " (dtype ", op_->type, ", count ",
-              op_->count, ") ", op_->is_send ? "to" : "from", " rank ", peer, " (world rank ",
-              group_->world_rank(peer), ") on rank ", rank_, ": rank ", peer,
-              " has finished (its function returned or its communicator was destroyed) without "
+              op_->count, ") ", op_->is_send ? "to" : "from", " ", who(*group_, peer), " on ",
+              who(*group_, rank_), ": ", who(*group_, peer), " has finished (its function returned or its communicator was destroyed) without "
               "posting the matching ",
               op_->is_send ? "recv" : "send");
           group_->fail(f);
@@ -1146,9 +1153,10 @@ class p2p_work final : public weft::comm::detail::work_state {
           f.missing = {peer};
           f.message = weft::detail::concat(
               op_->is_send ? "send" : "recv", " #", op_->seq, " (dtype ", op_->type, ", count ",
-              op_->count, ") ", op_->is_send ? "to" : "from", " rank ", peer, " timed out after ",
-              timeout_.count(), " ms on rank ", rank_, ": rank ", peer, " did not post the matching ",
-              op_->is_send ? "recv" : "send", " (missing ranks [", peer, "])");
+              op_->count, ") ", op_->is_send ? "to" : "from", " ", who(*group_, peer),
+              " timed out after ", timeout_.count(), " ms on ", who(*group_, rank_), ": ",
+              who(*group_, peer), " did not post the matching ", op_->is_send ? "recv" : "send",
+              " (missing ranks ", ranks(*group_, {peer}), ")");
           group_->fail(f);
           fail_with(f);
         }
@@ -1176,8 +1184,9 @@ class p2p_work final : public weft::comm::detail::work_state {
   }
 
   [[noreturn]] void fail_with(fault_info const& f) {
-    std::string const ctx = weft::detail::concat(op_->is_send ? "isend" : "irecv", " on rank ",
-                                                 rank_, " (message #", op_->seq, ")");
+    std::string const ctx = weft::detail::concat(op_->is_send ? "isend" : "irecv", " on ",
+                                                 who(*group_, rank_), group_label(*group_, state_->name),
+                                                 " (message #", op_->seq, ")");
     try {
       throw_fault(f, ctx);
     } catch (comm_error const&) {
@@ -1277,7 +1286,8 @@ inline work communicator::post_p2p(bool is_send, buffer_view b, int peer_rank, o
       auto const& snd = is_send ? *op : *match;
       auto const& rcv = is_send ? *match : *op;
       std::string const msg = weft::detail::concat(
-          "mismatched point-to-point message from rank ", snd.src, " to rank ", snd.dst,
+          "mismatched point-to-point message from ", detail::who(*group_, snd.src), " to ",
+          detail::who(*group_, snd.dst),
           ": send #", snd.seq, " has dtype ", snd.type, ", count ", snd.count, " but recv #",
           rcv.seq, " has dtype ", rcv.type, ", count ", rcv.count);
       match->error_kind = errc::mismatch;

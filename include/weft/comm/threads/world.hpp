@@ -79,7 +79,8 @@ class world {
         }
         std::string reason;
         try {
-          reason = weft::detail::concat("rank ", r, " failed: ", detail::describe_exception(e));
+          // "world rank": the reason reaches every group split from the world too.
+          reason = weft::detail::concat("world rank ", r, " failed: ", detail::describe_exception(e));
         } catch (...) {
         }
         root->abort_tree(r, reason);

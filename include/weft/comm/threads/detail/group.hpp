@@ -43,6 +43,21 @@ struct descriptor {
 
 class group;
 
+//! "[0, 1, 2]"; long lists keep their first and last entries: "[0, 1, 2, 3, ..., 255]".
+inline std::string rank_list(std::vector<int> const& v) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v.size() > 10 && i == 4) {
+      s += ", ...";
+      i = v.size() - 2;
+      continue;
+    }
+    if (i != 0) s += ", ";
+    s += std::to_string(v[i]);
+  }
+  return s + "]";
+}
+
 struct alignas(64) rank_slot {
   // desc[seq & 1] is written by its owner for collective `seq` before it arrives at barrier A.
   // A peer can be at most one collective ahead, so the other parity is never overwritten early.
@@ -74,8 +89,9 @@ class group {
  public:
   static constexpr int max_size = (1 << 23) - 1;
 
-  group(int n, options opts, std::vector<int> world_ranks)
+  group(int n, options opts, std::vector<int> world_ranks, bool split = false)
       : n_(n),
+        split_(split),
         opts_(opts),
         world_ranks_(std::move(world_ranks)),
         slots_(new rank_slot[static_cast<std::size_t>(n)]),
@@ -91,6 +107,8 @@ class group {
     return r >= 0 && r < n_ ? world_ranks_[static_cast<std::size_t>(r)] : -1;
   }
   [[nodiscard]] std::vector<int> const& world_ranks() const noexcept { return world_ranks_; }
+  //! Made by split: messages then give world ranks beside group ranks.
+  [[nodiscard]] bool is_split() const noexcept { return split_; }
   [[nodiscard]] rank_slot& slot(int r) noexcept { return slots_[static_cast<std::size_t>(r)]; }
   [[nodiscard]] parking& park() noexcept { return park_; }
 
@@ -273,6 +291,7 @@ class group {
   static constexpr std::uint64_t closed_bit = std::uint64_t{1} << 23;
 
   int n_;
+  bool split_ = false;
   options opts_;
   std::vector<int> world_ranks_;
   std::unique_ptr<rank_slot[]> slots_;
@@ -290,5 +309,30 @@ class group {
   std::vector<std::deque<std::shared_ptr<p2p_op>>> sends_;
   std::vector<std::deque<std::shared_ptr<p2p_op>>> recvs_;
 };
+
+// ---- how messages name ranks and groups ---------------------------------------------------------
+// In a world, a rank is its number. In a group made by split (a mesh axis), a number alone is
+// ambiguous, so messages give both: "rank 1 (world rank 3)", and name the group once.
+
+inline std::string who(group const& g, int r) {
+  if (!g.is_split()) return "rank " + std::to_string(r);
+  return weft::detail::concat("rank ", r, " (world rank ", g.world_rank(r), ")");
+}
+
+//! "[0, 2]" or, in a split group, "[0, 2] (world ranks [4, 6])".
+inline std::string ranks(group const& g, std::vector<int> const& v) {
+  if (!g.is_split()) return rank_list(v);
+  std::vector<int> w;
+  w.reserve(v.size());
+  for (int r : v) w.push_back(g.world_rank(r));
+  return rank_list(v) + " (world ranks " + rank_list(w) + ")";
+}
+
+//! "" in a world; " of group `tp`" for a named split group; " of the group of world ranks [..]".
+inline std::string group_label(group const& g, std::string const& name) {
+  if (!g.is_split()) return {};
+  if (!name.empty()) return " of group `" + name + "`";
+  return " of the group of world ranks " + rank_list(g.world_ranks());
+}
 
 }  // namespace weft::comm::threads::detail
