@@ -229,6 +229,36 @@ TEST_CASE("mpi: debug-mode fingerprints — different collectives and roots") {
   }
 }
 
+TEST_CASE("mpi: errors in a split communicator name the group and both ranks") {
+  if (world_size() < 2) return;
+  auto w = communicator::world(opts(true));
+  int const n = w.size();
+  // Keys reverse the order: group rank g is world rank n - 1 - g.
+  auto c = w.split(0, -w.rank());
+  c.set_name("rev");
+  CHECK(c.name() == "rev");
+  std::vector<float> in(2, 1.0f);
+  std::vector<float> out(static_cast<std::size_t>(2 * n));
+  std::string what;
+  try {
+    if (c.rank() == 0) weft::comm::all_reduce(c, in);
+    else weft::comm::all_gather(c, in, out);
+  } catch (weft::mismatch_error const& e) {
+    what = e.what();
+  }
+  INFO(what);
+  bool const names_group =
+      what.find(weft::detail::concat(c.rank() == 0 ? "all_reduce" : "all_gather", " on rank ",
+                                     c.rank(), " (world rank ", w.rank(), ") of group `rev`")) !=
+      std::string::npos;
+  CHECK(names_group);
+  CHECK(what.find(weft::detail::concat("rank 0 (world rank ", n - 1, ") called all_reduce")) !=
+        std::string::npos);
+  CHECK(what.find(weft::detail::concat("but rank 1 (world rank ", n - 2, ") called all_gather")) !=
+        std::string::npos);
+  CHECK(what.find("[at weft/comm/mpi/communicator.hpp:") != std::string::npos);
+}
+
 TEST_CASE("mpi: a receive nobody sends times out, poisons, and later calls fail at once") {
   auto c = communicator::world(opts());
   if (c.rank() == 0) {

@@ -47,6 +47,15 @@ struct options {
   //! Largest element count (and displacement) handed to one MPI call; MPI counts are `int`, so
   //! larger operations are split into chunks. Lower it only to exercise the chunked paths.
   std::size_t max_count = static_cast<std::size_t>(INT_MAX);
+  //! Data moves through buffers weft owns: inputs are copied in before the MPI call, results
+  //! copied out after it completes. MPI cannot cancel a collective, so a request that outlives its
+  //! deadline stays posted and writes (or reads) its buffers whenever the late peer arrives, even
+  //! inside MPI_Finalize; with weft's buffers (kept for the rest of the process once a request is
+  //! abandoned) the caller may free its own after a timeout_error, return and finalize. false:
+  //! MPI works on the caller's buffers directly (one copy less each way), and after a
+  //! timeout_error those stay on loan to MPI: keep them alive until MPI_Finalize returns, or end
+  //! the job with MPI_Abort.
+  bool own_buffers = true;
 };
 
 //! Optional RAII for programs that own MPI: MPI_Init_thread in the constructor (if MPI is not
@@ -232,6 +241,25 @@ struct shared {
   std::atomic<comm_state> state{comm_state::healthy};
   fault why;
   std::vector<std::shared_ptr<void>> keep;  // staging buffers of a dead request
+  bool abandoned = false;  // a request was left posted (MPI cannot cancel a collective)
+  bool split = false;            // made by split: messages give world ranks beside group ranks
+  std::vector<int> world_ranks;  // rank in MPI_COMM_WORLD of each rank (split communicators)
+  std::string name;              // the group's name in messages (a mesh axis); set_name()
+
+  //! "rank 1", or in a split communicator "rank 1 (world rank 3)".
+  [[nodiscard]] std::string who(int r) const {
+    if (!split || r < 0 || static_cast<std::size_t>(r) >= world_ranks.size())
+      return "rank " + std::to_string(r);
+    return weft::detail::concat("rank ", r, " (world rank ", world_ranks[static_cast<std::size_t>(r)], ")");
+  }
+  //! "" for a world; " of group `tp`" (named) or " of the group of world ranks [..]" for a split.
+  [[nodiscard]] std::string label() const {
+    if (!split) return {};
+    if (!name.empty()) return " of group `" + name + "`";
+    std::vector<int> shown;
+    for (std::size_t i = 0; i < world_ranks.size() && i < 16; ++i) shown.push_back(world_ranks[i]);
+    return " of the group of world ranks " + rank_list(shown) + (world_ranks.size() > 16 ? " ..." : "");
+  }
 
   std::vector<op_record> ring;
   std::uint64_t recorded = 0;
@@ -275,9 +303,11 @@ struct shared {
     MPI_Finalized(&fin);
     if (comm == MPI_COMM_NULL || fin != 0) return;
     if (!keep.empty()) bury(std::move(keep));
-    if (owned) {
-      // Pending requests of a dead communicator complete (or not) on their own; MPI_Comm_free
-      // only marks it for deallocation, so this never blocks.
+    if (owned && abandoned) {
+      // A request left posted still uses the communicator when its late peer arrives (Open MPI's
+      // libnbc sends its next round on it, even inside MPI_Finalize): freeing it here crashed
+      // there. It is left to MPI_Finalize.
+    } else if (owned) {
       MPI_Comm_free(&comm);
     } else if (saved_handler != MPI_ERRHANDLER_NULL) {
       MPI_Comm_set_errhandler(comm, saved_handler);
@@ -306,9 +336,18 @@ struct shared {
 class p2p_work final : public comm::detail::work_state {
  public:
   p2p_work(std::shared_ptr<shared> s, std::vector<MPI_Request> reqs, std::uint64_t record_id,
-           op_record rec, clock::time_point deadline, std::chrono::milliseconds timeout)
+           op_record rec, clock::time_point deadline, std::chrono::milliseconds timeout,
+           std::shared_ptr<std::byte[]> owned = {}, void* user_out = nullptr, std::size_t out_bytes = 0)
       : s_(std::move(s)), reqs_(std::move(reqs)), record_id_(record_id), rec_(std::move(rec)),
-        deadline_(deadline), timeout_(timeout) {}
+        deadline_(deadline), timeout_(timeout), owned_(std::move(owned)), user_out_(user_out),
+        out_bytes_(out_bytes) {}
+  ~p2p_work() override {
+    // Never waited for, or abandoned: the request may still use weft's buffer and communicator.
+    if (!finished_ || !error_.empty()) {
+      s_->abandoned = true;
+      if (owned_) s_->keep.push_back(std::move(owned_));
+    }
+  }
 
   bool wait_until(clock::time_point until) override;
   [[nodiscard]] bool done() const noexcept override {
@@ -328,6 +367,9 @@ class p2p_work final : public comm::detail::work_state {
   op_record rec_;
   clock::time_point deadline_;
   std::chrono::milliseconds timeout_;
+  std::shared_ptr<std::byte[]> owned_;  // weft's copy of the message (options::own_buffers)
+  void* user_out_ = nullptr;             // where a received message goes once complete
+  std::size_t out_bytes_ = 0;
   bool finished_ = false;
   std::string error_;  // a failure already thrown once, thrown again by later waits
   errc error_kind_ = errc::comm;
@@ -388,22 +430,25 @@ inline bool p2p_work::wait_until(clock::time_point until) {
   if (err.empty() && r == poll_result::deadline && until < deadline_) return false;  // caller's limit
   if (err.empty() && r == poll_result::done) {
     finished_ = true;
+    if (out_bytes_ != 0) std::memcpy(user_out_, owned_.get(), out_bytes_);
+    owned_.reset();
     rec_.end = clock::now();
     s_->update(record_id_, rec_);
     s_->call_hook(rec_, true);
     return true;
   }
   if (err.empty() && r == poll_result::aborted) {
-    err = weft::detail::concat(to_string(rec_.op), " on rank ", s_->rank, ": the communicator was aborted");
+    err = weft::detail::concat(to_string(rec_.op), " on ", s_->who(s_->rank), s_->label(),
+                               ": the communicator was aborted");
   } else if (err.empty()) {
     kind = errc::timeout;
     missing = {rec_.root_or_peer};
-    err = weft::detail::concat(to_string(rec_.op), " with peer ", rec_.root_or_peer, " on rank ",
-                               s_->rank, " timed out after ", timeout_.count(),
-                               " ms: rank ", rec_.root_or_peer, " did not take part");
+    err = weft::detail::concat(to_string(rec_.op), " with peer ", rec_.root_or_peer, " on ",
+                               s_->who(s_->rank), s_->label(), " timed out after ", timeout_.count(),
+                               " ms: ", s_->who(rec_.root_or_peer), " did not take part");
     s_->poison({errc::timeout, err, missing});
   } else {
-    err = weft::detail::concat(to_string(rec_.op), " on rank ", s_->rank, ": ", err);
+    err = weft::detail::concat(to_string(rec_.op), " on ", s_->who(s_->rank), s_->label(), ": ", err);
     s_->poison({errc::backend, err, {}});
   }
   for (auto& q : reqs_)
@@ -526,6 +571,16 @@ class communicator {
     WEFT_EXPECTS(t.count() > 0, "timeout", "> 0 ms", t.count());
     if (s_) s_->opts.timeout = t;
   }
+  //! The name that errors raised in this communicator give its group ("tp": device_mesh names
+  //! each axis group after its axis). Errors in a communicator made by split name the group and
+  //! give each rank they mention as "rank 1 (world rank 3)".
+  void set_name(std::string name) {
+    if (s_) s_->name = std::move(name);
+  }
+  [[nodiscard]] std::string const& name() const noexcept {
+    static std::string const none;
+    return s_ ? s_->name : none;
+  }
   //! Turns the debug-mode fingerprint check on or off; every rank must do the same.
   void set_check_fingerprints(bool on) noexcept {
     if (s_) s_->opts.check_fingerprints = on;
@@ -563,7 +618,7 @@ class communicator {
     c.rec.send_bytes = in.bytes();
     c.rec.recv_bytes = out.bytes();
     if (in.count == 0) return finish_trivial(c);
-    return run(c, [&] { reduce_into(c, in, out, op, -1); });
+    return run_staged(c, in, out, true, true, [&] { reduce_into(c, in, out, op, -1); });
   }
 
   work reduce(buffer_view in, buffer_view out, reduce_op op, int root, op_options o = {}) {
@@ -583,7 +638,8 @@ class communicator {
     c.rec.send_bytes = in.bytes();
     c.rec.recv_bytes = is_root ? in.bytes() : 0;
     if (in.count == 0) return finish_trivial(c);
-    return run(c, [&] { reduce_into(c, in, is_root ? out : in, op, root); });
+    return run_staged(c, in, out, true, is_root,
+                      [&] { reduce_into(c, in, is_root ? out : in, op, root); });
   }
 
   work reduce_scatter(buffer_view in, buffer_view out, reduce_op op = {}, op_options o = {}) {
@@ -602,7 +658,7 @@ class communicator {
     c.rec.recv_bytes = out.bytes();
     if (out.count == 0) return finish_trivial(c);
     std::vector<std::size_t> counts(n, out.count);
-    return run(c, [&] { reduce_scatter_into(c, in, out, counts, op); });
+    return run_staged(c, in, out, true, true, [&] { reduce_scatter_into(c, in, out, counts, op); });
   }
 
   work reduce_scatter_v(buffer_view in, buffer_view out, std::span<std::size_t const> counts,
@@ -625,7 +681,7 @@ class communicator {
     c.rec.send_bytes = in.bytes();
     c.rec.recv_bytes = out.bytes();
     if (off.back() == 0) return finish_trivial(c);
-    return run(c, [&] { reduce_scatter_into(c, in, out, counts, op); });
+    return run_staged(c, in, out, true, true, [&] { reduce_scatter_into(c, in, out, counts, op); });
   }
 
   // ---- data movement ---------------------------------------------------------------------------
@@ -646,7 +702,7 @@ class communicator {
     c.rec.send_bytes = is_root ? in.bytes() : 0;
     c.rec.recv_bytes = out.bytes();
     if (out.count == 0) return finish_trivial(c);
-    return run(c, [&] {
+    return run_staged(c, in, out, is_root, true, [&] {
       if (is_root && in.data != out.data) std::memcpy(out.data, in.data, out.bytes());
       if (out.count <= max_count()) {
         post(c, MPI_Ibcast(out.data, to_int(out.count), detail::move_type(out.type), root,
@@ -677,7 +733,7 @@ class communicator {
     c.rec.recv_bytes = out.bytes();
     if (in.count == 0) return finish_trivial(c);
     std::vector<std::size_t> counts(n, in.count);
-    return run(c, [&] { gather_v(c, in, out, counts, in_place, -1); });
+    return run_staged(c, in, out, true, true, [&] { gather_v(c, in, out, counts, in_place, -1); });
   }
 
   work all_gather_v(buffer_view in, buffer_view out, std::span<std::size_t const> counts,
@@ -700,7 +756,7 @@ class communicator {
     c.rec.send_bytes = in.bytes();
     c.rec.recv_bytes = out.bytes();
     if (off.back() == 0) return finish_trivial(c);
-    return run(c, [&] { gather_v(c, in, out, counts, in_place, -1); });
+    return run_staged(c, in, out, true, true, [&] { gather_v(c, in, out, counts, in_place, -1); });
   }
 
   work gather(buffer_view in, buffer_view out, int root, op_options o = {}) {
@@ -724,7 +780,9 @@ class communicator {
     c.rec.recv_bytes = is_root ? out.bytes() : 0;
     if (in.count == 0) return finish_trivial(c);
     std::vector<std::size_t> counts(n, in.count);
-    return run(c, [&] { gather_v(c, in, is_root ? out : buffer_view{}, counts, in_place, root); });
+    return run_staged(c, in, out, true, is_root, [&] {
+      gather_v(c, in, is_root ? out : buffer_view{}, counts, in_place, root);
+    });
   }
 
   work scatter(buffer_view in, buffer_view out, int root, op_options o = {}) {
@@ -747,7 +805,7 @@ class communicator {
     c.rec.send_bytes = is_root ? in.bytes() : 0;
     c.rec.recv_bytes = out.bytes();
     if (out.count == 0) return finish_trivial(c);
-    return run(c, [&] {
+    return run_staged(c, in, out, is_root, true, [&] {
       auto const t = detail::move_type(out.type);
       auto const b = out.count;
       if (n * b <= max_count()) {
@@ -783,7 +841,7 @@ class communicator {
     c.rec.recv_bytes = out.bytes();
     if (in.count == 0) return finish_trivial(c);
     std::vector<std::size_t> counts(n, in.count / n);
-    return run(c, [&] { all_to_all_into(c, in, out, counts, counts, true); });
+    return run_staged(c, in, out, true, true, [&] { all_to_all_into(c, in, out, counts, counts, true); });
   }
 
   work all_to_all_v(buffer_view in, buffer_view out, std::span<std::size_t const> send_counts,
@@ -809,7 +867,8 @@ class communicator {
     c.counts2.assign(recv_counts.begin(), recv_counts.end());
     c.rec.send_bytes = in.bytes();
     c.rec.recv_bytes = out.bytes();
-    return run(c, [&] { all_to_all_into(c, in, out, send_counts, recv_counts, false); });
+    return run_staged(c, in, out, true, true,
+                      [&] { all_to_all_into(c, in, out, send_counts, recv_counts, false); });
   }
 
   work barrier(op_options o = {}) {
@@ -843,6 +902,7 @@ class communicator {
     s->opts = s_->opts;
     s->comm = nc;
     s->owned = true;
+    s->split = true;
     WEFT_MPI_TRY(MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN));
     return communicator(std::move(s));
   }
@@ -881,6 +941,20 @@ class communicator {
   explicit communicator(std::shared_ptr<detail::shared> s) : s_(std::move(s)) {
     WEFT_MPI_TRY(MPI_Comm_rank(s_->comm, &s_->rank));
     WEFT_MPI_TRY(MPI_Comm_size(s_->comm, &s_->size));
+    if (s_->split) {
+      // Local: where each rank of this group sits in MPI_COMM_WORLD, for messages.
+      MPI_Group mine = MPI_GROUP_NULL;
+      MPI_Group world = MPI_GROUP_NULL;
+      WEFT_MPI_TRY(MPI_Comm_group(s_->comm, &mine));
+      WEFT_MPI_TRY(MPI_Comm_group(MPI_COMM_WORLD, &world));
+      std::vector<int> ranks(static_cast<std::size_t>(s_->size));
+      for (int r = 0; r < s_->size; ++r) ranks[static_cast<std::size_t>(r)] = r;
+      s_->world_ranks.assign(ranks.size(), MPI_UNDEFINED);
+      int const rc = MPI_Group_translate_ranks(mine, s_->size, ranks.data(), world, s_->world_ranks.data());
+      MPI_Group_free(&mine);
+      MPI_Group_free(&world);
+      WEFT_MPI_TRY(rc);
+    }
   }
 
   static void check_options(options const& o) {
@@ -894,7 +968,7 @@ class communicator {
   static int to_int(std::size_t v) noexcept { return static_cast<int>(v); }
 
   [[nodiscard]] std::string context(call const& c) const {
-    std::string s = weft::detail::concat(to_string(c.rec.op), " on rank ", rank());
+    std::string s = weft::detail::concat(to_string(c.rec.op), " on ", s_->who(rank()), s_->label());
     if (c.rec.seq != 0) s += weft::detail::concat(" (seq ", c.rec.seq, ")");
     return s;
   }
@@ -979,11 +1053,65 @@ class communicator {
     return work{};
   }
 
+  // options::own_buffers: points `in` (when read) and `out` (when written) at weft's memory, held
+  // by the call until it completes and buried with it when abandoned; returns what copies the
+  // result back. Exact in-place forms (in and out overlap) share one staging region, so every
+  // pointer relation the bodies test (in == out, in == out + offset) still holds.
+  struct staged_out {
+    void* user = nullptr;
+    std::byte const* owned = nullptr;
+    std::size_t bytes = 0;
+  };
+  staged_out stage(call& c, buffer_view& in, buffer_view& out, bool reads_in, bool writes_out) {
+    staged_out back;
+    bool const use_in = reads_in && in.count != 0;
+    bool const use_out = writes_out && out.count != 0;
+    auto own = [&](std::size_t bytes) {
+      std::shared_ptr<std::byte[]> p(new std::byte[bytes]);
+      c.keep.push_back(p);
+      return p.get();
+    };
+    if (use_in && use_out && detail::overlap(in, out)) {
+      auto const a = reinterpret_cast<std::uintptr_t>(in.data);
+      auto const b = reinterpret_cast<std::uintptr_t>(out.data);
+      auto const lo = std::min(a, b);
+      auto const hi = std::max(a + in.bytes(), b + out.bytes());
+      std::byte* const base = own(hi - lo);
+      std::memcpy(base, reinterpret_cast<void const*>(lo), hi - lo);
+      back = {out.data, base + (b - lo), out.bytes()};
+      in.data = base + (a - lo);
+      out.data = base + (b - lo);
+      return back;
+    }
+    if (use_in) {
+      std::byte* const p = own(in.bytes());
+      std::memcpy(p, in.data, in.bytes());
+      in.data = p;
+    }
+    if (use_out) {
+      std::byte* const p = own(out.bytes());
+      back = {out.data, p, out.bytes()};
+      out.data = p;
+    }
+    return back;
+  }
+
+  template <class Body>
+  work run_staged(call& c, buffer_view& in, buffer_view& out, bool reads_in, bool writes_out,
+                  Body&& body) {
+    if (!s_->opts.own_buffers) return run(c, std::forward<Body>(body));
+    staged_out const back = stage(c, in, out, reads_in, writes_out);
+    work w = run(c, std::forward<Body>(body));
+    if (back.bytes != 0) std::memcpy(back.user, back.owned, back.bytes);
+    return w;
+  }
+
   [[noreturn]] void fail(call& c, detail::fault f) {
     if (!c.reqs.empty() || !c.keep.empty()) {
-      // Requests that may never complete keep their staging buffers.
+      // Requests that may never complete keep their staging buffers (and their communicator).
       for (auto& k : c.keep) s_->keep.push_back(std::move(k));
       c.keep.clear();
+      if (!c.reqs.empty()) s_->abandoned = true;
     }
     s_->poison(f);
     std::string const msg = context(c) + ": " + f.message;
@@ -1022,6 +1150,7 @@ class communicator {
     if (r == detail::poll_result::aborted) {
       for (auto& k : c.keep) s_->keep.push_back(std::move(k));
       c.keep.clear();
+      s_->abandoned = true;
       WEFT_THROW(comm_error, context(c), ": the communicator was aborted while waiting");
     }
     fail(c, {errc::timeout,
@@ -1114,8 +1243,8 @@ class communicator {
       std::string list;
       for (auto f : fields) list += (list.empty() ? "" : ", ") + std::string(f);
       fail(c, {errc::mismatch,
-               weft::detail::concat("mismatched collectives: rank 0 called ", describe_fp(f0, c0),
-                                    " but rank ", s, " called ", describe_fp(fs, cs),
+               weft::detail::concat("mismatched collectives: ", s_->who(0), " called ", describe_fp(f0, c0),
+                                    " but ", s_->who(static_cast<int>(s)), " called ", describe_fp(fs, cs),
                                     "; they differ in: ", list),
                {}});
     }
@@ -1124,10 +1253,11 @@ class communicator {
         for (std::size_t s = 0; s < n; ++s)
           if (row(r)[6 + s] != row(s)[6 + n + r])
             fail(c, {errc::mismatch,
-                     weft::detail::concat("mismatched all_to_all_v at seq ", f0.seq, ": rank ", r,
-                                          " sends ", row(r)[6 + s], " elements to rank ", s,
-                                          " but rank ", s, " expects ", row(s)[6 + n + r],
-                                          " from rank ", r, "; they differ in: counts"),
+                     weft::detail::concat("mismatched all_to_all_v at seq ", f0.seq, ": ",
+                                          s_->who(static_cast<int>(r)), " sends ", row(r)[6 + s],
+                                          " elements to ", s_->who(static_cast<int>(s)), " but ",
+                                          s_->who(static_cast<int>(s)), " expects ", row(s)[6 + n + r],
+                                          " from ", s_->who(static_cast<int>(r)), "; they differ in: counts"),
                      {}});
     }
   }
@@ -1383,6 +1513,21 @@ class communicator {
     c.rec.root_or_peer = peer;
     (kind == op_kind::send ? c.rec.send_bytes : c.rec.recv_bytes) = b.bytes();
     auto const mt = detail::move_type(b.type);
+    // options::own_buffers: the message travels from (or into) weft's copy.
+    std::shared_ptr<std::byte[]> owned;
+    void* user_out = nullptr;
+    std::size_t out_bytes = 0;
+    if (s_->opts.own_buffers && b.count != 0) {
+      owned.reset(new std::byte[b.bytes()]);
+      c.keep.push_back(owned);
+      if (kind == op_kind::send) {
+        std::memcpy(owned.get(), b.data, b.bytes());
+      } else {
+        user_out = b.data;
+        out_bytes = b.bytes();
+      }
+      b.data = owned.get();
+    }
     // A zero-length message still travels (it pairs with the peer's call).
     std::size_t done = 0;
     do {
@@ -1396,7 +1541,8 @@ class communicator {
     } while (done < b.count);
     auto const id = s_->add(c.rec);
     return work(std::make_shared<detail::p2p_work>(s_, std::move(c.reqs), id, c.rec,
-                                                   clock::now() + c.timeout, c.timeout));
+                                                   clock::now() + c.timeout, c.timeout,
+                                                   std::move(owned), user_out, out_bytes));
   }
 
   std::shared_ptr<detail::shared> s_;
