@@ -193,31 +193,12 @@ class group {
 
   //! Poisons this group and every group split from it (transitively): each waiter throws
   //! peer_aborted_error. `origin` is a rank of this group (-1 if none); `reason` says why.
+  //! Every group of the tree records its fault before any waiter is woken: a rank woken by one
+  //! group then finds the others poisoned too, and cannot return and depart (see depart) in time
+  //! for a peer elsewhere in the tree to report that departure instead of the abort.
   void abort_tree(int origin, std::string const& reason) noexcept {
-    try {
-      // Children first: a rank woken by this group's fault then finds its sub-groups poisoned.
-      std::vector<std::pair<std::shared_ptr<group>, std::vector<int>>> kids;
-      {
-        std::lock_guard<std::mutex> lock(children_mutex_);
-        for (auto const& [weak, members] : children_)
-          if (auto g = weak.lock()) kids.emplace_back(std::move(g), members);
-      }
-      for (auto& [g, members] : kids) {
-        int child_origin = -1;
-        for (std::size_t i = 0; i < members.size(); ++i)
-          if (members[i] == origin) child_origin = static_cast<int>(i);
-        g->abort_tree(child_origin, reason);
-      }
-      fault_info f;
-      f.kind = errc::peer_aborted;
-      f.origin = origin;
-      f.message = reason;
-      fail(std::move(f));
-    } catch (...) {
-      // Out of memory while describing the fault: still poison, with an empty record.
-      faulted_.store(true, std::memory_order_release);
-      park_.notify_all();
-    }
+    record_abort_tree(origin, reason);
+    wake_tree();
   }
 
   // ---- departures ----------------------------------------------------------------------------
@@ -264,6 +245,44 @@ class group {
   [[nodiscard]] bool departed(int r) noexcept {
     return departed_count_.load(std::memory_order_acquire) != 0 &&
            slot(r).departed.load(std::memory_order_acquire);
+  }
+
+  // abort_tree's two passes: record the fault in this group and its descendants, then wake them.
+  void record_abort_tree(int origin, std::string const& reason) noexcept {
+    try {
+      {
+        fault_info f;
+        f.kind = errc::peer_aborted;
+        f.origin = origin;
+        f.message = reason;
+        std::lock_guard<std::mutex> lock(fault_mutex_);
+        fail_locked(std::move(f));
+      }
+      for (auto& [g, members] : live_children()) {
+        int child_origin = -1;
+        for (std::size_t i = 0; i < members.size(); ++i)
+          if (members[i] == origin) child_origin = static_cast<int>(i);
+        g->record_abort_tree(child_origin, reason);
+      }
+    } catch (...) {
+      // Out of memory while describing the fault: still poison, with an empty record.
+      faulted_.store(true, std::memory_order_release);
+    }
+  }
+  void wake_tree() noexcept {
+    park_.notify_all();
+    try {
+      for (auto& [g, members] : live_children()) g->wake_tree();
+    } catch (...) {
+      // Out of memory: the sub-groups' waiters see the poison at their next wake-up or deadline.
+    }
+  }
+  std::vector<std::pair<std::shared_ptr<group>, std::vector<int>>> live_children() {
+    std::vector<std::pair<std::shared_ptr<group>, std::vector<int>>> kids;
+    std::lock_guard<std::mutex> lock(children_mutex_);
+    for (auto const& [weak, members] : children_)
+      if (auto g = weak.lock()) kids.emplace_back(std::move(g), members);
+    return kids;
   }
 
   //! Registers a group split from this one; `members[i]` is the rank here of its rank i.
