@@ -545,7 +545,7 @@ TEST_CASE("faults: a rank whose function returns makes peers waiting for it fail
                                   } catch (weft::peer_aborted_error const& e) {
                                     CHECK(e.origin_rank() == gone);
                                     CHECK(contains(e.what(), "finished"));
-                                    CHECK(contains(e.what(), "world rank " + std::to_string(gone)));
+                                    CHECK(contains(e.what(), "rank " + std::to_string(gone) + " has finished"));
                                     ++failed_fast;
                                     throw;
                                   }
