@@ -584,6 +584,32 @@ TEST_CASE("faults: a rank that returns from a split group's function fails only 
   CHECK(ms_since(t0) < 2000.0);
 }
 
+TEST_CASE("faults: a rank that throws with a split communicator alive is reported as failed, not finished") {
+  // Unwinding destroys rank 3's split communicator before threads::world catches the exception:
+  // its peer must hear the exception's reason, not "has finished".
+  std::atomic<bool> told{false};
+  CHECK_THROWS_WITH_AS(
+      weft::test::run_ranks(4,
+                            [&](communicator& c) {
+                              auto sub = c.split(c.rank() / 2, c.rank());
+                              if (c.rank() == 3) {
+                                std::this_thread::sleep_for(20ms);
+                                throw std::runtime_error("boom in rank 3");
+                              }
+                              if (c.rank() != 2) return;
+                              try {
+                                sub.barrier();
+                              } catch (weft::peer_aborted_error const& e) {
+                                CHECK(contains(e.what(), "boom in rank 3"));
+                                CHECK_FALSE(contains(e.what(), "has finished"));
+                                told = true;
+                                throw;
+                              }
+                            }),
+      "boom in rank 3", std::runtime_error);
+  CHECK(told.load());
+}
+
 TEST_CASE("faults: ranks that all make the same invalid call each get their own argument error") {
   // The first rank to throw aborts the world (threads::world does); the others, arriving later,
   // must still see their own argument error: validation comes before the poison check.

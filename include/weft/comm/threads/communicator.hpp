@@ -1357,7 +1357,9 @@ inline void communicator::release() noexcept {
         [&] { return op->state.load(std::memory_order_acquire) != detail::p2p_op::claimed; },
         detail::clock::time_point::max());
   state_->outstanding.clear();
-  group_->depart(rank_, false);
+  // Destroyed by an exception's unwinding, the rank is failing, not finishing: world::run's catch
+  // then aborts the tree with the real reason, which a departure would otherwise pre-empt.
+  if (std::uncaught_exceptions() == 0) group_->depart(rank_, false);
   group_.reset();
   state_.reset();
   rank_ = -1;
