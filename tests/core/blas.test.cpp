@@ -75,21 +75,27 @@ void check_gemm(double tol) {
 long this_thread_id() { return static_cast<long>(::syscall(SYS_gettid)); }
 
 // user + system CPU time, in clock ticks, of every thread of this process.
+// utime + stime of one /proc/.../stat file; -1 if it could not be read (the thread ended).
+long ticks_of(std::filesystem::path const& stat) {
+  std::ifstream in(stat);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto const close = text.rfind(')');
+  if (close == std::string::npos || close + 2 > text.size()) return -1;
+  std::istringstream fields(text.substr(close + 2));  // field 3 (state) onwards
+  std::string field;
+  long utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14) utime = std::stol(field);
+    if (i == 15) stime = std::stol(field);
+  }
+  return utime + stime;
+}
+
 std::map<long, long> cpu_ticks_by_thread() {
   std::map<long, long> out;
   for (auto const& entry : std::filesystem::directory_iterator("/proc/self/task")) {
-    std::ifstream in(entry.path() / "stat");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto const close = text.rfind(')');
-    if (close == std::string::npos) continue;
-    std::istringstream fields(text.substr(close + 2));  // field 3 (state) onwards
-    std::string field;
-    long utime = 0, stime = 0;
-    for (int i = 3; i <= 15 && fields >> field; ++i) {
-      if (i == 14) utime = std::stol(field);
-      if (i == 15) stime = std::stol(field);
-    }
-    out[std::stol(entry.path().filename().string())] = utime + stime;
+    long const t = ticks_of(entry.path() / "stat");
+    if (t >= 0) out[std::stol(entry.path().filename().string())] = t;
   }
   return out;
 }
@@ -133,9 +139,11 @@ cpu_split measure_on_ranks(int n, F per_rank) {
     per_rank();
     comm.barrier();
     // A rank thread ends with run(), so its ticks are read while it is alive.
-    auto const now = cpu_ticks_by_thread();
+    // Its own stat file, not a directory listing: /proc's readdir may skip an entry while other
+    // threads start or end (seen under ASan).
+    long const own = ticks_of("/proc/thread-self/stat");
     std::lock_guard<std::mutex> const lock(mutex);
-    rank_ticks[this_thread_id()] = now.at(this_thread_id());
+    rank_ticks[this_thread_id()] = own;
   });
   auto const after = cpu_ticks_by_thread();
   cpu_split s;
