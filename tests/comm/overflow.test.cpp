@@ -21,7 +21,7 @@ namespace {
 using weft::comm::buffer_view;
 using weft::comm::host_view;
 using weft::comm::threads::communicator;
-constexpr std::size_t max = std::numeric_limits<std::size_t>::max();
+constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
 
 bool contains(std::string const& s, std::string const& part) { return s.find(part) != std::string::npos; }
 
@@ -38,14 +38,14 @@ buffer_view fake(float* p, std::size_t count) {
 TEST_CASE("checked: add, mul, bytes and offsets throw invalid_argument_error naming the argument") {
   using namespace weft::comm::detail;
   CHECK(checked_add(2, 3, "x") == 5);
-  CHECK(checked_mul(max / 2, 2, "x") == max - 1);
-  CHECK_THROWS_AS(checked_add(max, 1, "a + b"), weft::invalid_argument_error);
-  CHECK_THROWS_AS(checked_mul(max / 2 + 1, 2, "a * b"), weft::invalid_argument_error);
-  CHECK(checked_bytes(max / 4, weft::dtype::f32, "n") == (max / 4) * 4);
-  CHECK_THROWS_AS(checked_bytes(max / 4 + 1, weft::dtype::f32, "n"), weft::invalid_argument_error);
+  CHECK(checked_mul(size_max / 2, 2, "x") == size_max - 1);
+  CHECK_THROWS_AS(checked_add(size_max, 1, "a + b"), weft::invalid_argument_error);
+  CHECK_THROWS_AS(checked_mul(size_max / 2 + 1, 2, "a * b"), weft::invalid_argument_error);
+  CHECK(checked_bytes(size_max / 4, weft::dtype::f32, "n") == (size_max / 4) * 4);
+  CHECK_THROWS_AS(checked_bytes(size_max / 4 + 1, weft::dtype::f32, "n"), weft::invalid_argument_error);
   std::vector<std::size_t> const ok{1, 2, 3};
   CHECK(checked_offsets(ok, weft::dtype::f64, "counts") == std::vector<std::size_t>{0, 1, 3, 6});
-  std::vector<std::size_t> const wraps{max, 1};  // sums to 0 unchecked
+  std::vector<std::size_t> const wraps{size_max, 1};  // sums to 0 unchecked
   try {
     (void)checked_sum(wraps, weft::dtype::u8, "counts");
     FAIL("the sum wrapped silently");
@@ -55,7 +55,7 @@ TEST_CASE("checked: add, mul, bytes and offsets throw invalid_argument_error nam
     CHECK(contains(e.what(), "actual"));
   }
   // Fits in elements, not in bytes.
-  std::vector<std::size_t> const big{max / 8, max / 8 + 1};
+  std::vector<std::size_t> const big{size_max / 8, size_max / 8 + 1};
   CHECK_THROWS_AS((void)checked_sum(big, weft::dtype::f64, "counts"), weft::invalid_argument_error);
   CHECK(checked_sum(big, weft::dtype::u8, "counts") == big[0] + big[1]);  // no overflow in u8
 }
@@ -77,7 +77,7 @@ TEST_CASE("threads: _v counts that overflow are rejected on every rank before co
       };
       // counts {SIZE_MAX, 1, 0, ...}: the unchecked sum is 0.
       std::vector<std::size_t> counts(un, 0);
-      counts[0] = max;
+      counts[0] = size_max;
       counts[1] = 1;
       auto const mine = counts[static_cast<std::size_t>(c.rank())];
       auto expect_counts_error = [&](auto&& f, char const* arg) {
@@ -124,7 +124,7 @@ TEST_CASE("threads: size() * count that wraps around is rejected, not taken as a
 TEST_CASE("threads: a buffer whose bytes do not fit in std::size_t is rejected") {
   weft::test::run_ranks(2, [&](communicator& c) {
     float dummy[1] = {0.0f};
-    auto const b = fake(dummy, max / 2);  // * 4 bytes wraps
+    auto const b = fake(dummy, size_max / 2);  // * 4 bytes wraps
     CHECK_THROWS_AS(c.all_reduce(b, b), weft::invalid_argument_error);
     CHECK_THROWS_AS(c.broadcast(b, b, 0), weft::invalid_argument_error);
     CHECK(c.state() == weft::comm::comm_state::healthy);
