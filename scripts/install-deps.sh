@@ -5,7 +5,7 @@
 set -euo pipefail
 
 packages=(
-  cmake ninja-build g++ clang
+  cmake ninja-build g++ clang clang-format
   doctest-dev librange-v3-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev libbenchmark-dev
