@@ -1,12 +1,12 @@
 // weft/core/exec.hpp — executors: where and how per-element work runs. `exec::host` (a plain
 // loop, or an OpenMP team), `exec::cuda{stream}` (a kernel on a stream; needs weft::cuda and an
-// nvcc translation unit to launch), for_each_index over them, and fill/copy through an executor.
+// nvcc translation unit to launch), and for_each_index over them. fill and copy through an executor are in
+// weft/core/algorithm/{fill,copy}.hpp.
 #pragma once
 
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/memory.hpp>
-#include <weft/core/tensor.hpp>
 
 #include <concepts>
 #include <cstddef>
@@ -144,101 +144,5 @@ static_assert(Executor<exec::host>);
 #if WEFT_HAS_CUDA_RUNTIME
 static_assert(Executor<exec::cuda>);
 #endif
-
-// ---- tensor algorithms over an executor -----------------------------------------------------
-
-namespace detail {
-
-// Row-major linear index -> element offset of a strided view; the same code on host and device.
-template <std::size_t R>
-struct strided_offset {
-  index_array<R> extents;
-  index_array<R> strides;
-  WEFT_HD constexpr index_t operator()(index_t i) const noexcept {
-    index_t offset = 0;
-    for (std::size_t k = R; k-- > 0;) {
-      index_t const q = i / extents[k];
-      offset += (i - q * extents[k]) * strides[k];
-      i = q;
-    }
-    return offset;
-  }
-};
-
-template <class T>
-struct fill_contiguous_fn {
-  T* data;
-  T value;
-  WEFT_HD void operator()(index_t i) const noexcept { data[i] = value; }
-};
-
-template <class T, std::size_t R>
-struct fill_strided_fn {
-  T* data;
-  strided_offset<R> at;
-  T value;
-  WEFT_HD void operator()(index_t i) const noexcept { data[at(i)] = value; }
-};
-
-template <class T>
-struct copy_contiguous_fn {
-  T* dst;
-  T const* src;
-  WEFT_HD void operator()(index_t i) const noexcept { dst[i] = src[i]; }
-};
-
-template <class T, std::size_t R>
-struct copy_strided_fn {
-  T* dst;
-  strided_offset<R> dst_at;
-  T const* src;
-  strided_offset<R> src_at;
-  WEFT_HD void operator()(index_t i) const noexcept { dst[dst_at(i)] = src[src_at(i)]; }
-};
-
-template <Tensor V>
-strided_offset<V::rank()> offsets_of(V const& v) {
-  return {extents_of(v), strides_of(v)};
-}
-
-}  // namespace detail
-
-//! Sets every element of `v` to `value`, running on `ex` (asynchronous for exec::cuda). The
-//! view must live in the executor's memory space. Call it qualified (weft::fill): unqualified,
-//! ADL also finds cuda::std::fill through the view's type.
-template <Executor E, TensorIn<memory_space_t<E>> V>
-  requires MutableTensor<V>
-void fill(E const& ex, V const& v, typename V::value_type const& value) {
-  using T = typename V::value_type;
-  auto const n = static_cast<index_t>(v.size());
-  if (n == 0) return;
-  if (is_contiguous(v)) {
-    for_each_index(ex, n, detail::fill_contiguous_fn<T>{v.data_handle(), value});
-  } else {
-    using fn = detail::fill_strided_fn<T, V::rank()>;
-    for_each_index(ex, n, fn{v.data_handle(), detail::offsets_of(v), value});
-  }
-}
-
-//! Element-wise copy between two views of the executor's memory space, any layouts (the
-//! cross-space copy is weft::copy(dst, src) in tensor.hpp). Extents must match (shape_error,
-//! checked before anything runs); the views must not overlap. Call it qualified (weft::copy).
-template <Executor E, TensorIn<memory_space_t<E>> Dst, TensorIn<memory_space_t<E>> Src>
-  requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
-           (Dst::rank() == Src::rank())
-void copy(E const& ex, Dst const& dst, Src const& src) {
-  using T = typename Dst::value_type;
-  detail::check_same_extents(dst, src);
-  auto const n = static_cast<index_t>(dst.size());
-  if (n == 0) return;
-  if (is_contiguous(dst) && is_contiguous(src)) {
-    for_each_index(ex, n, detail::copy_contiguous_fn<T>{dst.data_handle(), src.data_handle()});
-  } else {
-    using fn = detail::copy_strided_fn<T, Dst::rank()>;
-    for_each_index(ex, n,
-                   fn{dst.data_handle(), detail::offsets_of(dst), src.data_handle(),
-                      detail::offsets_of(src)});
-  }
-}
 
 }  // namespace weft
