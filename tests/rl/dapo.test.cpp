@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-using weft::rl::index_t;
+using weft::index_t;
 
 TEST_CASE("soft overlong punishment: Eq. 13 points") {
   weft::rl::overlong_shaping const s{20480, 4096, 1.0};

@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace {
-using weft::rl::index_t;
+using weft::index_t;
 using weft::rl::logprob_options;
 using weft::rl::loss_agg;
 using weft::rl::policy_loss_config;
@@ -235,14 +235,14 @@ TEST_CASE("issue 9.3: a NaN or +inf logit gives NaN log-prob, entropy and lse (n
   CHECK(std::isnan(lpb[1]));
   CHECK(std::isnan(dzb[0]));
   // The functors of the CUDA kernel poison the same way.
-  weft::rl::softmax_stats<float> s{};
-  s = weft::rl::softmax_push{}(s, 1.0f);
-  auto const bad = weft::rl::softmax_push{}(s, pinf);
-  CHECK(std::isnan(weft::rl::softmax_finish{}.lse(bad)));
-  CHECK(std::isnan(weft::rl::softmax_finish{}.lse(weft::rl::softmax_merge{}(s, bad))));
-  CHECK(std::isnan(weft::rl::softmax_finish{}.lse(weft::rl::softmax_merge{}(bad, s))));
-  CHECK(std::isnan(weft::rl::softmax_finish{}.lse(weft::rl::softmax_push{}(bad, 2.0f))));
-  CHECK(std::isnan(weft::rl::softmax_finish{}.lse(weft::rl::softmax_push{}(s, nan))));
+  weft::softmax_stats<float> s{};
+  s = weft::softmax_push{}(s, 1.0f);
+  auto const bad = weft::softmax_push{}(s, pinf);
+  CHECK(std::isnan(weft::softmax_finish{}.lse(bad)));
+  CHECK(std::isnan(weft::softmax_finish{}.lse(weft::softmax_merge{}(s, bad))));
+  CHECK(std::isnan(weft::softmax_finish{}.lse(weft::softmax_merge{}(bad, s))));
+  CHECK(std::isnan(weft::softmax_finish{}.lse(weft::softmax_push{}(bad, 2.0f))));
+  CHECK(std::isnan(weft::softmax_finish{}.lse(weft::softmax_push{}(s, nan))));
 }
 
 TEST_CASE("issue 9.3: a temperature whose inverse is not a finite normal of the compute type is rejected") {

@@ -13,7 +13,7 @@
 #include <vector>
 
 namespace {
-using weft::rl::index_t;
+using weft::index_t;
 using weft::rl::logprob_options;
 
 struct ref_out {
@@ -57,29 +57,29 @@ std::vector<L> random_logits(std::uint64_t seed, std::size_t n, double scale) {
 TEST_CASE("weft's polynomial exp matches libm and keeps the IEEE specials") {
   float max_rel_f = 0;
   for (float x = -87.0f; x < 88.5f; x += 0.01234f) {
-    float const a = weft::rl::fast_exp(x);
+    float const a = weft::fast_exp(x);
     float const b = std::exp(x);
     max_rel_f = std::max(max_rel_f, std::abs(a - b) / b);
   }
   CHECK(max_rel_f < 3e-7f);
   double max_rel_d = 0;
   for (double x = -700.0; x < 709.0; x += 0.0731) {
-    double const a = weft::rl::fast_exp(x);
+    double const a = weft::fast_exp(x);
     double const b = std::exp(x);
     max_rel_d = std::max(max_rel_d, std::abs(a - b) / b);
   }
   CHECK(max_rel_d < 2e-15);
   float const inf = std::numeric_limits<float>::infinity();
-  CHECK(weft::rl::fast_exp(-inf) == 0.0f);
-  CHECK(weft::rl::fast_exp(inf) == inf);
-  CHECK(weft::rl::fast_exp(100.0f) == inf);
-  CHECK(weft::rl::fast_exp(-100.0f) == 0.0f);
-  CHECK(std::isnan(weft::rl::fast_exp(std::numeric_limits<float>::quiet_NaN())));
-  CHECK(weft::rl::fast_exp(0.0f) == 1.0f);
-  CHECK(weft::rl::fast_exp(-std::numeric_limits<double>::infinity()) == 0.0);
-  CHECK(weft::rl::fast_exp(710.0) == std::numeric_limits<double>::infinity());
-  CHECK(weft::rl::fast_exp(709.7) == doctest::Approx(std::exp(709.7)).epsilon(1e-14));
-  CHECK(weft::rl::fast_exp(88.7f) == doctest::Approx(std::exp(88.7f)).epsilon(1e-6));
+  CHECK(weft::fast_exp(-inf) == 0.0f);
+  CHECK(weft::fast_exp(inf) == inf);
+  CHECK(weft::fast_exp(100.0f) == inf);
+  CHECK(weft::fast_exp(-100.0f) == 0.0f);
+  CHECK(std::isnan(weft::fast_exp(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(weft::fast_exp(0.0f) == 1.0f);
+  CHECK(weft::fast_exp(-std::numeric_limits<double>::infinity()) == 0.0);
+  CHECK(weft::fast_exp(710.0) == std::numeric_limits<double>::infinity());
+  CHECK(weft::fast_exp(709.7) == doctest::Approx(std::exp(709.7)).epsilon(1e-14));
+  CHECK(weft::fast_exp(88.7f) == doctest::Approx(std::exp(88.7f)).epsilon(1e-6));
 }
 
 TEST_CASE("log-probs and entropy equal a naive two-pass softmax (f64 and f32, temperature)") {
@@ -251,16 +251,16 @@ TEST_CASE("the per-thread functors of the CUDA kernels (softmax_push, softmax_me
   float const inv_tau = 1.0f / 1.3f;
   auto const cpu = weft::rl::detail::row_stats(z.data(), V, inv_tau);
   // Three "threads" with strided columns, each pushing one logit at a time, then merged.
-  weft::rl::softmax_stats<float> part[3];
-  for (index_t v = 0; v < V; ++v) part[v % 3] = weft::rl::softmax_push{}(part[v % 3], z[static_cast<std::size_t>(v)] * inv_tau);
-  auto const merged = weft::rl::softmax_merge{}(weft::rl::softmax_merge{}(part[0], part[1]), part[2]);
-  weft::rl::softmax_finish const fin;
+  weft::softmax_stats<float> part[3];
+  for (index_t v = 0; v < V; ++v) part[v % 3] = weft::softmax_push{}(part[v % 3], z[static_cast<std::size_t>(v)] * inv_tau);
+  auto const merged = weft::softmax_merge{}(weft::softmax_merge{}(part[0], part[1]), part[2]);
+  weft::softmax_finish const fin;
   CHECK(fin.lse(merged) == doctest::Approx(fin.lse(cpu)).epsilon(1e-6));
   CHECK(fin.entropy(merged) == doctest::Approx(fin.entropy(cpu)).epsilon(1e-5));
   // Empty and all -inf states are identities of the merge.
-  weft::rl::softmax_stats<float> empty;
-  empty = weft::rl::softmax_push{}(empty, -std::numeric_limits<float>::infinity());
-  auto const same = weft::rl::softmax_merge{}(empty, merged);
+  weft::softmax_stats<float> empty;
+  empty = weft::softmax_push{}(empty, -std::numeric_limits<float>::infinity());
+  auto const same = weft::softmax_merge{}(empty, merged);
   CHECK(same.sum == merged.sum);
   CHECK(fin.entropy(empty) == 0.0f);
   CHECK(std::isinf(fin.lse(empty)));

@@ -20,7 +20,7 @@
 #include <vector>
 
 namespace {
-using weft::rl::index_t;
+using weft::index_t;
 using u8 = std::uint8_t;
 
 using weft::test::run_ranks;

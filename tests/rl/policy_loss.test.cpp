@@ -14,7 +14,7 @@
 
 namespace {
 
-using weft::rl::index_t;
+using weft::index_t;
 using weft::rl::loss_agg;
 using weft::rl::policy_loss_config;
 using weft::rl::policy_loss_kind;

@@ -16,7 +16,7 @@
 #include <vector>
 
 namespace {
-using weft::rl::index_t;
+using weft::index_t;
 
 float ulp_distance(float a, float b) {
   if (a == b) return 0;
@@ -33,26 +33,26 @@ TEST_CASE("exp_fn f32 over a dense sweep: within 2 ulp of libm where normal, IEE
   // Every 97th float in [-87.3, 88.7] (about 2e7 values) plus the ends.
   for (float x = -87.3f; x < 88.7f; x = std::nextafter(x, 100.0f)) {
     float const ref = static_cast<float>(std::exp(static_cast<double>(x)));
-    float const got = weft::rl::fast_exp(x);
+    float const got = weft::fast_exp(x);
     worst = std::max(worst, ulp_distance(got, ref));
     for (int k = 0; k < 96 && x < 88.7f; ++k) x = std::nextafter(x, 100.0f);
   }
   MESSAGE("worst f32 exp error over the sweep: ", worst, " ulp");
   CHECK(worst <= 2.0f);
   float const inf = std::numeric_limits<float>::infinity();
-  CHECK(weft::rl::fast_exp(-inf) == 0.0f);
-  CHECK(weft::rl::fast_exp(inf) == inf);
-  CHECK(std::isnan(weft::rl::fast_exp(std::numeric_limits<float>::quiet_NaN())));
-  CHECK(weft::rl::fast_exp(89.0f) == inf);
-  CHECK(weft::rl::fast_exp(1e30f) == inf);
-  CHECK(weft::rl::fast_exp(-1e30f) == 0.0f);
-  CHECK(weft::rl::fast_exp(-100.0f) == 0.0f);  // below 2^-126: flushed to +0 (documented)
-  CHECK(weft::rl::fast_exp(std::numeric_limits<float>::lowest()) == 0.0f);
+  CHECK(weft::fast_exp(-inf) == 0.0f);
+  CHECK(weft::fast_exp(inf) == inf);
+  CHECK(std::isnan(weft::fast_exp(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(weft::fast_exp(89.0f) == inf);
+  CHECK(weft::fast_exp(1e30f) == inf);
+  CHECK(weft::fast_exp(-1e30f) == 0.0f);
+  CHECK(weft::fast_exp(-100.0f) == 0.0f);  // below 2^-126: flushed to +0 (documented)
+  CHECK(weft::fast_exp(std::numeric_limits<float>::lowest()) == 0.0f);
   // Denormal inputs are e^0 = 1 to float precision.
-  CHECK(weft::rl::fast_exp(std::numeric_limits<float>::denorm_min()) == 1.0f);
-  CHECK(weft::rl::fast_exp(-std::numeric_limits<float>::denorm_min()) == 1.0f);
-  CHECK(weft::rl::fast_exp(0.0f) == 1.0f);
-  CHECK(weft::rl::fast_exp(-0.0f) == 1.0f);
+  CHECK(weft::fast_exp(std::numeric_limits<float>::denorm_min()) == 1.0f);
+  CHECK(weft::fast_exp(-std::numeric_limits<float>::denorm_min()) == 1.0f);
+  CHECK(weft::fast_exp(0.0f) == 1.0f);
+  CHECK(weft::fast_exp(-0.0f) == 1.0f);
 }
 
 TEST_CASE("exp_fn over arrays (the vectorised form) equals the scalar calls bit for bit") {
@@ -64,10 +64,10 @@ TEST_CASE("exp_fn over arrays (the vectorised form) equals the scalar calls bit 
   std::uniform_real_distribution<float> u(-120.0f, 100.0f);
   for (int k = 0; k < 10000; ++k) x.push_back(u(gen));
   std::vector<float> y(x.size());
-  for (std::size_t k = 0; k < x.size(); ++k) y[k] = weft::rl::fast_exp(x[k]);  // vectorised at -O2+
+  for (std::size_t k = 0; k < x.size(); ++k) y[k] = weft::fast_exp(x[k]);  // vectorised at -O2+
   for (std::size_t k = 0; k < x.size(); ++k) {
     volatile float xv = x[k];
-    float const s = weft::rl::fast_exp(static_cast<float>(xv));
+    float const s = weft::fast_exp(static_cast<float>(xv));
     CHECK(ulp_distance(y[k], s) <= 1.0f);  // FMA contraction may differ between the two forms
     if (std::isfinite(x[k]) && x[k] > -87.3f && x[k] < 88.7f)
       CHECK(ulp_distance(y[k], static_cast<float>(std::exp(static_cast<double>(x[k])))) <= 2.0f);
@@ -105,11 +105,11 @@ TEST_CASE("every ISA level of the row kernels agrees with the baseline build") {
       auto const r = make_row(n, static_cast<unsigned>(n), with_inf);
       float const inv_tau = 1.0f / 0.7f;
       auto const base = d::row_stats_impl(r.z.data(), n, inv_tau);
-      double const lse = weft::rl::softmax_finish{}.lse(base);
-      double const h = weft::rl::softmax_finish{}.entropy(base);
+      double const lse = weft::softmax_finish{}.lse(base);
+      double const h = weft::softmax_finish{}.entropy(base);
       std::vector<float> dz_base(r.z.size()), dz(r.z.size());
       d::row_backward_impl(r.z.data(), n, inv_tau, lse, h, -0.7, 0.3, n / 2, dz_base.data());
-      auto check = [&](weft::rl::softmax_stats<double> s, char const* what) {
+      auto check = [&](weft::softmax_stats<double> s, char const* what) {
         INFO(what, " n = ", n, " with_inf = ", with_inf);
         CHECK(s.max == base.max);
         CHECK(s.sum == doctest::Approx(base.sum).epsilon(1e-6));

@@ -1,4 +1,5 @@
-// weft/rl/dapo.hpp — the DAPO recipe's pieces beyond the loss: overlong reward shaping (soft
+// weft/rl/dapo.hpp — the DAPO recipe's pieces beyond the loss (Yu et al., "DAPO: An Open-Source
+// LLM Reinforcement Learning System at Scale", arXiv 2503.14476): overlong reward shaping (soft
 // punishment, Eq. 13) and overlong filtering, the dynamic-sampling batch builder that drops
 // zero-variance groups and sizes the next generation request, and rl_config with its presets.
 #pragma once
@@ -68,7 +69,7 @@ void mask_truncated_impl(token_layout const& layout, std::span<B const> truncate
 }
 }  // namespace detail
 
-//! Overlong filtering (DAPO §3.4, TRL `mask_truncated_completions`): zeroes the loss mask of every
+//! Overlong filtering (DAPO, arXiv 2503.14476, section 3.4; TRL `mask_truncated_completions`): zeroes the loss mask of every
 //! row whose response was truncated (truncated[i] != 0), so it contributes no gradient.
 template <FlatArray BR, MutableFlatArray MR>
 void mask_truncated(token_layout const& layout, BR&& truncated, MR&& mask) {

@@ -5,6 +5,7 @@
 
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/math.hpp>
 #include <weft/core/tensor.hpp>
 
 #include <cstddef>
@@ -18,7 +19,11 @@
 
 namespace weft::rl {
 
-using index_t = std::int64_t;
+// transitional aliases: removed once ring/ulysses/usp/vocab_parallel use the core names
+// (rl code names weft::index_t, found from weft::rl unqualified; benchmarks/rl.bench.cpp still
+// spells weft::rl::index_t)
+using index_t = ::weft::index_t;
+// end of transitional aliases
 
 namespace detail {
 

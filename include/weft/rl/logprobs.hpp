@@ -6,6 +6,7 @@
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/math.hpp>
 #include <weft/rl/exp.hpp>
 #include <weft/rl/layout.hpp>
 
@@ -31,79 +32,13 @@ struct logprob_options {
   std::int64_t ignore_index = -100;
 };
 
-//! Arithmetic type used for logits of type L: double for double, float otherwise.
+// transitional aliases: removed once ring/ulysses/usp/vocab_parallel use the core names
 template <class L>
-using logit_compute_t = std::conditional_t<std::is_same_v<L, double>, double, float>;
+using logit_compute_t = compute_t<L>;
+// end of transitional aliases
 
-//! Online softmax statistics of a set of logits x (already divided by tau), relative to their
-//! max: sum = sum_v e^{x_v - max}, ent = sum_v e^{x_v - max} (x_v - max). Then
-//! lse = max + log(sum) and entropy = log(sum) - ent / sum. Two sets merge exactly (merge), which
-//! is what chunks of one row and vocabulary shards on different ranks do. An empty set (or all
-//! -inf) has sum 0 and max -inf. A set holding a NaN or +inf (after scaling by 1/tau) is
-//! poisoned: sum and ent are NaN, every merge keeps it so, and finish gives NaN.
-template <class C>
-struct softmax_stats {
-  C max = -cuda::std::numeric_limits<C>::infinity();
-  C sum = C(0);
-  C ent = C(0);
-};
-
-struct softmax_merge {
-  template <class C>
-  WEFT_HD softmax_stats<C> operator()(softmax_stats<C> a, softmax_stats<C> b) const noexcept {
-    if (a.sum != a.sum) return a;  // poisoned (NaN) stays poisoned
-    if (b.sum != b.sum) return b;
-    if (!(a.sum > C(0))) return b;
-    if (!(b.sum > C(0))) return a;
-    C const m = a.max > b.max ? a.max : b.max;
-    C const da = a.max - m;
-    C const db = b.max - m;
-    C const ea = cuda::std::exp(da);
-    C const eb = cuda::std::exp(db);
-    // sum_v e^{x-m}(x-m) = e^{M_a-m} (ent_a + (M_a - m) sum_a), likewise for b.
-    return {m, ea * a.sum + eb * b.sum, ea * (a.ent + da * a.sum) + eb * (b.ent + db * b.sum)};
-  }
-};
-
-//! Adds one logit x to running statistics (the per-thread loop of the CUDA kernel; the CPU path
-//! reduces whole chunks instead, which vectorises). -inf adds nothing; an empty state takes x;
-//! NaN or +inf poisons the state.
-struct softmax_push {
-  template <class C>
-  WEFT_HD softmax_stats<C> operator()(softmax_stats<C> s, C x) const noexcept {
-    constexpr C inf = cuda::std::numeric_limits<C>::infinity();
-    if (s.sum != s.sum) return s;
-    if (x != x || x == inf) {
-      C const nan = cuda::std::numeric_limits<C>::quiet_NaN();
-      return {nan, nan, nan};
-    }
-    if (!(x > -inf)) return s;
-    if (!(s.sum > C(0))) return {x, C(1), C(0)};
-    if (x > s.max) {
-      C const d = s.max - x;
-      C const e = exp_fn{}(d);
-      return {x, e * s.sum + C(1), e * (s.ent + d * s.sum)};
-    }
-    C const d = x - s.max;
-    C const e = exp_fn{}(d);
-    return {s.max, s.sum + e, s.ent + e * d};
-  }
-};
-
-//! log-sum-exp and entropy from merged statistics. Empty or all -inf: lse -inf, entropy 0;
-//! poisoned (a NaN or +inf logit): both NaN.
-struct softmax_finish {
-  template <class C>
-  WEFT_HD C lse(softmax_stats<C> s) const noexcept {
-    if (s.sum != s.sum) return s.sum;
-    return s.sum > C(0) ? s.max + cuda::std::log(s.sum) : -cuda::std::numeric_limits<C>::infinity();
-  }
-  template <class C>
-  WEFT_HD C entropy(softmax_stats<C> s) const noexcept {
-    if (s.sum != s.sum) return s.sum;
-    return s.sum > C(0) ? cuda::std::log(s.sum) - s.ent / s.sum : C(0);
-  }
-};
+// The online-softmax statistics (softmax_stats, softmax_merge, softmax_push, softmax_finish) and
+// exp_fn are weft's, in weft/core/math.hpp; rl code names them unqualified.
 
 //! One logit's share of the backward: d/dx_v of (g_logp * logp + g_ent * H) without the target's
 //! indicator term, i.e. -p_v (g_logp + g_ent (log p_v + H)) with p_v = e^{x_v - lse}. Where p_v
@@ -135,7 +70,7 @@ inline constexpr index_t logit_chunk = 2048;
 
 template <class C, class L>
 WEFT_FORCEINLINE C load_logit(L const* z, index_t j, C inv_tau) {
-  return static_cast<C>(static_cast<logit_compute_t<L>>(z[j])) * inv_tau;
+  return static_cast<C>(static_cast<compute_t<L>>(z[j])) * inv_tau;
 }
 
 template <class L>
@@ -154,10 +89,10 @@ WEFT_FORCEINLINE void prefetch(L const* p) {
 //! saved_exp[0, n) and each chunk's max m_c in chunk_max (-inf for an all -inf chunk), so the
 //! backward needs no second exponential per logit.
 template <class L>
-WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, logit_compute_t<L> inv_tau,
-                                                      logit_compute_t<L>* saved_exp = nullptr,
+WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, compute_t<L> inv_tau,
+                                                      compute_t<L>* saved_exp = nullptr,
                                                       double* chunk_max = nullptr) {
-  using C = logit_compute_t<L>;
+  using C = compute_t<L>;
   constexpr index_t W = logit_lanes;
   constexpr C lowest = cuda::std::numeric_limits<C>::lowest();
   softmax_stats<double> acc;
@@ -242,9 +177,9 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, log
 //! dz[0, n) for one row (or shard) given the row's lse and entropy; `target` is the column of
 //! the target within z, or -1 if it lies elsewhere. Writes every element once.
 template <class L, class D>
-WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy,
+WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy,
                                         double g_logp, double g_ent, index_t target, D* dz) {
-  using C = logit_compute_t<L>;
+  using C = compute_t<L>;
   if (lse == -cuda::std::numeric_limits<double>::infinity() || !(g_logp != 0.0 || g_ent != 0.0)) {
     for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
     return;
@@ -261,10 +196,10 @@ WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, logit_compute_t<L
 //! row_backward from the forward's saved e^{x - m_c}: p_v = e^{x_v - m_c} e^{m_c - lse}, one
 //! exponential per chunk instead of one per logit. Same formula and guards as logit_grad.
 template <class L, class D>
-WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, compute_t<L> inv_tau, double lse,
                                               double entropy, double g_logp, double g_ent, index_t target,
-                                              logit_compute_t<L> const* saved_exp, double const* chunk_max, D* dz) {
-  using C = logit_compute_t<L>;
+                                              compute_t<L> const* saved_exp, double const* chunk_max, D* dz) {
+  using C = compute_t<L>;
   if (lse == -cuda::std::numeric_limits<double>::infinity() || !(g_logp != 0.0 || g_ent != 0.0)) {
     for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
     return;
@@ -295,49 +230,49 @@ WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, logit_compu
 #if WEFT_RL_MULTIVERSION
 // The same bodies compiled for AVX2+FMA and AVX-512 (see simd_level in exp.hpp).
 template <class L>
-WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_avx2(L const* z, index_t n, compute_t<L> inv_tau) {
   return row_stats_impl(z, n, inv_tau);
 }
 template <class L>
-WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_avx512(L const* z, index_t n, compute_t<L> inv_tau) {
   return row_stats_impl(z, n, inv_tau);
 }
 template <class L, class D>
-WEFT_RL_TARGET_AVX2 void row_backward_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+WEFT_RL_TARGET_AVX2 void row_backward_avx2(L const* z, index_t n, compute_t<L> inv_tau, double lse,
                                            double entropy, double g_logp, double g_ent, index_t target, D* dz) {
   row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
 }
 template <class L, class D>
-WEFT_RL_TARGET_AVX512 void row_backward_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+WEFT_RL_TARGET_AVX512 void row_backward_avx512(L const* z, index_t n, compute_t<L> inv_tau, double lse,
                                                double entropy, double g_logp, double g_ent, index_t target, D* dz) {
   row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
 }
 template <class L>
-WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_saved_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau,
-                                                                logit_compute_t<L>* e, double* cm) {
+WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_saved_avx2(L const* z, index_t n, compute_t<L> inv_tau,
+                                                                compute_t<L>* e, double* cm) {
   return row_stats_impl(z, n, inv_tau, e, cm);
 }
 template <class L>
-WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_saved_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau,
-                                                                    logit_compute_t<L>* e, double* cm) {
+WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_saved_avx512(L const* z, index_t n, compute_t<L> inv_tau,
+                                                                    compute_t<L>* e, double* cm) {
   return row_stats_impl(z, n, inv_tau, e, cm);
 }
 template <class L, class D>
-WEFT_RL_TARGET_AVX2 void row_backward_saved_avx2(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+WEFT_RL_TARGET_AVX2 void row_backward_saved_avx2(L const* z, index_t n, compute_t<L> inv_tau, double lse,
                                                  double entropy, double g_logp, double g_ent, index_t target,
-                                                 logit_compute_t<L> const* e, double const* cm, D* dz) {
+                                                 compute_t<L> const* e, double const* cm, D* dz) {
   row_backward_saved_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
 }
 template <class L, class D>
-WEFT_RL_TARGET_AVX512 void row_backward_saved_avx512(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
+WEFT_RL_TARGET_AVX512 void row_backward_saved_avx512(L const* z, index_t n, compute_t<L> inv_tau, double lse,
                                                      double entropy, double g_logp, double g_ent, index_t target,
-                                                     logit_compute_t<L> const* e, double const* cm, D* dz) {
+                                                     compute_t<L> const* e, double const* cm, D* dz) {
   row_backward_saved_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
 }
 #endif
 
 template <class L>
-softmax_stats<double> row_stats_saved(L const* z, index_t n, logit_compute_t<L> inv_tau, logit_compute_t<L>* e,
+softmax_stats<double> row_stats_saved(L const* z, index_t n, compute_t<L> inv_tau, compute_t<L>* e,
                                       double* cm) {
 #if WEFT_RL_MULTIVERSION
   switch (host_simd_level()) {
@@ -350,8 +285,8 @@ softmax_stats<double> row_stats_saved(L const* z, index_t n, logit_compute_t<L> 
 }
 
 template <class L, class D>
-void row_backward_saved(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy, double g_logp,
-                        double g_ent, index_t target, logit_compute_t<L> const* e, double const* cm, D* dz) {
+void row_backward_saved(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy, double g_logp,
+                        double g_ent, index_t target, compute_t<L> const* e, double const* cm, D* dz) {
 #if WEFT_RL_MULTIVERSION
   switch (host_simd_level()) {
     case simd_level::avx512:
@@ -364,7 +299,7 @@ void row_backward_saved(L const* z, index_t n, logit_compute_t<L> inv_tau, doubl
 }
 
 template <class L>
-softmax_stats<double> row_stats(L const* z, index_t n, logit_compute_t<L> inv_tau) {
+softmax_stats<double> row_stats(L const* z, index_t n, compute_t<L> inv_tau) {
 #if WEFT_RL_MULTIVERSION
   switch (host_simd_level()) {
     case simd_level::avx512: return row_stats_avx512(z, n, inv_tau);
@@ -376,7 +311,7 @@ softmax_stats<double> row_stats(L const* z, index_t n, logit_compute_t<L> inv_ta
 }
 
 template <class L, class D>
-void row_backward(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse, double entropy, double g_logp,
+void row_backward(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy, double g_logp,
                   double g_ent, index_t target, D* dz) {
 #if WEFT_RL_MULTIVERSION
   switch (host_simd_level()) {
@@ -392,8 +327,8 @@ void row_backward(L const* z, index_t n, logit_compute_t<L> inv_tau, double lse,
 //! finite and its inverse a finite, non-zero value of that type (1e-39 overflows f32's 1/tau,
 //! 1e300 rounds it to 0), since every logit is multiplied by it.
 template <class L>
-logit_compute_t<L> inverse_temperature(double temperature) {
-  using C = logit_compute_t<L>;
+compute_t<L> inverse_temperature(double temperature) {
+  using C = compute_t<L>;
   WEFT_EXPECTS(temperature > 0 && std::isfinite(temperature), "temperature", "> 0 and finite", temperature);
   double const inv = 1.0 / temperature;
   WEFT_EXPECTS(inv <= static_cast<double>(std::numeric_limits<C>::max()) &&
@@ -438,7 +373,7 @@ void log_prob_forward_impl(std::span<L const> logits, index_t vocab, std::span<I
   WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
   if (!lse.empty()) WEFT_EXPECTS_SHAPE(lse.size() == targets.size(), "lse", targets.size(), lse.size());
   detail::check_targets(targets, vocab, opt);
-  using C = logit_compute_t<L>;
+  using C = compute_t<L>;
   C const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   for (std::size_t k = 0; k < targets.size(); ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);
@@ -483,7 +418,7 @@ void log_prob_backward_impl(std::span<L const> logits, index_t vocab, std::span<
     WEFT_EXPECTS_SHAPE(d_entropy.size() == targets.size(), "d_entropy", targets.size(), d_entropy.size());
   WEFT_EXPECTS_SHAPE(dlogits.size() == logits.size(), "dlogits", logits.size(), dlogits.size());
   detail::check_targets(targets, vocab, opt);
-  using C = logit_compute_t<L>;
+  using C = compute_t<L>;
   C const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   for (std::size_t k = 0; k < targets.size(); ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);
@@ -526,7 +461,7 @@ void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I c
   WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
   WEFT_EXPECTS_SHAPE(dlogits.size() == logits.size(), "dlogits", logits.size(), dlogits.size());
   detail::check_targets(targets, vocab, opt);
-  using C = logit_compute_t<L>;
+  using C = compute_t<L>;
   C const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   // One row's e^{x - m_c} (V values, in cache for the backward) and chunk maxima.
   constexpr bool save = std::is_same_v<C, float>;

@@ -25,10 +25,10 @@ namespace weft::rl::kernels {
 template <int Block, class L, class I, class T>
 __global__ void __launch_bounds__(Block) log_prob_forward_kernel(L const* __restrict__ logits, std::int64_t vocab,
                                                                   I const* __restrict__ targets, std::int64_t tokens,
-                                                                  logit_compute_t<L> inv_tau, std::int64_t ignore_index,
+                                                                  compute_t<L> inv_tau, std::int64_t ignore_index,
                                                                   T* __restrict__ logp, T* __restrict__ entropy,
                                                                   T* __restrict__ lse) {
-  using C = logit_compute_t<L>;
+  using C = compute_t<L>;
   using reduce = cub::BlockReduce<softmax_stats<C>, Block>;
   __shared__ typename reduce::TempStorage temp;
   std::int64_t const k = blockIdx.x;
@@ -44,11 +44,11 @@ __global__ void __launch_bounds__(Block) log_prob_forward_kernel(L const* __rest
   L const* z = logits + k * vocab;
   softmax_stats<C> s{};
   for (std::int64_t v = threadIdx.x; v < vocab; v += Block)
-    s = softmax_push{}(s, static_cast<C>(static_cast<logit_compute_t<L>>(z[v])) * inv_tau);
+    s = softmax_push{}(s, static_cast<C>(static_cast<compute_t<L>>(z[v])) * inv_tau);
   softmax_stats<C> const total = reduce(temp).Reduce(s, softmax_merge{});
   if (threadIdx.x == 0) {
     C const l = softmax_finish{}.lse(total);
-    C const x = static_cast<C>(static_cast<logit_compute_t<L>>(z[o])) * inv_tau;
+    C const x = static_cast<C>(static_cast<compute_t<L>>(z[o])) * inv_tau;
     logp[k] = static_cast<T>(l > -::cuda::std::numeric_limits<C>::infinity() ? x - l : l);
     entropy[k] = static_cast<T>(softmax_finish{}.entropy(total));
     if (lse != nullptr) lse[k] = static_cast<T>(l);
@@ -59,9 +59,9 @@ __global__ void __launch_bounds__(Block) log_prob_forward_kernel(L const* __rest
 template <int Block, class L, class I, class T, class D>
 __global__ void __launch_bounds__(Block) log_prob_backward_kernel(
     L const* __restrict__ logits, std::int64_t vocab, I const* __restrict__ targets, std::int64_t tokens,
-    logit_compute_t<L> inv_tau, std::int64_t ignore_index, T const* __restrict__ lse, T const* __restrict__ entropy,
+    compute_t<L> inv_tau, std::int64_t ignore_index, T const* __restrict__ lse, T const* __restrict__ entropy,
     T const* __restrict__ d_logp, T const* __restrict__ d_entropy, D* __restrict__ dlogits) {
-  using C = logit_compute_t<L>;
+  using C = compute_t<L>;
   std::int64_t const k = blockIdx.x;
   if (k >= tokens) return;
   auto const o = static_cast<std::int64_t>(targets[k]);
@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(Block) log_prob_backward_kernel(
   for (std::int64_t v = threadIdx.x; v < vocab; v += Block) {
     C g = C(0);
     if (!zero) {
-      g = fn(static_cast<C>(static_cast<logit_compute_t<L>>(z[v])) * inv_tau);
+      g = fn(static_cast<C>(static_cast<compute_t<L>>(z[v])) * inv_tau);
       if (v == o) g += gl * inv_tau;
     }
     dz[v] = static_cast<D>(g);

@@ -1,0 +1,262 @@
+// Tests for weft/core/math.hpp, the one source of element and row math: compute_t and index_t,
+// the bit select, exp_fn against long double expl (ulp bounds over dense sweeps; -inf, +inf, NaN,
+// overflow and underflow), stable_sigmoid and log_add_exp (including the -inf identities and
+// |a - b| = 1e4), and the online-softmax statistics: push, merge and finish against a long double
+// two-pass reference, merge commutativity/associativity, the empty identity and NaN poisoning.
+#include <weft/core/dtype.hpp>
+#include <weft/core/math.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+static_assert(std::is_same_v<weft::index_t, std::int64_t>);
+static_assert(std::is_same_v<weft::compute_t<float>, float>);
+static_assert(std::is_same_v<weft::compute_t<double>, double>);
+static_assert(std::is_same_v<weft::compute_t<double const>, double>);
+static_assert(std::is_same_v<weft::compute_t<weft::bf16>, float>);
+static_assert(std::is_same_v<weft::compute_t<weft::f16 const>, float>);
+
+constexpr float finf = std::numeric_limits<float>::infinity();
+constexpr double dinf = std::numeric_limits<double>::infinity();
+
+// Distance in units in the last place between two finite floats of the same sign (or zero).
+std::int64_t ulps(float a, float b) {
+  std::int32_t ia = 0, ib = 0;
+  std::memcpy(&ia, &a, 4);
+  std::memcpy(&ib, &b, 4);
+  return std::abs(static_cast<std::int64_t>(ia) - static_cast<std::int64_t>(ib));
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+template <class C>
+bool same_stats(weft::softmax_stats<C> const& a, weft::softmax_stats<C> const& b) {
+  return same_bits(static_cast<double>(a.max), static_cast<double>(b.max)) &&
+         same_bits(static_cast<double>(a.sum), static_cast<double>(b.sum)) &&
+         same_bits(static_cast<double>(a.ent), static_cast<double>(b.ent));
+}
+
+// Two-pass long double reference of log-sum-exp and entropy of softmax(x).
+struct lse_ref {
+  long double lse = 0;
+  long double entropy = 0;
+};
+template <class C>
+lse_ref reference(std::vector<C> const& x) {
+  long double m = -std::numeric_limits<long double>::infinity();
+  for (C v : x) m = static_cast<long double>(v) > m ? static_cast<long double>(v) : m;
+  long double s = 0;
+  for (C v : x) s += std::exp(static_cast<long double>(v) - m);
+  lse_ref r;
+  r.lse = m + std::log(s);
+  for (C v : x) {
+    long double const lp = static_cast<long double>(v) - r.lse;
+    r.entropy -= std::exp(lp) * lp;
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("select picks by the condition, bit for bit (signed zeros and NaN payloads kept)") {
+  CHECK(weft::select(true, 1.5f, 2.5f) == 1.5f);
+  CHECK(weft::select(false, 1.5f, 2.5f) == 2.5f);
+  CHECK(weft::select(true, 1.5, 2.5) == 1.5);
+  CHECK(std::signbit(weft::select(true, -0.0f, 0.0f)));
+  CHECK(!std::signbit(weft::select(false, -0.0, 0.0)));
+  CHECK(std::isnan(weft::select(true, std::numeric_limits<double>::quiet_NaN(), 1.0)));
+  CHECK(weft::select(false, std::int64_t{3}, std::int64_t{-4}) == -4);
+}
+
+TEST_CASE("exp_fn (f32) is within 2 ulp of expl over its whole finite range") {
+  std::int64_t worst = 0;
+  float worst_x = 0;
+  // A dense sweep of [-87.3, 88.7], plus every float in [-1, 1] stepped by 2^-12 of an ulp walk.
+  for (int i = 0; i <= 2'000'000; ++i) {
+    float const x = -87.3f + 176.0f * static_cast<float>(i) / 2'000'000.0f;
+    float const want = static_cast<float>(std::exp(static_cast<long double>(x)));
+    float const got = weft::exp_fn{}(x);
+    if (want < std::numeric_limits<float>::min()) {  // documented: results below 2^-126 flush
+      CHECK(got >= 0.0f);
+      continue;
+    }
+    std::int64_t const u = ulps(got, want);
+    if (u > worst) {
+      worst = u;
+      worst_x = x;
+    }
+  }
+  CAPTURE(worst_x);
+  CHECK(worst <= 2);
+}
+
+TEST_CASE("exp_fn (f64) is within 1e-15 relative of expl over its whole finite range") {
+  long double worst = 0;
+  for (int i = 0; i <= 1'000'000; ++i) {
+    double const x = -708.39 + 1418.17 * static_cast<double>(i) / 1'000'000.0;
+    long double const want = std::exp(static_cast<long double>(x));
+    double const got = weft::exp_fn{}(x);
+    if (want < static_cast<long double>(std::numeric_limits<double>::min())) continue;
+    long double const rel = std::abs((static_cast<long double>(got) - want) / want);
+    worst = rel > worst ? rel : worst;
+  }
+  CHECK(static_cast<double>(worst) < 1e-15);
+}
+
+TEST_CASE("exp_fn: -inf gives +0, +inf and overflow give +inf, NaN stays NaN, 0 gives exactly 1") {
+  weft::exp_fn const e;
+  CHECK(e(-finf) == 0.0f);
+  CHECK(!std::signbit(e(-finf)));
+  CHECK(e(finf) == finf);
+  CHECK(e(88.73f) == finf);
+  CHECK(e(1e30f) == finf);
+  CHECK(std::isfinite(e(88.72f)));
+  CHECK(e(-1e30f) == 0.0f);
+  CHECK(e(std::numeric_limits<float>::lowest()) == 0.0f);
+  CHECK(std::isnan(e(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(e(0.0f) == 1.0f);
+  CHECK(e(-0.0f) == 1.0f);
+  CHECK(e(-dinf) == 0.0);
+  CHECK(e(dinf) == dinf);
+  CHECK(e(709.79) == dinf);
+  CHECK(std::isfinite(e(709.78)));
+  CHECK(e(-1e300) == 0.0);
+  CHECK(std::isnan(e(std::numeric_limits<double>::quiet_NaN())));
+  CHECK(e(0.0) == 1.0);
+  CHECK(weft::fast_exp(1.0) == doctest::Approx(std::exp(1.0)).epsilon(1e-15));
+}
+
+TEST_CASE("stable_sigmoid matches 1/(1+e^-x) and never overflows") {
+  for (double x = -40.0; x <= 40.0; x += 0.125) {
+    long double const want = 1.0L / (1.0L + std::exp(-static_cast<long double>(x)));
+    CHECK(weft::stable_sigmoid(x) == doctest::Approx(static_cast<double>(want)).epsilon(4e-15));
+    CHECK(weft::stable_sigmoid(static_cast<float>(x)) ==
+          doctest::Approx(static_cast<double>(want)).epsilon(4e-7));
+  }
+  CHECK(weft::stable_sigmoid(0.0) == 0.5);
+  CHECK(weft::stable_sigmoid(1e4) == 1.0);
+  CHECK(weft::stable_sigmoid(-1e4) == 0.0);
+  CHECK(weft::stable_sigmoid(1e4f) == 1.0f);
+  CHECK(weft::stable_sigmoid(-1e4f) == 0.0f);
+  CHECK(weft::stable_sigmoid(-dinf) == 0.0);
+  CHECK(weft::stable_sigmoid(dinf) == 1.0);
+}
+
+TEST_CASE("log_add_exp: accurate, commutative, -inf is the identity, huge gaps are harmless") {
+  std::mt19937_64 gen(7);
+  std::uniform_real_distribution<double> u(-50.0, 50.0);
+  for (int i = 0; i < 2000; ++i) {
+    double const a = u(gen), b = u(gen);
+    long double const hi = a > b ? a : b;
+    long double const want =
+        hi + std::log(std::exp(static_cast<long double>(a) - hi) + std::exp(static_cast<long double>(b) - hi));
+    CHECK(weft::log_add_exp(a, b) == doctest::Approx(static_cast<double>(want)).epsilon(2e-15));
+    CHECK(same_bits(weft::log_add_exp(a, b), weft::log_add_exp(b, a)));
+    auto const af = static_cast<float>(a), bf = static_cast<float>(b);
+    CHECK(weft::log_add_exp(af, bf) == doctest::Approx(static_cast<double>(want)).epsilon(1e-6));
+  }
+  CHECK(weft::log_add_exp(-dinf, 3.0) == 3.0);
+  CHECK(weft::log_add_exp(3.0, -dinf) == 3.0);
+  CHECK(weft::log_add_exp(-dinf, -dinf) == -dinf);  // not -inf - -inf = NaN
+  CHECK(weft::log_add_exp(-finf, -finf) == -finf);
+  CHECK(weft::log_add_exp(0.0, -1e4) == 0.0);
+  CHECK(weft::log_add_exp(1e4f, -1e4f) == 1e4f);
+  CHECK(weft::log_add_exp(1e4, 1e4) == doctest::Approx(1e4 + std::log(2.0)).epsilon(1e-15));
+  // Associative up to rounding: three ways of adding the same four terms agree closely.
+  double const a = 1.0, b = -2.5, c = 0.25, d = -30.0;
+  double const left = weft::log_add_exp(weft::log_add_exp(weft::log_add_exp(a, b), c), d);
+  double const right = weft::log_add_exp(a, weft::log_add_exp(b, weft::log_add_exp(c, d)));
+  double const pairs = weft::log_add_exp(weft::log_add_exp(a, b), weft::log_add_exp(c, d));
+  CHECK(left == doctest::Approx(right).epsilon(1e-15));
+  CHECK(left == doctest::Approx(pairs).epsilon(1e-15));
+}
+
+TEST_CASE("softmax_rescale: e^(m_old - m_new), 0 from an empty state, 1 while both are empty") {
+  CHECK(weft::softmax_rescale(-dinf, -dinf) == 1.0);
+  CHECK(weft::softmax_rescale(-dinf, 2.0) == 0.0);
+  CHECK(weft::softmax_rescale(2.0, 2.0) == 1.0);
+  CHECK(weft::softmax_rescale(1.0, 2.0) == doctest::Approx(std::exp(-1.0)).epsilon(1e-15));
+  CHECK(weft::softmax_rescale(-finf, 0.0f) == 0.0f);
+}
+
+TEST_CASE("online softmax statistics: push, merge and finish against a long double reference") {
+  std::mt19937_64 gen(11);
+  std::normal_distribution<double> nd(0.0, 4.0);
+  for (int n : {1, 2, 7, 100, 1000}) {
+    CAPTURE(n);
+    std::vector<double> x(static_cast<std::size_t>(n));
+    for (auto& v : x) v = nd(gen);
+    x[0] = -dinf;  // a masked value adds nothing (n = 1: the empty set)
+    weft::softmax_stats<double> whole;
+    weft::softmax_stats<double> part[3];
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      whole = weft::softmax_push{}(whole, x[k]);
+      part[k % 3] = weft::softmax_push{}(part[k % 3], x[k]);
+    }
+    weft::softmax_merge const merge;
+    auto const left = merge(merge(part[0], part[1]), part[2]);
+    auto const right = merge(part[0], merge(part[1], part[2]));
+    weft::softmax_finish const fin;
+    if (n == 1) {
+      CHECK(fin.lse(whole) == -dinf);
+      CHECK(fin.entropy(whole) == 0.0);
+      CHECK(fin.lse(left) == -dinf);
+      continue;
+    }
+    auto const ref = reference(std::vector<double>(x.begin() + 1, x.end()));
+    for (auto const& s : {whole, left, right}) {
+      CHECK(fin.lse(s) == doctest::Approx(static_cast<double>(ref.lse)).epsilon(1e-13));
+      CHECK(fin.entropy(s) == doctest::Approx(static_cast<double>(ref.entropy)).epsilon(1e-12));
+    }
+    // Commutative bit for bit; associative up to rounding.
+    CHECK(same_stats(merge(part[0], part[1]), merge(part[1], part[0])));
+    CHECK(left.max == right.max);
+    CHECK(left.sum == doctest::Approx(right.sum).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("online softmax statistics: the empty state is the identity and NaN/+inf poison") {
+  weft::softmax_merge const merge;
+  weft::softmax_push const push;
+  weft::softmax_finish const fin;
+  weft::softmax_stats<float> s;
+  s = push(s, 1.0f);
+  s = push(s, -2.0f);
+  s = push(s, 3.5f);
+  weft::softmax_stats<float> const empty;
+  weft::softmax_stats<float> const masked = push(empty, -finf);  // all -inf: still empty
+  CHECK(masked.sum == 0.0f);
+  CHECK(masked.max == -finf);
+  CHECK(same_stats(merge(empty, s), s));
+  CHECK(same_stats(merge(s, empty), s));
+  CHECK(same_stats(merge(masked, s), s));
+  CHECK(same_stats(merge(empty, empty), empty));
+  CHECK(fin.lse(empty) == -finf);
+  CHECK(fin.entropy(empty) == 0.0f);
+  // One value: lse = the value, entropy 0.
+  auto const one = push(empty, 2.0f);
+  CHECK(fin.lse(one) == 2.0f);
+  CHECK(fin.entropy(one) == 0.0f);
+  // Poisoned by NaN or +inf, and every merge or push afterwards stays poisoned.
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), finf}) {
+    auto const p = push(s, bad);
+    CHECK(std::isnan(fin.lse(p)));
+    CHECK(std::isnan(fin.entropy(p)));
+    CHECK(std::isnan(fin.lse(merge(s, p))));
+    CHECK(std::isnan(fin.lse(merge(p, s))));
+    CHECK(std::isnan(fin.lse(merge(p, empty))));
+    CHECK(std::isnan(fin.lse(push(p, 1.0f))));
+  }
+  // |x| = 1e4 apart: no overflow, the small term vanishes.
+  auto const wide = push(push(empty, 1e4f), -1e4f);
+  CHECK(fin.lse(wide) == 1e4f);
+}
