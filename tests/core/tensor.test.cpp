@@ -44,8 +44,6 @@ static_assert(!weft::Tensor<weft::tensor<float, 2>>);
 static_assert(!weft::Tensor<cuda::std::mdspan<float, weft::dextents<2>>>);
 static_assert(weft::ContiguousTensor<hv2>);
 static_assert(!weft::ContiguousTensor<hs3>);
-static_assert(weft::TensorOf<hcv2, float>);
-static_assert(!weft::TensorOf<hv2, double>);
 static_assert(weft::MutableTensor<hv2>);
 static_assert(!weft::MutableTensor<hcv2>);
 static_assert(std::is_same_v<weft::memory_space_t<dv2>, cuda_space>);

@@ -126,10 +126,6 @@ template <class V>
 concept ContiguousTensor =
     Tensor<V> && std::same_as<typename V::layout_type, ::cuda::std::layout_right>;
 
-//! A Tensor whose elements are `Elem` (const or not).
-template <class V, class Elem>
-concept TensorOf = Tensor<V> && std::same_as<typename V::value_type, Elem>;
-
 //! A Tensor whose elements may be written.
 template <class V>
 concept MutableTensor = Tensor<V> && !std::is_const_v<typename V::element_type>;
