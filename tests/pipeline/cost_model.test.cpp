@@ -5,6 +5,7 @@
 #include <weft/pipeline/cost_model.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/simulate.hpp>
 

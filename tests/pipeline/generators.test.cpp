@@ -1,9 +1,11 @@
 // Tests for the GPipe, 1F1B and interleaved 1F1B generators and the simulator's unit cost model:
-// the golden makespans and per-rank peaks of the reference note (§2.1), the closed-form bubbles
+// golden makespans and per-rank peaks under unit costs (makespan (m+p-1)(F+B) for GPipe and
+// 1F1B, Narayanan et al., SC'21, arXiv:2104.04473), the closed-form bubbles
 // over the (p, m, v) grid, Megatron's configuration rules, and the formula failing for the
 // configurations those rules reject.
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/simulate.hpp>
 #include <weft/pipeline/text.hpp>
 #include <weft/pipeline/validate.hpp>

@@ -7,7 +7,7 @@
 
 #include <weft/pipeline/cost_model.hpp>
 #include <weft/pipeline/render.hpp>
-#include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/vocab.hpp>
 
 #include <doctest/doctest.h>

@@ -5,6 +5,7 @@
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/text.hpp>
 
 #include <doctest/doctest.h>

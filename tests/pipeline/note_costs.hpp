@@ -1,5 +1,6 @@
-// The reference note's unit model (pipeline_schedules.md §2.1: F = 1, I = W = 1 per stage, no
-// output layer), which its golden numbers and closed forms assume.
+// The unit-cost model of the published bubble formulas (F = 1, I = W = 1 per stage, no output
+// layer; Narayanan et al., SC'21, arXiv:2104.04473; Qi et al., ICLR'24, arXiv:2401.10241), which
+// the golden makespans and closed forms of these tests assume.
 #pragma once
 
 #include <weft/pipeline/cost_model.hpp>

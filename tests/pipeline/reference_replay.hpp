@@ -35,7 +35,7 @@ struct reference_replay {
   bool has(int r, fact x) const { return facts[static_cast<std::size_t>(r)].count(x) > 0; }
   bool coll(int r, collective_kind t, int mb) const { return has(r, f(passed, -1, mb, static_cast<int>(t))); }
 
-  // What a compute op needs on its rank, spelled out from the reference note's rules (§7.4.2).
+  // What a compute op needs on its rank, spelled out from the rules docs/pipeline.md states.
   bool enabled(int r, action const& a) const {
     int const last = s.num_stages() - 1;
     bool const vocab = s.vocab() != vocab_variant::none;

@@ -2,7 +2,7 @@
 // against the simulated timeline (one labelled box per compute action, at its start and width,
 // the bubble in the title, a time axis, escaped text).
 #include <weft/pipeline/render.hpp>
-#include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/simulate.hpp>
 

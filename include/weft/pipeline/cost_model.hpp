@@ -36,17 +36,21 @@ struct cost_model {
   }
 };
 
-//! The unit model of the reference note: a full stage costs F = f, I = i, W = w (default 1, so
-//! B = 2), chunks of an interleaved or V schedule 1/v of that; no communication cost; one byte of
-//! activation per chunk-microbatch, so peak activation bytes equal the in-flight count in stage
-//! units.
+//! The unit-cost model in which the published bubble formulas hold exactly (Narayanan et al.,
+//! "Efficient Large-Scale Language Model Training on GPU Clusters Using Megatron-LM", SC'21,
+//! arXiv:2104.04473, §2.2: (p-1)/m for 1F1B, (p-1)/(v·m) interleaved; Qi et al., "Zero Bubble
+//! Pipeline Parallelism", ICLR'24, arXiv:2401.10241, for F = I = W): a full stage costs F = f,
+//! I = i, W = w (default 1, so B = 2), chunks of an interleaved or V schedule 1/v of that; no
+//! communication cost; one byte of activation per chunk-microbatch, so peak activation bytes
+//! equal the in-flight count in stage units.
 //!
 //! The output layer costs `output_layer` stage forwards (its backward twice that, I and W alike)
 //! and is placed as each schedule runs it, so that schedules compare fairly: without vocabulary
 //! parallelism on the last stage (F += E·f, I += E·i, W += E·w); with it as the S and T passes of
 //! every rank, its F + B = E(f + i + w) split evenly over the p ranks, S = E(f + i)/p and T = E·w/p
 //! for one barrier (S also forms the input-gradient partial), S = E·f/p and T = E(i + w)/p for
-//! two. IF and IB (lookups) cost 0. The reference note's golden numbers model no output layer:
+//! two. IF and IB (lookups) cost 0. Those papers' bubble formulas, and the makespans
+//! tests/pipeline/generators.test.cpp checks ((m + p - 1)(F + B) for 1F1B), model no output layer:
 //! pass output_layer = 0 to reproduce them. The model is sized by `num_stages()` as the schedule
 //! states it: for a schedule read from an untrusted file, `validate` (or `simulate(s)`, which
 //! checks first) before building it, so a header's `stages=` cannot make it allocate.

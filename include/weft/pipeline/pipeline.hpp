@@ -10,6 +10,8 @@
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/pipeline/schedules/options.hpp>
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 #include <weft/pipeline/simulate.hpp>

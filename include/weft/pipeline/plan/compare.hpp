@@ -12,6 +12,7 @@
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>

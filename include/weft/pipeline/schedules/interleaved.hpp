@@ -5,7 +5,7 @@
 
 #include <weft/pipeline/detail/check.hpp>
 #include <weft/pipeline/schedule.hpp>
-#include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>  // one_f_one_b (v = 1)
 
 #include <algorithm>
 #include <utility>

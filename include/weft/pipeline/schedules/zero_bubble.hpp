@@ -5,7 +5,7 @@
 
 #include <weft/pipeline/detail/check.hpp>
 #include <weft/pipeline/schedule.hpp>
-#include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/options.hpp>  // generator_options
 
 #include <algorithm>
 #include <deque>
