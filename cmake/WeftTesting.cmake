@@ -2,7 +2,8 @@
 #
 # weft_target_defaults(<target>)       warnings, sanitizers and the C++ standard for weft's programs
 # weft_add_test_area(<name> DIR <dir> [LABELS ...] [LIBS ...] [NO_CUDA_TWIN])
-#     <dir>/*.test.cpp      -> executable weft.test.<name>, one CTest test per doctest case,
+#     <dir>/*.test.cpp      -> executable weft.test.<name> (not recursive: tests/comm/mpi and
+#                              tests/comm/nccl have their own CMakeLists), one CTest test per doctest case,
 #                              named "<name>/<case>", labelled <name> and LABELS, plus "slow",
 #                              "threads" or "mpi" for cases inside TEST_SUITE("slow") etc.
 #     with WEFT_ENABLE_CUDA -> the same *.test.cpp compiled by nvcc into weft.test.<name>.cuda,

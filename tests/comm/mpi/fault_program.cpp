@@ -1,4 +1,4 @@
-// tests/mpi/fault_program.cpp — a small MPI program that provokes one fault, run under mpiexec by
+// tests/comm/mpi/fault_program.cpp — a small MPI program that provokes one fault, run under mpiexec by
 // CTest: `skip <op>` (the last rank never calls <op>; the others wait 200 ms and throw
 // timeout_error) or `mismatch` (debug fingerprints on; rank 0 calls all_reduce, the others
 // all_gather: every rank throws mismatch_error). An uncaught comm_error ends the job with

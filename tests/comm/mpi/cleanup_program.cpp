@@ -1,4 +1,4 @@
-// tests/mpi/cleanup_program.cpp — after a timeout_error a surviving rank can clean up and exit.
+// tests/comm/mpi/cleanup_program.cpp — after a timeout_error a surviving rank can clean up and exit.
 // Usage: cleanup_program late|missing abort|return [all_reduce|send]
 //   late:    the last rank takes part 1 s late; missing: it never does (hangs 2 s, then goes to
 //            MPI_Finalize). The others give up after 200 ms (timeout_error).

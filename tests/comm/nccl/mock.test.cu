@@ -1,4 +1,4 @@
-// tests/nccl/mock.test.cu — the NCCL backend's logic driven through the mock nccl_api on the CPU:
+// tests/comm/nccl/mock.test.cu — the NCCL backend's logic driven through the mock nccl_api on the CPU:
 // dtype and op mapping, bootstrap and split, every collective's argument plumbing and results,
 // grouped send/recv, ncclInProgress polling, error mapping, abort on timeout, fingerprints, history.
 #if defined(__CUDACC__)

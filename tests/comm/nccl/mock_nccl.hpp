@@ -1,4 +1,4 @@
-// tests/nccl/mock_nccl.hpp — a mock of the NCCL and CUDA runtime calls behind weft's nccl_api:
+// tests/comm/nccl/mock_nccl.hpp — a mock of the NCCL and CUDA runtime calls behind weft's nccl_api:
 // a world of ranks (threads of this process) on host memory that records every call, executes
 // collectives once every rank has posted, orders work per (thread, stream), answers ncclInProgress
 // for a few polls, and injects errors. Buffers marked memory_kind::cuda are plain host vectors here.

@@ -1,4 +1,4 @@
-// tests/nccl/gpu.test.cu — the NCCL backend against the real libnccl on one GPU (world size 1:
+// tests/comm/nccl/gpu.test.cu — the NCCL backend against the real libnccl on one GPU (world size 1:
 // NCCL 2.28 forbids two ranks on one device). Label gpu: built everywhere, run where a GPU is.
 // The single-rank path still exercises init, config, every entry point, premul ops and events.
 #include <weft/comm/nccl/communicator.cuh>

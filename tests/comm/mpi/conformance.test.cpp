@@ -1,4 +1,4 @@
-// tests/mpi/conformance.test.cpp — the shared Communicator conformance suite on the MPI backend,
+// tests/comm/mpi/conformance.test.cpp — the shared Communicator conformance suite on the MPI backend,
 // one process per rank (exact inputs: MPI combines in its own order), plus the same checks with
 // every message cut into chunks of 5 elements, which drives the paths used above INT_MAX.
 #include "support/conformance.hpp"

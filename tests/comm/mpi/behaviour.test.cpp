@@ -1,4 +1,4 @@
-// tests/mpi/behaviour.test.cpp — what the MPI backend promises beyond the shared conformance
+// tests/comm/mpi/behaviour.test.cpp — what the MPI backend promises beyond the shared conformance
 // checks: split and adopt, invalid arguments leave it healthy, debug-mode fingerprints throw
 // mismatch_error on every rank, abort and poisoning, history and hook, the typed front door.
 #include <weft/comm/collectives.hpp>
