@@ -1,5 +1,6 @@
 // Tests for weft/core/exec.hpp: the Executor concept, for_each_index on exec::host (sequential
-// and OpenMP, which must agree bit for bit), and fill/copy through an executor on strided views.
+// and OpenMP, which must agree bit for bit), for_each_chunk (per-worker state on exec::host, a
+// fresh state per item on a user's executor), and fill/copy through an executor on strided views.
 // In the CUDA twin (nvcc, label gpu) the same functors also run on exec::cuda.
 #include <weft/core/exec.hpp>
 #include <weft/core/tensor.hpp>
@@ -8,6 +9,7 @@
 
 #include <cuda/std/cmath>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -84,6 +86,46 @@ static_assert(can_fill_with<weft::exec::cuda, weft::tensor_view<float, 2, weft::
 static_assert(!can_fill_with<weft::exec::cuda, weft::tensor_view<float, 2>>);
 #endif
 
+// A user's executor: a plain host loop, found by ADL (hidden friend), with no for_each_chunk of
+// its own, so for_each_chunk takes the generic path.
+struct user_loop {
+  using executor_concept = weft::executor_tag;
+  using memory_space = weft::host_space;
+  void synchronize() const noexcept {}
+  template <class F>
+  friend void for_each_index(user_loop const&, std::int64_t n, F f) {
+    for (std::int64_t i = 0; i < n; ++i) f(i);
+  }
+};
+static_assert(weft::Executor<user_loop>);
+
+// for_each_chunk's scratch: counts how many were made; `busy` catches two items sharing one.
+struct scratch {
+  std::vector<std::int64_t> buf;
+  bool busy = false;
+};
+struct make_scratch {
+  std::atomic<int>* made;
+  scratch operator()() const {
+    made->fetch_add(1);
+    return scratch{std::vector<std::int64_t>(64), false};
+  }
+};
+// out[i] = sum_{k<64} (i + k), computed in the state's buffer.
+struct chunk_item {
+  std::int64_t* out;
+  std::atomic<int>* shared;
+  void operator()(std::int64_t i, scratch& s) const {
+    if (s.busy) shared->fetch_add(1);
+    s.busy = true;
+    std::int64_t sum = 0;
+    for (std::size_t k = 0; k < s.buf.size(); ++k) s.buf[k] = i + static_cast<std::int64_t>(k);
+    for (std::int64_t v : s.buf) sum += v;
+    out[i] = sum;
+    s.busy = false;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("exec: for_each_index on exec::host runs a named WEFT_HD functor once per index") {
@@ -146,6 +188,43 @@ TEST_CASE("exec: for_each_index checks its arguments") {
   CHECK_THROWS_AS(weft::for_each_index(weft::exec::host{-2}, 1, visit_fn{hits.data()}),
                   weft::invalid_argument_error);
   CHECK(hits[0] == 0);
+}
+
+TEST_CASE("exec: for_each_chunk runs every item once with a per-worker state") {
+  constexpr std::int64_t n = 1001;
+  auto want = [](std::int64_t i) { return 64 * i + 63 * 64 / 2; };
+  for (int threads : {1, 0, 2, 3}) {
+    CAPTURE(threads);
+    std::vector<std::int64_t> out(n, -1);
+    std::atomic<int> made{0}, shared{0};
+    weft::for_each_chunk(weft::exec::host{threads}, n, make_scratch{&made},
+                         chunk_item{out.data(), &shared});
+    for (std::int64_t i = 0; i < n; ++i) CHECK(out[static_cast<std::size_t>(i)] == want(i));
+    CHECK(shared.load() == 0);
+    CHECK(made.load() >= 1);
+#if defined(_OPENMP)
+    if (threads > 1) CHECK(made.load() == threads);  // one state per thread of the team
+#endif
+    if (threads == 1) CHECK(made.load() == 1);  // one state, a plain loop
+  }
+  // A user's executor without a for_each_chunk of its own: a fresh state for each item.
+  std::vector<std::int64_t> out(n, -1);
+  std::atomic<int> made{0}, shared{0};
+  weft::for_each_chunk(user_loop{}, n, make_scratch{&made}, chunk_item{out.data(), &shared});
+  for (std::int64_t i = 0; i < n; ++i) CHECK(out[static_cast<std::size_t>(i)] == want(i));
+  CHECK(made.load() == n);
+  // Empty: no state is made; a negative count or thread count throws before anything runs.
+  made = 0;
+  weft::for_each_chunk(weft::exec::host{3}, 0, make_scratch{&made}, chunk_item{out.data(), &shared});
+  weft::for_each_chunk(user_loop{}, 0, make_scratch{&made}, chunk_item{out.data(), &shared});
+  CHECK(made.load() == 0);
+  CHECK_THROWS_WITH_AS(
+      weft::for_each_chunk(weft::exec::host{}, -1, make_scratch{&made}, chunk_item{out.data(), &shared}),
+      doctest::Contains("`n`: expected >= 0, actual -1"), weft::invalid_argument_error);
+  CHECK_THROWS_AS(
+      weft::for_each_chunk(weft::exec::host{-2}, 4, make_scratch{&made}, chunk_item{out.data(), &shared}),
+      weft::invalid_argument_error);
+  CHECK(made.load() == 0);
 }
 
 TEST_CASE("exec: fill and copy through an executor match the host reference on strided views") {

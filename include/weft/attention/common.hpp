@@ -1,11 +1,13 @@
 // weft/attention/common.hpp — what every attention entry point shares: the options (scale, causal
-// alignment, threads), the mask rule, the accumulator and LSE types per input type, and the
-// checked conversion of caller views ([batch, seq, heads, dim], dim contiguous) to raw strides.
+// alignment, threads), the mask rule, the LSE type per input type, and the checked conversion of
+// caller views ([batch, seq, heads, dim], dim contiguous) to raw strides.
 #pragma once
 
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/exec.hpp>
+#include <weft/core/math.hpp>
 #include <weft/core/tensor.hpp>
 
 #include <cmath>
@@ -20,20 +22,38 @@ namespace weft::attention {
 //! chunk against a longer KV prefix needs). With Sq == Sk both are the usual causal mask.
 enum class causal_mode : std::uint8_t { none, top_left, bottom_right };
 
-//! Options of every attention call. `scale` 0 means 1/sqrt(dim); otherwise finite and positive. `num_threads` > 1 lets the CPU
-//! kernel use that many OpenMP threads (ignored without OpenMP); inside thread ranks keep 1.
+//! Options of every attention call. `scale` 0 means 1/sqrt(dim); otherwise finite and positive.
+//! `num_threads` is read only by the entry points that take no executor: they run on
+//! exec::host{num_threads} (n > 1: an OpenMP team of n, ignored without OpenMP; below 1: 1).
+//! Inside thread ranks keep 1. The entry points that take an executor ignore it.
 struct attention_options {
   double scale = 0.0;
   causal_mode causal = causal_mode::none;
   int num_threads = 1;
 };
 
-//! Accumulation type for input type T: double for double, float for everything narrower.
+//! The host executor the executor-less entry points run on: exec::host{opt.num_threads}, with
+//! values below 1 meaning 1 (as before executors, where only n > 1 started a team).
+[[nodiscard]] inline exec::host host_executor(attention_options const& opt) noexcept {
+  return exec::host{opt.num_threads > 1 ? opt.num_threads : 1};
+}
+
+//! Executors attention runs on: its tiles read and write host memory.
+template <class E>
+concept HostExecutor = Executor<E> && std::same_as<typename E::memory_space, host_space>;
+
+//! Type of the per-row log-sum-exp for input type T (f32, or f64 for f64 inputs); the kernels
+//! accumulate in the same type, weft::compute_t<T>.
 template <class T>
-using acc_t = std::conditional_t<std::is_same_v<std::remove_const_t<T>, double>, double, float>;
-//! Type of the per-row log-sum-exp for input type T (f32, or f64 for f64 inputs).
+using lse_t = compute_t<T>;
+
+// transitional aliases: removed once ring/ulysses/usp/vocab_parallel use the core names
 template <class T>
-using lse_t = acc_t<T>;
+using acc_t = compute_t<T>;  // now weft::compute_t
+namespace detail {
+using idx = ::weft::index_t;  // now weft::index_t
+}  // namespace detail
+// end of transitional aliases
 
 //! The mask as one rule: key j is visible from query i iff !causal or j <= i + offset. Top-left is
 //! offset 0, bottom-right Sk - Sq; ring steps use other offsets (stripe: -1).
@@ -167,7 +187,7 @@ void check_lse_shape(bshd<A> const& q, bhs<L> const& l, char const* name) {
 //! non-finite v propagates into o as NaN or inf, which is visible, so v is not scanned.
 template <class T>
 void check_finite(bshd<T> const& t, char const* name) {
-  using C = acc_t<T>;
+  using C = compute_t<T>;
   for (std::int64_t bi = 0; bi < t.b; ++bi)
     for (std::int64_t si = 0; si < t.s; ++si)
       for (std::int64_t hi = 0; hi < t.h; ++hi) {

@@ -1,22 +1,22 @@
 // weft/attention/flash.hpp — local flash attention on the CPU: the tiled online-softmax forward
 // (O and L) and the recomputing backward from dO with D = rowsum(dO∘O), never forming the
-// [Sq, Sk] score matrix; layout [batch, seq, heads, dim]; MHA/GQA/MQA; packed cu_seqlens.
+// [Sq, Sk] score matrix; layout [batch, seq, heads, dim]; MHA/GQA/MQA; packed cu_seqlens. Tiles
+// run through a host executor's for_each_chunk (exec::host{n}: an OpenMP team of n).
 #pragma once
 
 #include <weft/attention/args.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/softmax_state.hpp>
 #include <weft/attention/tile_gemm.hpp>
+#include <weft/core/exec.hpp>
+#include <weft/core/math.hpp>
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
-
-#if defined(_OPENMP)
-#  include <omp.h>
-#endif
 
 namespace weft::attention {
 
@@ -30,14 +30,14 @@ namespace detail {
 #ifndef WEFT_ATTENTION_BLOCK_K
 #  define WEFT_ATTENTION_BLOCK_K 128
 #endif
-inline constexpr idx block_q = WEFT_ATTENTION_BLOCK_Q;
-inline constexpr idx block_k = WEFT_ATTENTION_BLOCK_K;
+inline constexpr index_t block_q = WEFT_ATTENTION_BLOCK_Q;
+inline constexpr index_t block_k = WEFT_ATTENTION_BLOCK_K;
 
 template <class Acc>
 struct fwd_workspace {
   std::vector<Acc> q, k, v, s, o, scratch;
   std::vector<softmax_row_state<Acc>> rows;
-  explicit fwd_workspace(idx d)
+  explicit fwd_workspace(index_t d)
       : q(std::size_t(block_q * d)), k(std::size_t(block_k * d)), v(std::size_t(block_k * d)),
         s(std::size_t(block_q * block_k)), o(std::size_t(block_q * d)),
         scratch(std::size_t(std::max(d, block_q) * std::max(block_k, block_q))),
@@ -48,15 +48,15 @@ struct fwd_workspace {
 template <class Acc>
 struct tile_ref {
   Acc const* p;
-  idx ld;
+  index_t ld;
 };
 
 template <class Acc, class T>
-void pack_rows(bshd<T> const& t, idx b, idx h, idx r0, idx r1, Acc* out) {
-  for (idx r = r0; r < r1; ++r) {
+void pack_rows(bshd<T> const& t, index_t b, index_t h, index_t r0, index_t r1, Acc* out) {
+  for (index_t r = r0; r < r1; ++r) {
     T const* src = t.row(b, r, h);
     Acc* dst = out + (r - r0) * t.d;
-    for (idx c = 0; c < t.d; ++c) dst[c] = static_cast<Acc>(src[c]);
+    for (index_t c = 0; c < t.d; ++c) dst[c] = static_cast<Acc>(src[c]);
   }
 }
 
@@ -64,67 +64,31 @@ void pack_rows(bshd<T> const& t, idx b, idx h, idx r0, idx r1, Acc* out) {
 //! every run, and no single dependency chain (a plain reduction would not vectorise without
 //! fast-math).
 template <class Acc>
-Acc row_max(Acc const* x, idx n) noexcept {
+Acc row_max(Acc const* x, index_t n) noexcept {
   Acc m[8];
   for (auto& v : m) v = empty_lse<Acc>();
-  idx j = 0;
+  index_t j = 0;
   for (; j + 8 <= n; j += 8)
     for (int t = 0; t < 8; ++t) m[t] = x[j + t] > m[t] ? x[j + t] : m[t];
   for (; j < n; ++j) m[0] = x[j] > m[0] ? x[j] : m[0];
   for (int t = 1; t < 8; ++t) m[0] = m[t] > m[0] ? m[t] : m[0];
   return m[0];
 }
-#if (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#  define WEFT_ATTENTION_VECTOR_EXP 1
-// Eight floats as one GNU vector: the compiler maps it onto whatever SIMD width the target has
-// (two SSE registers, one AVX register, half an AVX-512 one) without intrinsics or flags.
-typedef float exp_v8f __attribute__((vector_size(32)));
-typedef std::int32_t exp_v8i __attribute__((vector_size(32)));
-
-//! exp_nonpositive on eight lanes: the same steps as the scalar function, selects done on bits.
-inline void exp_nonpositive8(float* x, float shift) noexcept {
-  exp_v8f v;
-  __builtin_memcpy(&v, x, sizeof v);
-  v = v - shift;
-  // Lane masks from sign bits rather than comparisons: GCC turns vector compares feeding a
-  // select into per-lane branches on SSE2, while shifts and bit operations stay in SIMD.
-  exp_v8i const low = (exp_v8i)(v + 87.0f) >> 31;  // all ones where v < -87 (and for -inf)
-  exp_v8f const lo = {-87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f, -87.0f};
-  v = (exp_v8f)(((exp_v8i)v & ~low) | ((exp_v8i)lo & low));
-  exp_v8i const pos = (exp_v8i)(0.0f - v) >> 31;  // all ones where v > 0 (rounding noise)
-  v = (exp_v8f)((exp_v8i)v & ~pos);
-  exp_v8f const t = v * 1.44269504088896341f + 12582912.0f;  // 1.5·2^23 + n, bits 0x4B400000 + n
-  exp_v8f const n = t - 12582912.0f;
-  exp_v8f const r = (v - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-  exp_v8f p = r * (1.0f / 720.0f) + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  exp_v8i const bits = (((exp_v8i)t - 0x4B400000) + 127) << 23;  // no float->int conversion needed
-  exp_v8f const e = p * (exp_v8f)bits;
-  exp_v8f const out = (exp_v8f)((exp_v8i)e & ~low);
-  __builtin_memcpy(x, &out, sizeof out);
-}
-#else
-#  define WEFT_ATTENTION_VECTOR_EXP 0
-#endif
-
-//! x[j] <- exp(x[j] - shift) for x[j] <= shift (masked -inf scores give 0).
+//! x[j] <- exp(x[j] - shift) for x[j] <= shift (masked -inf scores give 0), by weft's exp_fn.
+//! Blocks of eight run as a fixed-length inner loop, which GCC vectorises even at -O2 (whose
+//! very-cheap cost model refuses a loop of unknown trip count); the tail runs scalar.
 template <class Acc>
-void exp_shifted(Acc* x, idx n, Acc shift) noexcept {
-  idx j = 0;
-#if WEFT_ATTENTION_VECTOR_EXP
-  if constexpr (std::is_same_v<Acc, float>)
-    for (; j + 8 <= n; j += 8) exp_nonpositive8(x + j, shift);
-#endif
-  for (; j < n; ++j) x[j] = exp_nonpositive(x[j] - shift);
+void exp_shifted(Acc* x, index_t n, Acc shift) noexcept {
+  exp_fn const e;
+  index_t j = 0;
+  for (; j + 8 <= n; j += 8)
+    for (int t = 0; t < 8; ++t) x[j + t] = e(x[j + t] - shift);
+  for (; j < n; ++j) x[j] = e(x[j] - shift);
 }
 template <class Acc>
-Acc row_sum(Acc const* x, idx n) noexcept {
+Acc row_sum(Acc const* x, index_t n) noexcept {
   Acc a[8] = {};
-  idx j = 0;
+  index_t j = 0;
   for (; j + 8 <= n; j += 8)
     for (int t = 0; t < 8; ++t) a[t] += x[j + t];
   for (; j < n; ++j) a[0] += x[j];
@@ -134,7 +98,7 @@ Acc row_sum(Acc const* x, idx n) noexcept {
 //! Rows [r0, r1) of head h: read in place when they already are Acc (the strided rows are a valid
 //! GEMM operand with ld = row stride), else converted into `buf`.
 template <class Acc, class T>
-tile_ref<Acc> load_rows(bshd<T> const& t, idx b, idx h, idx r0, idx r1, Acc* buf) {
+tile_ref<Acc> load_rows(bshd<T> const& t, index_t b, index_t h, index_t r0, index_t r1, Acc* buf) {
   if constexpr (std::is_same_v<std::remove_const_t<T>, Acc>) {
     return {t.row(b, r0, h), t.ss};
   } else {
@@ -146,41 +110,41 @@ tile_ref<Acc> load_rows(bshd<T> const& t, idx b, idx h, idx r0, idx r1, Acc* buf
 //! Applies the mask and the diagonal rule to a score tile in place: masked scores become -inf.
 //! Only tiles that cross the causal boundary pay for it.
 template <class Acc>
-void mask_tile(Acc* s, idx i0, idx bi, idx j0, idx bj, mask_rule mask) {
+void mask_tile(Acc* s, index_t i0, index_t bi, index_t j0, index_t bj, mask_rule mask) {
   if (!mask.causal) return;
   if (j0 + bj - 1 <= i0 + mask.offset) return;  // every (i, j) visible
   Acc const ninf = empty_lse<Acc>();
-  for (idx i = 0; i < bi; ++i) {
-    idx const end = mask.key_end(i0 + i, j0 + bj) - j0;  // visible: j < end (in tile coordinates)
-    for (idx j = std::max<idx>(end, 0); j < bj; ++j) s[i * bj + j] = ninf;
+  for (index_t i = 0; i < bi; ++i) {
+    index_t const end = mask.key_end(i0 + i, j0 + bj) - j0;  // visible: j < end (in tile coordinates)
+    for (index_t j = std::max<index_t>(end, 0); j < bj; ++j) s[i * bj + j] = ninf;
   }
 }
 
 //! Forward of one (batch, head, query tile): writes o rows [i0, i1) and their LSE.
 template <class Acc, class Q, class K, class V, class O, class L>
 void forward_tile(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> const& o,
-                  bhs<L> const& lse, idx b, idx h, idx i0, idx i1, mask_rule mask, Acc scale,
+                  bhs<L> const& lse, index_t b, index_t h, index_t i0, index_t i1, mask_rule mask, Acc scale,
                   fwd_workspace<Acc>& w) {
-  idx const d = q.d, bi = i1 - i0, hk = h / (q.h / k.h);
+  index_t const d = q.d, bi = i1 - i0, hk = h / (q.h / k.h);
   auto const qt = load_rows(q, b, h, i0, i1, w.q.data());
   std::fill(w.o.begin(), w.o.begin() + bi * d, Acc(0));
-  for (idx r = 0; r < bi; ++r) w.rows[std::size_t(r)] = softmax_row_state<Acc>{};
-  idx const k_end = mask.key_end(i1 - 1, k.s);  // the last row sees the most keys
-  for (idx j0 = 0; j0 < k_end; j0 += block_k) {
-    idx const bj = std::min(block_k, k_end - j0);
+  for (index_t r = 0; r < bi; ++r) w.rows[std::size_t(r)] = softmax_row_state<Acc>{};
+  index_t const k_end = mask.key_end(i1 - 1, k.s);  // the last row sees the most keys
+  for (index_t j0 = 0; j0 < k_end; j0 += block_k) {
+    index_t const bj = std::min(block_k, k_end - j0);
     if (mask.causal && j0 > i1 - 1 + mask.offset) break;
     auto const kt = load_rows(k, b, hk, j0, j0 + bj, w.k.data());
     auto const vt = load_rows(v, b, hk, j0, j0 + bj, w.v.data());
     Acc* s = w.s.data();
     gemm_nt<Acc>(bi, bj, d, scale, qt.p, qt.ld, kt.p, kt.ld, s, bj, w.scratch.data());
     mask_tile(s, i0, bi, j0, bj, mask);
-    for (idx r = 0; r < bi; ++r) {
+    for (index_t r = 0; r < bi; ++r) {
       Acc* sr = s + r * bj;
       auto& st = w.rows[std::size_t(r)];
       Acc const alpha = st.rescale(row_max(sr, bj));
       if (alpha != Acc(1)) {
         Acc* orow = w.o.data() + r * d;
-        for (idx c = 0; c < d; ++c) orow[c] *= alpha;
+        for (index_t c = 0; c < d; ++c) orow[c] *= alpha;
       }
       if (st.m == empty_lse<Acc>()) {  // nothing visible yet: the weights are all 0
         std::fill(sr, sr + bj, Acc(0));
@@ -192,59 +156,45 @@ void forward_tile(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> 
     }
     gemm_nn_acc<Acc>(bi, d, bj, Acc(1), s, bj, vt.p, vt.ld, w.o.data(), d, w.scratch.data());
   }
-  for (idx r = 0; r < bi; ++r) {
+  for (index_t r = 0; r < bi; ++r) {
     auto const& st = w.rows[std::size_t(r)];
     Acc const inv = st.inv_sum();
     O* dst = o.row(b, i0 + r, h);
     Acc const* src = w.o.data() + r * d;
-    for (idx c = 0; c < d; ++c) dst[c] = static_cast<O>(src[c] * inv);
+    for (index_t c = 0; c < d; ++c) dst[c] = static_cast<O>(src[c] * inv);
     lse.at(b, h, i0 + r) = static_cast<L>(st.lse());
   }
 }
 
-template <class F>
-void parallel_for(idx n, int threads, F&& f) {
-#if defined(_OPENMP)
-  if (threads > 1 && n > 1) {
-#  pragma omp parallel num_threads(threads)
-    {
-      auto state = f.make_state();
-#  pragma omp for schedule(dynamic, 1)
-      for (idx t = 0; t < n; ++t) f(t, state);
-    }
-    return;
-  }
-#else
-  (void)threads;
-#endif
-  auto state = f.make_state();
-  for (idx t = 0; t < n; ++t) f(t, state);
-}
-
-//! The forward over raw views; the mask rule is given in (query row, key row) coordinates of
-//! these views, which is what the ring steps need.
-template <class Q, class K, class V, class O, class L>
-void flash_forward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> lse, mask_rule mask,
-                       double scale, int threads) {
-  using Acc = acc_t<Q>;
-  idx const tiles = (q.s + block_q - 1) / block_q;
+//! The forward over raw views, on a host executor (one workspace per worker, tiles handed out
+//! dynamically); the mask rule is given in (query row, key row) coordinates of these views, which
+//! is what the ring steps need.
+template <HostExecutor E, class Q, class K, class V, class O, class L>
+void flash_forward_raw(E const& ex, bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> lse,
+                       mask_rule mask, double scale) {
+  using Acc = compute_t<Q>;
+  index_t const tiles = (q.s + block_q - 1) / block_q;
+  struct workspace {
+    index_t d;
+    fwd_workspace<Acc> operator()() const { return fwd_workspace<Acc>(d); }
+  };
   struct body {
-    bshd<Q> q; bshd<K> k; bshd<V> v; bshd<O> o; bhs<L> lse; mask_rule mask; Acc scale; idx tiles;
-    fwd_workspace<Acc> make_state() const { return fwd_workspace<Acc>(q.d); }
-    void operator()(idx t, fwd_workspace<Acc>& w) const {
-      idx const tile = t % tiles, h = (t / tiles) % q.h, b = t / (tiles * q.h);
-      idx const i0 = tile * block_q;
+    bshd<Q> q; bshd<K> k; bshd<V> v; bshd<O> o; bhs<L> lse; mask_rule mask; Acc scale; index_t tiles;
+    void operator()(index_t t, fwd_workspace<Acc>& w) const {
+      index_t const tile = t % tiles, h = (t / tiles) % q.h, b = t / (tiles * q.h);
+      index_t const i0 = tile * block_q;
       forward_tile<Acc>(q, k, v, o, lse, b, h, i0, std::min(q.s, i0 + block_q), mask, scale, w);
     }
   };
   if (q.s == 0) return;
-  parallel_for(q.b * q.h * tiles, threads, body{q, k, v, o, lse, mask, static_cast<Acc>(scale), tiles});
+  for_each_chunk(ex, q.b * q.h * tiles, workspace{q.d},
+                 body{q, k, v, o, lse, mask, static_cast<Acc>(scale), tiles});
 }
 
 template <class Acc>
 struct bwd_workspace {
   std::vector<Acc> q, g, k, v, s, dp, dq, dk, dv, scratch, dsum, lse;
-  bwd_workspace(idx d, idx sk)
+  bwd_workspace(index_t d, index_t sk)
       : q(std::size_t(block_q * d)), g(std::size_t(block_q * d)), k(std::size_t(block_k * d)),
         v(std::size_t(block_k * d)), s(std::size_t(block_q * block_k)),
         dp(std::size_t(block_q * block_k)), dq(std::size_t(block_q * d)),
@@ -259,38 +209,38 @@ struct bwd_workspace {
 template <class Acc, class Q, class K, class V, class O, class L, class G, class DQ, class DK, class DV>
 void backward_kv_head(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> const& o,
                       bhs<L> const& lse, bshd<G> const& dout, bshd<DQ> const& dq,
-                      bshd<DK> const& dk, bshd<DV> const& dv, idx b, idx hk, mask_rule mask,
+                      bshd<DK> const& dk, bshd<DV> const& dv, index_t b, index_t hk, mask_rule mask,
                       Acc scale, bwd_workspace<Acc>& w) {
-  idx const d = q.d, group = q.h / k.h;
+  index_t const d = q.d, group = q.h / k.h;
   std::fill(w.dk.begin(), w.dk.end(), Acc(0));
   std::fill(w.dv.begin(), w.dv.end(), Acc(0));
-  for (idx h = hk * group; h < (hk + 1) * group; ++h) {
-    for (idx i0 = 0; i0 < q.s; i0 += block_q) {
-      idx const i1 = std::min(q.s, i0 + block_q), bi = i1 - i0;
-      idx const k_end = mask.key_end(i1 - 1, k.s);
+  for (index_t h = hk * group; h < (hk + 1) * group; ++h) {
+    for (index_t i0 = 0; i0 < q.s; i0 += block_q) {
+      index_t const i1 = std::min(q.s, i0 + block_q), bi = i1 - i0;
+      index_t const k_end = mask.key_end(i1 - 1, k.s);
       if (k_end <= 0) continue;
       auto const qt = load_rows(q, b, h, i0, i1, w.q.data());
       auto const gt = load_rows(dout, b, h, i0, i1, w.g.data());
       bool any_row = false;
-      for (idx r = 0; r < bi; ++r) {
+      for (index_t r = 0; r < bi; ++r) {
         O const* orow = o.row(b, i0 + r, h);
         Acc const* grow = gt.p + r * gt.ld;
         Acc acc = 0;
-        for (idx c = 0; c < d; ++c) acc += grow[c] * static_cast<Acc>(orow[c]);
+        for (index_t c = 0; c < d; ++c) acc += grow[c] * static_cast<Acc>(orow[c]);
         w.dsum[std::size_t(r)] = acc;
         w.lse[std::size_t(r)] = static_cast<Acc>(lse.at(b, h, i0 + r));
         any_row = any_row || w.lse[std::size_t(r)] != empty_lse<Acc>();
       }
       if (!any_row) continue;  // every row empty: no gradient flows
       std::fill(w.dq.begin(), w.dq.begin() + bi * d, Acc(0));
-      for (idx j0 = 0; j0 < k_end; j0 += block_k) {
-        idx const bj = std::min(block_k, k_end - j0);
+      for (index_t j0 = 0; j0 < k_end; j0 += block_k) {
+        index_t const bj = std::min(block_k, k_end - j0);
         auto const kt = load_rows(k, b, hk, j0, j0 + bj, w.k.data());
         auto const vt = load_rows(v, b, hk, j0, j0 + bj, w.v.data());
         Acc* s = w.s.data();
         gemm_nt<Acc>(bi, bj, d, scale, qt.p, qt.ld, kt.p, kt.ld, s, bj, w.scratch.data());
         mask_tile(s, i0, bi, j0, bj, mask);
-        for (idx r = 0; r < bi; ++r) {
+        for (index_t r = 0; r < bi; ++r) {
           Acc const l = w.lse[std::size_t(r)];
           Acc* sr = s + r * bj;
           if (l == empty_lse<Acc>()) {  // empty row: P = 0 (recompute_probability's rule)
@@ -306,64 +256,85 @@ void backward_kv_head(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd
         // dP = dO Vᵀ ; dS = P ∘ (dP − D)
         Acc* dp = w.dp.data();
         gemm_nt<Acc>(bi, bj, d, Acc(1), gt.p, gt.ld, vt.p, vt.ld, dp, bj, w.scratch.data());
-        for (idx r = 0; r < bi; ++r) {
+        for (index_t r = 0; r < bi; ++r) {
           Acc const dr = w.dsum[std::size_t(r)];
           Acc const* pr = s + r * bj;
           Acc* dpr = dp + r * bj;
-          for (idx j = 0; j < bj; ++j) dpr[j] = pr[j] * (dpr[j] - dr);
+          for (index_t j = 0; j < bj; ++j) dpr[j] = pr[j] * (dpr[j] - dr);
         }
         // dQ_i += τ dS K_j ; dK_j += τ dSᵀ Q_i
         gemm_nn_acc<Acc>(bi, d, bj, scale, dp, bj, kt.p, kt.ld, w.dq.data(), d, w.scratch.data());
         gemm_tn_acc<Acc>(bj, d, bi, scale, dp, bj, qt.p, qt.ld, w.dk.data() + j0 * d, d,
                          w.scratch.data());
       }
-      for (idx r = 0; r < bi; ++r) {
+      for (index_t r = 0; r < bi; ++r) {
         DQ* dst = dq.row(b, i0 + r, h);
         Acc const* src = w.dq.data() + r * d;
-        for (idx c = 0; c < d; ++c) dst[c] = static_cast<DQ>(static_cast<Acc>(dst[c]) + src[c]);
+        for (index_t c = 0; c < d; ++c) dst[c] = static_cast<DQ>(static_cast<Acc>(dst[c]) + src[c]);
       }
     }
   }
-  for (idx j = 0; j < k.s; ++j) {
+  for (index_t j = 0; j < k.s; ++j) {
     DK* dkr = dk.row(b, j, hk);
     DV* dvr = dv.row(b, j, hk);
     Acc const* sk = w.dk.data() + j * d;
     Acc const* sv = w.dv.data() + j * d;
-    for (idx c = 0; c < d; ++c) {
+    for (index_t c = 0; c < d; ++c) {
       dkr[c] = static_cast<DK>(static_cast<Acc>(dkr[c]) + sk[c]);
       dvr[c] = static_cast<DV>(static_cast<Acc>(dvr[c]) + sv[c]);
     }
   }
 }
 
-//! Adds this block's dq, dk, dv into the given buffers (which the caller zeroes for a plain call).
-template <class Q, class K, class V, class O, class L, class G, class DQ, class DK, class DV>
-void flash_backward_accumulate_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> lse,
-                                   bshd<G> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
-                                   mask_rule mask, double scale, int threads) {
-  using Acc = acc_t<Q>;
+//! Adds this block's dq, dk, dv into the given buffers (which the caller zeroes for a plain call),
+//! on a host executor: one workspace per worker, (batch, KV head) pairs handed out dynamically.
+template <HostExecutor E, class Q, class K, class V, class O, class L, class G, class DQ, class DK,
+          class DV>
+void flash_backward_accumulate_raw(E const& ex, bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o,
+                                   bhs<L> lse, bshd<G> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
+                                   mask_rule mask, double scale) {
+  using Acc = compute_t<Q>;
+  struct workspace {
+    index_t d, sk;
+    bwd_workspace<Acc> operator()() const { return bwd_workspace<Acc>(d, sk); }
+  };
   struct body {
     bshd<Q> q; bshd<K> k; bshd<V> v; bshd<O> o; bhs<L> lse; bshd<G> g; bshd<DQ> dq; bshd<DK> dk;
     bshd<DV> dv; mask_rule mask; Acc scale;
-    bwd_workspace<Acc> make_state() const { return bwd_workspace<Acc>(q.d, k.s); }
-    void operator()(idx t, bwd_workspace<Acc>& w) const {
+    void operator()(index_t t, bwd_workspace<Acc>& w) const {
       backward_kv_head<Acc>(q, k, v, o, lse, g, dq, dk, dv, t / k.h, t % k.h, mask, scale, w);
     }
   };
   if (q.s == 0 || k.s == 0) return;
-  parallel_for(q.b * k.h, threads,
-               body{q, k, v, o, lse, dout, dq, dk, dv, mask, static_cast<Acc>(scale)});
+  for_each_chunk(ex, q.b * k.h, workspace{q.d, k.s},
+                 body{q, k, v, o, lse, dout, dq, dk, dv, mask, static_cast<Acc>(scale)});
 }
+
+// transitional aliases: removed once ring/ulysses/usp/vocab_parallel use the core names
+// (the thread-count forms of the raw kernels, which ring/ulysses/usp still call)
+template <class Q, class K, class V, class O, class L>
+void flash_forward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> lse, mask_rule mask,
+                       double scale, int threads) {
+  flash_forward_raw(exec::host{threads > 1 ? threads : 1}, q, k, v, o, lse, mask, scale);
+}
+template <class Q, class K, class V, class O, class L, class G, class DQ, class DK, class DV>
+void flash_backward_accumulate_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> lse,
+                                   bshd<G> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
+                                   mask_rule mask, double scale, int threads) {
+  flash_backward_accumulate_raw(exec::host{threads > 1 ? threads : 1}, q, k, v, o, lse, dout, dq,
+                                dk, dv, mask, scale);
+}
+// end of transitional aliases
 
 template <class T>
 void zero_rows(bshd<T> const& t) {
-  for (idx b = 0; b < t.b; ++b)
-    for (idx s = 0; s < t.s; ++s)
-      for (idx h = 0; h < t.h; ++h) std::fill(t.row(b, s, h), t.row(b, s, h) + t.d, T(0.0f));
+  for (index_t b = 0; b < t.b; ++b)
+    for (index_t s = 0; s < t.s; ++s)
+      for (index_t h = 0; h < t.h; ++h) std::fill(t.row(b, s, h), t.row(b, s, h) + t.d, T(0.0f));
 }
 
 //! Checks cu_seqlens: starts at 0, non-decreasing, ends at `total`.
-inline void check_cu_seqlens(std::span<std::int64_t const> cu, idx total, char const* name) {
+inline void check_cu_seqlens(std::span<std::int64_t const> cu, index_t total, char const* name) {
   WEFT_EXPECTS(cu.size() >= 2, name, "at least 2 entries (0 and the total)", cu.size());
   WEFT_EXPECTS(cu.front() == 0, name, "first entry 0", cu.front());
   for (std::size_t i = 1; i < cu.size(); ++i)
@@ -374,13 +345,13 @@ inline void check_cu_seqlens(std::span<std::int64_t const> cu, idx total, char c
 }
 
 template <class T>
-bshd<T> seq_slice(bshd<T> t, idx s0, idx s1) noexcept {
+bshd<T> seq_slice(bshd<T> t, index_t s0, index_t s1) noexcept {
   t.data += s0 * t.ss;
   t.s = s1 - s0;
   return t;
 }
 template <class T>
-bhs<T> seq_slice(bhs<T> t, idx s0, idx s1) noexcept {
+bhs<T> seq_slice(bhs<T> t, index_t s0, index_t s1) noexcept {
   t.data += s0 * t.ss;
   t.s = s1 - s0;
   return t;
@@ -390,10 +361,12 @@ bhs<T> seq_slice(bhs<T> t, idx s0, idx s1) noexcept {
 
 //! Flash attention forward. q [B, Sq, Hq, D]; k, v [B, Sk, Hkv, D] with Hq % Hkv == 0 (query head
 //! h uses KV head h / (Hq/Hkv)); o [B, Sq, Hq, D] (any element type, e.g. the input's or f32);
-//! lse [B, Hq, Sq] (natural log; -inf for a row that sees no key, whose o row is 0).
-template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+//! lse [B, Hq, Sq] (natural log; -inf for a row that sees no key, whose o row is 0). Tiles run on
+//! the host executor `ex` (exec::host{n}: n OpenMP threads); results are the same bits for any
+//! executor and thread count.
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
           HostTensorArg OV, HostTensorArg LV>
-void flash_forward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+void flash_forward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                    attention_options const& opt = {}) {
   auto const rq = detail::as_bshd(detail::arg_view(q), "q");
   auto const rk = detail::as_bshd(detail::arg_view(k), "k");
@@ -402,17 +375,17 @@ void flash_forward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
   auto const rl = detail::as_bhs(detail::arg_view(lse));
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
   detail::check_forward_aliases(rq, rk, rv, ro, rl);
-  detail::flash_forward_raw(rq, rk, rv, ro, rl, make_mask(opt.causal, rq.s, rk.s),
-                            resolve_scale(opt.scale, rq.d), opt.num_threads);
+  detail::flash_forward_raw(ex, rq, rk, rv, ro, rl, make_mask(opt.causal, rq.s, rk.s),
+                            resolve_scale(opt.scale, rq.d));
 }
 
 //! Flash attention backward from dout, with the forward's o and lse: writes dq, dk, dv
 //! (overwritten; any element type). Accumulates in f32 (f64 for f64 inputs); GQA dk/dv sum over
 //! their query-head group.
-template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
           HostTensorArg OV, HostTensorArg LV, HostTensorArg GV,
           HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
-void flash_backward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+void flash_backward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                     GV&& dout, DQV&& dq, DKV&& dk, DVV&& dv,
                     attention_options const& opt = {}) {
   auto const rq = detail::as_bshd(detail::arg_view(q), "q");
@@ -430,18 +403,18 @@ void flash_backward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
   detail::zero_rows(rdq);
   detail::zero_rows(rdk);
   detail::zero_rows(rdv);
-  detail::flash_backward_accumulate_raw(rq, rk, rv, ro, rl, rg, rdq, rdk, rdv,
+  detail::flash_backward_accumulate_raw(ex, rq, rk, rv, ro, rl, rg, rdq, rdk, rdv,
                                         make_mask(opt.causal, rq.s, rk.s),
-                                        resolve_scale(opt.scale, rq.d), opt.num_threads);
+                                        resolve_scale(opt.scale, rq.d));
 }
 
 //! Packed variable-length forward: documents are concatenated along dim 1 of q, k, v (batch 1:
 //! q [1, Tq, Hq, D], k, v [1, Tk, Hkv, D]); document n spans rows [cu_q[n], cu_q[n+1]) of q and
 //! [cu_k[n], cu_k[n+1]) of k and v, and attends only within itself (causal alignment per document).
 //! lse is [1, Hq, Tq].
-template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
           HostTensorArg OV, HostTensorArg LV>
-void flash_forward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+void flash_forward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                           std::span<std::int64_t const> cu_seqlens_q,
                           std::span<std::int64_t const> cu_seqlens_k,
                           attention_options const& opt = {}) {
@@ -461,18 +434,18 @@ void flash_forward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
   for (std::size_t n = 0; n + 1 < cu_seqlens_q.size(); ++n) {
     std::int64_t const q0 = cu_seqlens_q[n], q1 = cu_seqlens_q[n + 1];
     std::int64_t const k0 = cu_seqlens_k[n], k1 = cu_seqlens_k[n + 1];
-    detail::flash_forward_raw(detail::seq_slice(rq, q0, q1), detail::seq_slice(rk, k0, k1),
+    detail::flash_forward_raw(ex, detail::seq_slice(rq, q0, q1), detail::seq_slice(rk, k0, k1),
                               detail::seq_slice(rv, k0, k1), detail::seq_slice(ro, q0, q1),
                               detail::seq_slice(rl, q0, q1), make_mask(opt.causal, q1 - q0, k1 - k0),
-                              scale, opt.num_threads);
+                              scale);
   }
 }
 
 //! Packed variable-length backward; arguments as flash_forward_varlen plus flash_backward's.
-template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
           HostTensorArg OV, HostTensorArg LV, HostTensorArg GV,
           HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
-void flash_backward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+void flash_backward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                            GV&& dout, DQV&& dq, DKV&& dk, DVV&& dv,
                            std::span<std::int64_t const> cu_seqlens_q,
                            std::span<std::int64_t const> cu_seqlens_k,
@@ -502,13 +475,52 @@ void flash_backward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
     std::int64_t const q0 = cu_seqlens_q[n], q1 = cu_seqlens_q[n + 1];
     std::int64_t const k0 = cu_seqlens_k[n], k1 = cu_seqlens_k[n + 1];
     detail::flash_backward_accumulate_raw(
-        detail::seq_slice(rq, q0, q1), detail::seq_slice(rk, k0, k1),
+        ex, detail::seq_slice(rq, q0, q1), detail::seq_slice(rk, k0, k1),
         detail::seq_slice(rv, k0, k1), detail::seq_slice(ro, q0, q1),
         detail::seq_slice(rl, q0, q1), detail::seq_slice(rg, q0, q1),
         detail::seq_slice(rdq, q0, q1), detail::seq_slice(rdk, k0, k1),
-        detail::seq_slice(rdv, k0, k1), make_mask(opt.causal, q1 - q0, k1 - k0), scale,
-        opt.num_threads);
+        detail::seq_slice(rdv, k0, k1), make_mask(opt.causal, q1 - q0, k1 - k0), scale);
   }
+}
+
+
+// ---- the same entry points on exec::host{opt.num_threads} --------------------------------------
+
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
+void flash_forward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse, attention_options const& opt = {}) {
+  flash_forward(host_executor(opt), std::forward<QV>(q), std::forward<KV>(k), std::forward<VV>(v),
+                std::forward<OV>(o), std::forward<LV>(lse), opt);
+}
+
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
+          HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
+void flash_backward(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse, GV&& dout, DQV&& dq, DKV&& dk,
+                    DVV&& dv, attention_options const& opt = {}) {
+  flash_backward(host_executor(opt), std::forward<QV>(q), std::forward<KV>(k), std::forward<VV>(v),
+                 std::forward<OV>(o), std::forward<LV>(lse), std::forward<GV>(dout),
+                 std::forward<DQV>(dq), std::forward<DKV>(dk), std::forward<DVV>(dv), opt);
+}
+
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
+void flash_forward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+                          std::span<std::int64_t const> cu_seqlens_q,
+                          std::span<std::int64_t const> cu_seqlens_k,
+                          attention_options const& opt = {}) {
+  flash_forward_varlen(host_executor(opt), std::forward<QV>(q), std::forward<KV>(k),
+                       std::forward<VV>(v), std::forward<OV>(o), std::forward<LV>(lse),
+                       cu_seqlens_q, cu_seqlens_k, opt);
+}
+
+template <HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
+          HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
+void flash_backward_varlen(QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse, GV&& dout, DQV&& dq, DKV&& dk,
+                           DVV&& dv, std::span<std::int64_t const> cu_seqlens_q,
+                           std::span<std::int64_t const> cu_seqlens_k,
+                           attention_options const& opt = {}) {
+  flash_backward_varlen(host_executor(opt), std::forward<QV>(q), std::forward<KV>(k),
+                        std::forward<VV>(v), std::forward<OV>(o), std::forward<LV>(lse),
+                        std::forward<GV>(dout), std::forward<DQV>(dq), std::forward<DKV>(dk),
+                        std::forward<DVV>(dv), cu_seqlens_q, cu_seqlens_k, opt);
 }
 
 }  // namespace weft::attention

@@ -1,7 +1,8 @@
 // weft/core/exec.hpp — executors: where and how per-element work runs. `exec::host` (a plain
 // loop, or an OpenMP team), `exec::cuda{stream}` (a kernel on a stream; needs weft::cuda and an
-// nvcc translation unit to launch), and for_each_index over them. fill and copy through an executor are in
-// weft/core/algorithm/{fill,copy}.hpp.
+// nvcc translation unit to launch), for_each_index over them, and for_each_chunk (work items with
+// per-worker scratch state, scheduled dynamically): the one seam through which weft's parallel
+// loops run. fill and copy through an executor are in weft/core/algorithm/{fill,copy}.hpp.
 #pragma once
 
 #include <weft/core/config.hpp>
@@ -144,5 +145,78 @@ static_assert(Executor<exec::host>);
 #if WEFT_HAS_CUDA_RUNTIME
 static_assert(Executor<exec::cuda>);
 #endif
+
+// ---- work items with per-worker state -----------------------------------------------------------
+// Coarse work items that each need scratch memory (attention's query tiles need a few hundred KiB
+// of packed tiles) should not allocate it per item, and items of uneven cost (causal tiles) should
+// be handed out one at a time. for_each_chunk(e, n, make_state, f) does both: it calls f(i, s) once
+// for every i in [0, n), where `s` is a state made by make_state() and owned by one worker at a
+// time. Items run in unspecified order, possibly concurrently; each state is used by one item at
+// a time, so f may write to it freely. Results must not depend on which state an item gets.
+// Host-accessible executors only (make_state and f run on the host).
+
+//! exec::host: one state per thread of an OpenMP team (num_threads > 1, or OpenMP's default for
+//! 0) with items handed out one at a time (schedule(dynamic, 1)); with num_threads 1 or without
+//! OpenMP, one state and a plain loop. make_state and f must not throw out of a team (that
+//! terminates the program), as for for_each_index. Throws invalid_argument_error for n < 0.
+template <class MakeState, class F>
+  requires std::invocable<MakeState const&> &&
+           std::invocable<F const&, std::int64_t, std::invoke_result_t<MakeState const&>&>
+void for_each_chunk(exec::host const& e, std::int64_t n, MakeState const& make_state, F const& f) {
+  WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
+  WEFT_EXPECTS(e.num_threads >= 0, "exec.num_threads", ">= 0 (0: OpenMP default, 1: sequential)",
+               e.num_threads);
+  if (n == 0) return;
+#if defined(_OPENMP)
+  if (e.num_threads != 1 && n > 1) {
+    if (e.num_threads > 1) {
+#  pragma omp parallel num_threads(e.num_threads)
+      {
+        auto state = make_state();
+#  pragma omp for schedule(dynamic, 1)
+        for (std::int64_t i = 0; i < n; ++i) f(i, state);
+      }
+    } else {
+#  pragma omp parallel
+      {
+        auto state = make_state();
+#  pragma omp for schedule(dynamic, 1)
+        for (std::int64_t i = 0; i < n; ++i) f(i, state);
+      }
+    }
+    return;
+  }
+#endif
+  auto state = make_state();
+  for (std::int64_t i = 0; i < n; ++i) f(i, state);
+}
+
+namespace detail {
+
+// The generic for_each_chunk's per-index functor: a fresh state for each item.
+template <class MakeState, class F>
+struct chunk_with_fresh_state {
+  MakeState const* make_state;
+  F const* f;
+  void operator()(std::int64_t i) const {
+    auto state = (*make_state)();
+    (*f)(i, state);
+  }
+};
+
+}  // namespace detail
+
+//! Any other host-accessible Executor: each item gets a fresh state, run through the executor's
+//! for_each_index (correct for any executor, but allocating per item). An executor with workers
+//! of its own provides a for_each_chunk overload found by ADL, as exec::host does.
+template <Executor E, class MakeState, class F>
+  requires(E::memory_space::host_accessible) && std::invocable<MakeState const&> &&
+          std::invocable<F const&, std::int64_t, std::invoke_result_t<MakeState const&>&>
+void for_each_chunk(E const& e, std::int64_t n, MakeState const& make_state, F const& f) {
+  WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
+  if (n == 0) return;
+  for_each_index(e, n, detail::chunk_with_fresh_state<MakeState, F>{&make_state, &f});
+  e.synchronize();
+}
 
 }  // namespace weft
