@@ -1,83 +1,36 @@
 // Tests for weft/mesh/device_mesh.hpp that need no threads: argument validation (which must throw
-// before anything is communicated) and the one-rank mesh, over a recording one-rank communicator.
+// before anything is communicated) and the one-rank mesh, over a recording one-rank group that
+// models only what device_mesh needs (rank, size, split).
 #include <weft/mesh/mesh.hpp>
 
 #include <doctest/doctest.h>
 
-#include <cstring>
 #include <memory>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 // A named namespace, not an anonymous one: nvcc warns about every unused member of a class in an
-// anonymous namespace, and most of this communicator's members exist only to model the concept.
+// anonymous namespace.
 namespace mesh_test {
 
 namespace comm = weft::comm;
 
-// A communicator that claims `size` ranks and is rank `rank`, counts every call, and can really
-// complete only one-rank operations. For validation tests: a mesh that throws before
-// communicating leaves `calls` at zero.
+// A group that claims `size` ranks and is rank `rank`, counts every call, and can really split
+// only a one-rank group. It models what device_mesh asks for and nothing more: rank, size and
+// split (comm::SplittableGroup). For validation tests: a mesh that throws before communicating
+// leaves `calls` at zero.
 class recording_comm {
  public:
-  using communicator_concept = comm::communicator_tag;
+  using communicator_concept = comm::group_tag;
 
   explicit recording_comm(int size = 1, int rank = 0) : rank_(rank), size_(size) {}
 
   [[nodiscard]] int rank() const noexcept { return rank_; }
   [[nodiscard]] int size() const noexcept { return size_; }
-  [[nodiscard]] comm::comm_state state() const noexcept { return comm::comm_state::healthy; }
   [[nodiscard]] int calls() const noexcept { return *calls_; }
   [[nodiscard]] std::vector<std::pair<int, int>> const& splits() const noexcept { return *splits_; }
 
-  comm::work all_reduce(comm::buffer_view, comm::buffer_view, comm::reduce_op, comm::op_options) {
-    return unsupported();
-  }
-  comm::work reduce(comm::buffer_view, comm::buffer_view, comm::reduce_op, int, comm::op_options) {
-    return unsupported();
-  }
-  comm::work broadcast(comm::buffer_view, comm::buffer_view, int, comm::op_options) {
-    return unsupported();
-  }
-  comm::work all_gather(comm::buffer_view in, comm::buffer_view out, comm::op_options) {
-    ++*calls_;
-    REQUIRE(size_ == 1);
-    REQUIRE(out.count == in.count);
-    std::memcpy(out.data, in.data, in.bytes());
-    return {};
-  }
-  comm::work all_gather_v(comm::buffer_view, comm::buffer_view, std::span<std::size_t const>,
-                          comm::op_options) {
-    return unsupported();
-  }
-  comm::work reduce_scatter(comm::buffer_view, comm::buffer_view, comm::reduce_op,
-                            comm::op_options) {
-    return unsupported();
-  }
-  comm::work reduce_scatter_v(comm::buffer_view, comm::buffer_view, std::span<std::size_t const>,
-                              comm::reduce_op, comm::op_options) {
-    return unsupported();
-  }
-  comm::work all_to_all(comm::buffer_view, comm::buffer_view, comm::op_options) {
-    return unsupported();
-  }
-  comm::work all_to_all_v(comm::buffer_view, comm::buffer_view, std::span<std::size_t const>,
-                          std::span<std::size_t const>, comm::op_options) {
-    return unsupported();
-  }
-  comm::work gather(comm::buffer_view, comm::buffer_view, int, comm::op_options) {
-    return unsupported();
-  }
-  comm::work scatter(comm::buffer_view, comm::buffer_view, int, comm::op_options) {
-    return unsupported();
-  }
-  comm::work send(comm::buffer_view, int, comm::op_options) { return unsupported(); }
-  comm::work recv(comm::buffer_view, int, comm::op_options) { return unsupported(); }
-  comm::work isend(comm::buffer_view, int, comm::op_options) { return unsupported(); }
-  comm::work irecv(comm::buffer_view, int, comm::op_options) { return unsupported(); }
-  comm::work barrier(comm::op_options) { return unsupported(); }
   recording_comm split(int color, int key) {
     ++*calls_;
     REQUIRE(size_ == 1);
@@ -87,24 +40,17 @@ class recording_comm {
     sub.splits_ = splits_;
     return sub;
   }
-  void abort() noexcept {}
-  [[nodiscard]] std::vector<comm::op_record> history() const { return {}; }
-  void set_hook(comm::op_hook) {}
 
  private:
-  comm::work unsupported() {
-    ++*calls_;
-    FAIL("device_mesh called an operation it does not need");
-    return {};
-  }
-
   int rank_;
   int size_;
   std::shared_ptr<int> calls_ = std::make_shared<int>(0);
   std::shared_ptr<std::vector<std::pair<int, int>>> splits_ =
       std::make_shared<std::vector<std::pair<int, int>>>();
 };
-static_assert(comm::Communicator<recording_comm>);
+static_assert(comm::SplittableGroup<recording_comm>);
+static_assert(!comm::PointToPoint<recording_comm>);
+static_assert(!comm::Communicator<recording_comm>);
 
 using mesh_t = weft::device_mesh<recording_comm>;
 
@@ -154,9 +100,14 @@ TEST_CASE("device_mesh: bad arguments throw before anything is communicated") {
 TEST_CASE("device_mesh: a one-rank mesh has size-1 groups, flattened ones included") {
   recording_comm world(1, 0);
   mesh_t m(world, {1, 1, 1}, {"dp", "cp", "tp"}, {{"dp", "cp"}});
-  // One agreement all_gather, then one split per axis and one per flattened group.
+  // One agreement split (a group without a host all_gather compares the layout hash as the split
+  // color, keyed by rank), then one split per axis and one per flattened group.
   CHECK(world.calls() == 1 + 3 + 1);
-  CHECK(world.splits() == std::vector<std::pair<int, int>>{{0, 0}, {0, 0}, {0, 0}, {0, 0}});
+  REQUIRE(world.splits().size() == 5);
+  CHECK(world.splits()[0].first >= 0);
+  CHECK(world.splits()[0].second == 0);
+  CHECK(std::vector<std::pair<int, int>>(world.splits().begin() + 1, world.splits().end()) ==
+        std::vector<std::pair<int, int>>{{0, 0}, {0, 0}, {0, 0}, {0, 0}});
   CHECK(m.ndim() == 3);
   CHECK(m.size() == 1);
   CHECK(m.global_rank() == 0);

@@ -1,6 +1,7 @@
-// weft/comm/collectives.hpp — the typed front door of every Communicator: free functions over weft
-// tensors (views or owning tensors) and contiguous ranges, in the backend's memory space, in-place
-// and out-of-place; buffer_of() turns one argument into the type-erased buffer_view backends take.
+// weft/comm/collectives.hpp — the typed front door of every communicator: free functions over
+// weft tensors (views or owning tensors) and contiguous ranges, in the communicator's memory space
+// (checked at compile time), each asking for the weakest concept it uses (isend/irecv/send/recv:
+// PointToPoint; the collectives: Collective); buffer_of() makes the type-erased buffer_view.
 #pragma once
 
 #include <weft/comm/concepts.hpp>
@@ -18,22 +19,6 @@
 #include <utility>
 
 namespace weft::comm {
-
-// ---- where a communicator's buffers live ------------------------------------------------------
-
-//! The memory space of a communicator's buffers: `C::memory_space` where the backend declares it
-//! (threads: host_space, NCCL: cuda_space), host_space otherwise.
-template <class C>
-struct communicator_space {
-  using type = host_space;
-};
-template <class C>
-  requires requires { typename C::memory_space; }
-struct communicator_space<C> {
-  using type = typename C::memory_space;
-};
-template <class C>
-using communicator_space_t = typename communicator_space<std::remove_cvref_t<C>>::type;
 
 namespace detail {
 
@@ -80,11 +65,14 @@ struct buffer_traits_impl<X> {
   using space = host_space;
 };
 
+//! The wire kind of a buffer in `Space`: memory host code may touch (host_space, or a user's
+//! pinned or managed space) travels as memory_kind::host; cuda_space as memory_kind::cuda.
 template <class Space>
 constexpr memory_kind kind_of() {
-  static_assert(std::is_same_v<Space, host_space> || std::is_same_v<Space, cuda_space>,
-                "weft: communicators take host_space or cuda_space buffers");
-  return std::is_same_v<Space, host_space> ? memory_kind::host : memory_kind::cuda;
+  static_assert(Space::host_accessible || std::is_same_v<Space, cuda_space>,
+                "weft: communicators take buffers host code can access (host_space or a "
+                "host-accessible user space) or cuda_space buffers");
+  return Space::host_accessible ? memory_kind::host : memory_kind::cuda;
 }
 
 }  // namespace detail
@@ -151,7 +139,7 @@ template <Buffer X>
 // on op_options::stream for stream-ordered ones (NCCL). In-place forms pass one buffer.
 
 //! inout = reduction over ranks of inout.
-template <Communicator C, class X>
+template <Collective C, class X>
   requires BufferIn<X, communicator_space_t<C>> && MutableBuffer<X>
 work all_reduce(C& c, X&& inout, reduce_op op = {}, op_options o = {}) {
   auto const b = buffer_of(inout, "inout");
@@ -159,7 +147,7 @@ work all_reduce(C& c, X&& inout, reduce_op op = {}, op_options o = {}) {
 }
 
 //! out = reduction over ranks of in.
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work all_reduce(C& c, In&& in, Out&& out, reduce_op op = {}, op_options o = {}) {
@@ -167,7 +155,7 @@ work all_reduce(C& c, In&& in, Out&& out, reduce_op op = {}, op_options o = {}) 
 }
 
 //! On `root`, out = reduction over ranks of in; `out` is ignored elsewhere (may be empty).
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work reduce(C& c, In&& in, Out&& out, int root, reduce_op op = {}, op_options o = {}) {
@@ -175,7 +163,7 @@ work reduce(C& c, In&& in, Out&& out, int root, reduce_op op = {}, op_options o 
 }
 
 //! In place: on `root`, inout = reduction over ranks of inout; unchanged elsewhere.
-template <Communicator C, class X>
+template <Collective C, class X>
   requires BufferIn<X, communicator_space_t<C>> && MutableBuffer<X>
 work reduce(C& c, X&& inout, int root, reduce_op op = {}, op_options o = {}) {
   auto const b = buffer_of(inout, "inout");
@@ -183,7 +171,7 @@ work reduce(C& c, X&& inout, int root, reduce_op op = {}, op_options o = {}) {
 }
 
 //! In place: every rank's inout = root's inout.
-template <Communicator C, class X>
+template <Collective C, class X>
   requires BufferIn<X, communicator_space_t<C>> && MutableBuffer<X>
 work broadcast(C& c, X&& inout, int root, op_options o = {}) {
   auto const b = buffer_of(inout, "inout");
@@ -191,7 +179,7 @@ work broadcast(C& c, X&& inout, int root, op_options o = {}) {
 }
 
 //! out = root's in (`in` is ignored off the root).
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work broadcast(C& c, In&& in, Out&& out, int root, op_options o = {}) {
@@ -199,7 +187,7 @@ work broadcast(C& c, In&& in, Out&& out, int root, op_options o = {}) {
 }
 
 //! out = concatenation over ranks of in (out.size() == size() * in.size()).
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work all_gather(C& c, In&& in, Out&& out, op_options o = {}) {
@@ -207,7 +195,7 @@ work all_gather(C& c, In&& in, Out&& out, op_options o = {}) {
 }
 
 //! In place: each rank's block already sits at out[rank * out.size() / size(), ...).
-template <Communicator C, class X>
+template <Collective C, class X>
   requires BufferIn<X, communicator_space_t<C>> && MutableBuffer<X>
 work all_gather(C& c, X&& out, op_options o = {}) {
   auto const b = buffer_of(out, "out");
@@ -219,7 +207,7 @@ work all_gather(C& c, X&& out, op_options o = {}) {
 }
 
 //! out = concatenation over ranks r of in_r, where in_r has counts[r] elements.
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work all_gather_v(C& c, In&& in, Out&& out, std::span<std::size_t const> counts, op_options o = {}) {
@@ -227,7 +215,7 @@ work all_gather_v(C& c, In&& in, Out&& out, std::span<std::size_t const> counts,
 }
 
 //! out = block rank() of the reduction over ranks of in (in.size() == size() * out.size()).
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work reduce_scatter(C& c, In&& in, Out&& out, reduce_op op = {}, op_options o = {}) {
@@ -236,7 +224,7 @@ work reduce_scatter(C& c, In&& in, Out&& out, reduce_op op = {}, op_options o = 
 
 //! In place: the reduced block rank() lands in inout[rank * inout.size() / size(), ...); the
 //! rest of inout is unspecified afterwards.
-template <Communicator C, class X>
+template <Collective C, class X>
   requires BufferIn<X, communicator_space_t<C>> && MutableBuffer<X>
 work reduce_scatter(C& c, X&& inout, reduce_op op = {}, op_options o = {}) {
   auto const b = buffer_of(inout, "inout");
@@ -250,7 +238,7 @@ work reduce_scatter(C& c, X&& inout, reduce_op op = {}, op_options o = {}) {
 
 //! out = block rank() (counts[rank()] elements at offset counts[0] + ... + counts[rank()-1]) of
 //! the reduction over ranks of in.
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work reduce_scatter_v(C& c, In&& in, Out&& out, std::span<std::size_t const> counts,
@@ -259,7 +247,7 @@ work reduce_scatter_v(C& c, In&& in, Out&& out, std::span<std::size_t const> cou
 }
 
 //! Block s of out = block rank() of rank s's in (equal blocks of in.size() / size()).
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work all_to_all(C& c, In&& in, Out&& out, op_options o = {}) {
@@ -267,7 +255,7 @@ work all_to_all(C& c, In&& in, Out&& out, op_options o = {}) {
 }
 
 //! In place form of all_to_all.
-template <Communicator C, class X>
+template <Collective C, class X>
   requires BufferIn<X, communicator_space_t<C>> && MutableBuffer<X>
 work all_to_all(C& c, X&& inout, op_options o = {}) {
   auto const b = buffer_of(inout, "inout");
@@ -276,7 +264,7 @@ work all_to_all(C& c, X&& inout, op_options o = {}) {
 
 //! Rank r sends send_counts[s] elements to rank s (consecutive blocks of in) and receives
 //! recv_counts[s] from rank s (consecutive blocks of out).
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work all_to_all_v(C& c, In&& in, Out&& out, std::span<std::size_t const> send_counts,
@@ -285,7 +273,7 @@ work all_to_all_v(C& c, In&& in, Out&& out, std::span<std::size_t const> send_co
 }
 
 //! On `root`, block r of out = rank r's in; `out` is ignored elsewhere.
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work gather(C& c, In&& in, Out&& out, int root, op_options o = {}) {
@@ -293,42 +281,69 @@ work gather(C& c, In&& in, Out&& out, int root, op_options o = {}) {
 }
 
 //! out = block rank() of root's in; `in` is ignored off the root.
-template <Communicator C, class In, class Out>
+template <Collective C, class In, class Out>
   requires BufferIn<In, communicator_space_t<C>> && BufferIn<Out, communicator_space_t<C>> &&
            MutableBuffer<Out> && std::same_as<buffer_element_t<In>, buffer_element_t<Out>>
 work scatter(C& c, In&& in, Out&& out, int root, op_options o = {}) {
   return c.scatter(buffer_of(in, "in"), buffer_of(out, "out"), root, o);
 }
 
-template <Communicator C, class In>
+//! Blocking send: the model's send where it has one, isend(...).wait() otherwise.
+template <PointToPoint C, class In>
   requires BufferIn<In, communicator_space_t<C>>
 work send(C& c, In&& in, int peer, op_options o = {}) {
-  return c.send(buffer_of(in, "in"), peer, o);
+  auto const b = buffer_of(in, "in");
+  if constexpr (requires { { c.send(b, peer, o) } -> std::same_as<work>; }) {
+    return c.send(b, peer, o);
+  } else {
+    c.isend(b, peer, o).wait();
+    return {};
+  }
 }
 
-template <Communicator C, class Out>
+//! Blocking receive: the model's recv where it has one, irecv(...).wait() otherwise.
+template <PointToPoint C, class Out>
   requires BufferIn<Out, communicator_space_t<C>> && MutableBuffer<Out>
 work recv(C& c, Out&& out, int peer, op_options o = {}) {
-  return c.recv(buffer_of(out, "out"), peer, o);
+  auto const b = buffer_of(out, "out");
+  if constexpr (requires { { c.recv(b, peer, o) } -> std::same_as<work>; }) {
+    return c.recv(b, peer, o);
+  } else {
+    c.irecv(b, peer, o).wait();
+    return {};
+  }
 }
 
 //! Non-blocking: keep `in` alive and unchanged until the returned work completes.
-template <Communicator C, class In>
+template <PointToPoint C, class In>
   requires BufferIn<In, communicator_space_t<C>>
 [[nodiscard]] work isend(C& c, In&& in, int peer, op_options o = {}) {
   return c.isend(buffer_of(in, "in"), peer, o);
 }
 
 //! Non-blocking: keep `out` alive and do not read it until the returned work completes.
-template <Communicator C, class Out>
+template <PointToPoint C, class Out>
   requires BufferIn<Out, communicator_space_t<C>> && MutableBuffer<Out>
 [[nodiscard]] work irecv(C& c, Out&& out, int peer, op_options o = {}) {
   return c.irecv(buffer_of(out, "out"), peer, o);
 }
 
-template <Communicator C>
+template <Collective C>
 work barrier(C& c, op_options o = {}) {
   return c.barrier(o);
+}
+
+//! Waits until the work this rank issued on `c` with `o.stream` has run: synchronize(o) on a
+//! StreamCommunicator; nothing on a host model, whose calls complete before returning. Generic
+//! code calls it where it hands buffers back to host code, whatever the backend.
+template <Group C>
+void synchronize(C& c, op_options o = {}) {
+  if constexpr (StreamCommunicator<C>) {
+    c.synchronize(o);
+  } else {
+    (void)c;
+    (void)o;
+  }
 }
 
 }  // namespace weft::comm

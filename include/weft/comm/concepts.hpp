@@ -1,11 +1,14 @@
-// weft/comm/concepts.hpp — the vocabulary every communication backend shares: type-erased buffer
-// views, reduce ops, per-call options, the `work` handle, the operation record kept for
-// post-mortems, and the `Communicator` / `StreamCommunicator` concepts.
+// weft/comm/concepts.hpp — the vocabulary every communication backend shares (type-erased buffer
+// views, reduce ops, per-call options, the operation record kept for post-mortems) and the
+// communicator concepts, refined step by step: Group -> PointToPoint -> Collective -> Communicator
+// -> StreamCommunicator, with SplittableGroup beside them and a space-aware form of each (`...In`).
 #pragma once
 
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/memory.hpp>
+#include <weft/comm/work.hpp>
 
 #include <chrono>
 #include <concepts>
@@ -164,94 +167,157 @@ struct op_record {
 
 using op_hook = std::function<void(op_record const&)>;
 
-namespace detail {
-//! The state behind a pending operation; backends derive from it.
-class work_state {
- public:
-  virtual ~work_state() = default;
-  //! Waits until done or the deadline; returns whether done. Throws the operation's comm_error.
-  virtual bool wait_until(std::chrono::steady_clock::time_point deadline) = 0;
-  [[nodiscard]] virtual bool done() const noexcept = 0;
-};
-}  // namespace detail
+// ---- the opt-in tags ----------------------------------------------------------------------------
 
-//! Handle to an operation. Host backends return completed work from blocking calls; isend/irecv
-//! and stream-ordered backends return pending work. wait() rethrows the operation's error.
-class work {
- public:
-  work() = default;  // already complete
-  explicit work(std::shared_ptr<detail::work_state> s) : state_(std::move(s)) {}
-
-  //! Blocks until complete (bounded by the communicator's deadline); throws its comm_error.
-  void wait() {
-    if (state_) state_->wait_until(std::chrono::steady_clock::time_point::max());
-  }
-  //! Waits at most `d`; false if still pending (no throw for the deadline itself).
-  bool wait_for(std::chrono::milliseconds d) {
-    return !state_ || state_->wait_until(std::chrono::steady_clock::now() + d);
-  }
-  [[nodiscard]] bool done() const noexcept { return !state_ || state_->done(); }
-
- private:
-  std::shared_ptr<detail::work_state> state_;
-};
-
-//! Opt-in tag: a type models Communicator only if it says so (`using communicator_concept =
-//! weft::comm::communicator_tag;`), so an unrelated class with send/recv is never mistaken for one.
-struct communicator_tag {};
+//! A type models a communicator concept only if it says so, by naming a tag in
+//! `using communicator_concept = weft::comm::<tag>;`, so an unrelated class with rank() and
+//! send-like members is never mistaken for one. Each tag derives from the weaker ones: name the
+//! strongest concept the type models, and it models every concept below it too.
+struct group_tag {};
+struct point_to_point_tag : group_tag {};
+struct collective_tag : point_to_point_tag {};
+struct communicator_tag : collective_tag {};
 struct stream_communicator_tag : communicator_tag {};
 
-//! Communicator: a group of size() ranks; this object is rank rank().
-//!
-//! Semantics every model guarantees:
+namespace detail {
+template <class C, class Tag>
+concept tagged = requires { typename C::communicator_concept; } &&
+                 std::derived_from<typename C::communicator_concept, Tag>;
+}  // namespace detail
+
+// ---- where a communicator's buffers live -------------------------------------------------------
+
+//! The memory space of a communicator's buffers: `C::memory_space` where the model declares it
+//! (threads and MPI: host_space, NCCL: cuda_space), host_space otherwise.
+template <class C>
+struct communicator_space {
+  using type = host_space;
+};
+template <class C>
+  requires requires { typename C::memory_space; }
+struct communicator_space<C> {
+  using type = typename C::memory_space;
+};
+template <class C>
+using communicator_space_t = typename communicator_space<std::remove_cvref_t<C>>::type;
+
+// ---- the concepts, weakest first ---------------------------------------------------------------
+// Each consumer asks for the weakest one it uses, in the memory space it needs: ring attention
+// for PointToPointIn<C, host_space>, Ulysses and the rl losses for CollectiveIn<C, host_space>,
+// device_mesh for SplittableGroup. weft's backends model Communicator (NCCL: StreamCommunicator).
+
+//! Group: a group of size() ranks, of which this object is rank rank().
+//! Semantics: 0 <= rank() < size() for a member (a rank left out by split(negative color) has
+//! size() == 0); both are constant for the object's lifetime and never throw.
+template <class C>
+concept Group = detail::tagged<C, group_tag> && requires(C const& cc) {
+  { cc.rank() } noexcept -> std::same_as<int>;
+  { cc.size() } noexcept -> std::same_as<int>;
+};
+
+//! SplittableGroup: a Group that splits into sub-groups of its own type.
+//! Semantics: split(color, key) is collective (every rank calls it, in the same order relative to
+//! its other collective calls); ranks with the same non-negative color form a sub-group ordered
+//! by (key, parent rank); a negative color yields a group of size 0 for that rank. Split needs no
+//! buffers, so it works the same whatever the memory space.
+template <class C>
+concept SplittableGroup = Group<C> && std::movable<C> && requires(C& c, int color, int key) {
+  { c.split(color, key) } -> std::same_as<C>;
+};
+
+//! PointToPoint: a Group whose ranks exchange messages.
+//! Semantics:
+//! - isend(in, peer, o) starts sending `in` to rank `peer`; irecv(out, peer, o) starts receiving
+//!   the next message from `peer` into `out`. Both return a work; the buffer belongs to the
+//!   communicator until that work completes (wait() or a true done()).
+//! - Messages between one (sender, receiver) pair arrive in the order they were sent (MPI's
+//!   non-overtaking rule); a message's count must equal the receiving buffer's count.
+//! - Buffers are in communicator_space_t<C>; a bad peer, count or memory kind throws
+//!   invalid_argument_error before anything is sent. A failure (peer gone, deadline) throws a
+//!   comm_error from wait().
+//! - Ranks may post their isend and irecv in any order: a rank that posts both before waiting on
+//!   either never deadlocks against a peer doing the same (ring exchanges rely on this).
+template <class C>
+concept PointToPoint =
+    Group<C> && detail::tagged<C, point_to_point_tag> &&
+    requires(C& c, buffer_view in, buffer_view out, int peer, op_options o) {
+      { c.isend(in, peer, o) } -> std::same_as<work>;
+      { c.irecv(out, peer, o) } -> std::same_as<work>;
+    };
+
+//! Collective: PointToPoint plus the collectives and barrier.
+//! Semantics:
 //! - Collectives are called by every rank of the group in the same order with matching
 //!   fingerprints (op, dtype, count, root, reduction); sequence numbers advance per call.
 //! - Buffers are contiguous; in-place means in.data == out.data where the op allows it.
 //! - Invalid arguments (size mismatch, bad root or peer, wrong memory kind) throw
 //!   invalid_argument_error before anything is communicated and leave the communicator healthy.
-//! - A fault (peer failure, deadline, mismatch) throws a comm_error on every rank involved and
-//!   poisons the communicator: every later call throws at once. abort() is idempotent and wakes
-//!   every local waiter.
-//! - Host backends complete blocking calls before returning; stream-ordered backends
-//!   (StreamCommunicator) enqueue them on op_options::stream.
-//! - split(color, key) is collective; ranks with the same color form a sub-communicator ordered by
-//!   (key, parent rank); a negative color yields a communicator of size 0 for that rank.
-//! - Reductions over the same inputs give the same bits on every run.
+//! - Host models complete the call before returning; stream-ordered ones (StreamCommunicator)
+//!   enqueue it on op_options::stream.
+//! - Reductions over the same inputs give the same bits on every run (comm/reference.hpp).
 template <class C>
-concept Communicator =
-    std::movable<C> && std::derived_from<typename C::communicator_concept, communicator_tag> &&
-    requires(C& c, C const& cc, buffer_view in, buffer_view out, std::span<std::size_t const> counts,
-             reduce_op op, int peer, int color, int key, op_options o, op_hook hook) {
-      { cc.rank() } noexcept -> std::same_as<int>;
-      { cc.size() } noexcept -> std::same_as<int>;
-      { cc.state() } noexcept -> std::same_as<comm_state>;
+concept Collective =
+    PointToPoint<C> && detail::tagged<C, collective_tag> &&
+    requires(C& c, buffer_view in, buffer_view out, std::span<std::size_t const> counts,
+             reduce_op op, int root, op_options o) {
       { c.all_reduce(in, out, op, o) } -> std::same_as<work>;
-      { c.reduce(in, out, op, peer, o) } -> std::same_as<work>;
-      { c.broadcast(in, out, peer, o) } -> std::same_as<work>;
+      { c.reduce(in, out, op, root, o) } -> std::same_as<work>;
+      { c.broadcast(in, out, root, o) } -> std::same_as<work>;
       { c.all_gather(in, out, o) } -> std::same_as<work>;
       { c.all_gather_v(in, out, counts, o) } -> std::same_as<work>;
       { c.reduce_scatter(in, out, op, o) } -> std::same_as<work>;
       { c.reduce_scatter_v(in, out, counts, op, o) } -> std::same_as<work>;
       { c.all_to_all(in, out, o) } -> std::same_as<work>;
       { c.all_to_all_v(in, out, counts, counts, o) } -> std::same_as<work>;
-      { c.gather(in, out, peer, o) } -> std::same_as<work>;
-      { c.scatter(in, out, peer, o) } -> std::same_as<work>;
+      { c.gather(in, out, root, o) } -> std::same_as<work>;
+      { c.scatter(in, out, root, o) } -> std::same_as<work>;
+      { c.barrier(o) } -> std::same_as<work>;
+    };
+
+//! Communicator: a Collective and SplittableGroup with blocking send/recv, a health state, a
+//! post-mortem history and a per-operation hook: what weft's backends provide.
+//! Semantics, beyond those of the concepts it refines:
+//! - send/recv are isend/irecv completed before returning (host models).
+//! - A fault (peer failure, deadline, mismatch) throws a comm_error on every rank involved and
+//!   poisons the communicator (state() == poisoned): every later call throws at once. abort() is
+//!   idempotent, wakes every local waiter and leaves state() == aborted.
+//! - history() returns the last operations (oldest first); set_hook(h) calls h with each
+//!   operation's record as it completes.
+//! - Errors are exceptions on every rank, never hangs: every wait is bounded by a deadline.
+template <class C>
+concept Communicator =
+    Collective<C> && SplittableGroup<C> && detail::tagged<C, communicator_tag> &&
+    requires(C& c, C const& cc, buffer_view in, buffer_view out, int peer, op_options o,
+             op_hook hook) {
+      { cc.state() } noexcept -> std::same_as<comm_state>;
       { c.send(in, peer, o) } -> std::same_as<work>;
       { c.recv(out, peer, o) } -> std::same_as<work>;
-      { c.isend(in, peer, o) } -> std::same_as<work>;
-      { c.irecv(out, peer, o) } -> std::same_as<work>;
-      { c.barrier(o) } -> std::same_as<work>;
-      { c.split(color, key) } -> std::same_as<C>;
       { c.abort() } noexcept;
       { cc.history() } -> std::same_as<std::vector<op_record>>;
       c.set_hook(hook);
     };
 
-//! A Communicator whose operations are ordered on a device stream (NCCL): calls return once
-//! enqueued, and `synchronize(o)` waits for the stream work of `o.stream`.
+//! StreamCommunicator: a Communicator whose operations are ordered on a device stream (NCCL):
+//! calls return once enqueued on op_options::stream, and `synchronize(o)` waits for the stream
+//! work of `o.stream`. Consumed by comm::synchronize (collectives.hpp), which generic code calls
+//! to wait for any communicator's outstanding work (a no-op for host models).
 template <class C>
-concept StreamCommunicator =
-    Communicator<C> && std::derived_from<typename C::communicator_concept, stream_communicator_tag> &&
-    requires(C& c, op_options o) { c.synchronize(o); };
+concept StreamCommunicator = Communicator<C> && detail::tagged<C, stream_communicator_tag> &&
+                             requires(C& c, op_options o) { c.synchronize(o); };
+
+// ---- in a memory space ---------------------------------------------------------------------
+// "A point-to-point communicator over host memory" is PointToPointIn<C, host_space>: the way
+// TensorIn refines Tensor. A consumer that hands host buffers to the communicator asks for the
+// host form, so a CUDA-memory communicator is refused at compile time, naming the requirement.
+
+template <class C, class Space>
+concept PointToPointIn =
+    PointToPoint<C> && MemorySpace<Space> && std::same_as<communicator_space_t<C>, Space>;
+template <class C, class Space>
+concept CollectiveIn =
+    Collective<C> && MemorySpace<Space> && std::same_as<communicator_space_t<C>, Space>;
+template <class C, class Space>
+concept CommunicatorIn =
+    Communicator<C> && MemorySpace<Space> && std::same_as<communicator_space_t<C>, Space>;
 
 }  // namespace weft::comm

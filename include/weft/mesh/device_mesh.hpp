@@ -1,9 +1,12 @@
 // weft/mesh/device_mesh.hpp — `device_mesh<C>`: an N-D mesh of ranks with named axes over any
-// Communicator, owning one sub-communicator per axis and one per declared flattened group, all
-// created up front by `split(color, key)` when the mesh is built (never lazily).
+// communicator that can split (comm::SplittableGroup, in any memory space: NCCL included), owning
+// one sub-communicator per axis and one per declared flattened group, all created up front by
+// `split(color, key)` when the mesh is built (never lazily).
 #pragma once
 
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
+#include <weft/core/memory.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/mesh/layout.hpp>
@@ -25,8 +28,10 @@ namespace weft {
 //! same layout and flatten list, in the same program order relative to its other collectives on
 //! `world`. Construction
 //!   1. validates everything locally (nothing is communicated if an argument is bad),
-//!   2. all-gathers a fingerprint of the layout, so ranks that disagree all throw mismatch_error
-//!      instead of building groups that hang later,
+//!   2. compares a fingerprint of the layout across ranks, so ranks that disagree all throw
+//!      mismatch_error instead of building groups that hang later (one host all_gather where `C`
+//!      is a comm::CollectiveIn<C, host_space>; otherwise one split with the fingerprint as the
+//!      color, which needs no buffers and so works in any memory space: see check_agreement),
 //!   3. splits `world` once per axis (color = ravel of the other coordinates, key = this rank's
 //!      coordinate on the axis), then once per flattened group in the order declared (color =
 //!      ravel of the coordinates outside the group, key = ravel of those inside, in the order
@@ -34,7 +39,9 @@ namespace weft {
 //! The mesh owns the sub-communicators; `world` is not kept and stays usable on its own. Where
 //! the backend can name a communicator (`set_name`), each group is named after its axis ("tp") or
 //! its flattened axes ("[dp, cp]"), and errors raised in it say so.
-template <comm::Communicator C>
+//! `C` needs only rank(), size() and split() (comm::SplittableGroup); the groups have type C, so
+//! what the caller does with them (collectives, point-to-point) is C's to provide.
+template <comm::SplittableGroup C>
 class device_mesh {
  public:
   using communicator_type = C;
@@ -164,8 +171,13 @@ class device_mesh {
 
  private:
   // Ranks that pass different shapes, names, rank maps or flatten lists would build groups that
-  // disagree and hang at the first collective; one small all_gather turns that into an error on
-  // every rank (the same data reaches all of them, so they all decide alike).
+  // disagree and hang at the first collective; comparing a hash of them first turns that into an
+  // error on every rank. Over a host collective, one all_gather of the hashes tells every rank
+  // exactly which ranks differ. Otherwise (a stream communicator over device memory, or one that
+  // only splits) the ranks split `world` with the hash as the color: the ranks that agree form
+  // one group, so a group smaller than the world means some rank disagrees, and since then every
+  // group is smaller than the world, every rank learns it. The color keeps 31 bits of the hash:
+  // a disagreement escapes with probability 2^-31 (and would then fail at the first collective).
   void check_agreement(C& world) {
     mesh::detail::fnv1a h;
     h.mix(layout_.fingerprint());
@@ -174,20 +186,27 @@ class device_mesh {
       h.mix(g.size());
       for (auto const& n : g) h.mix(n);
     }
-    i64 mine = std::bit_cast<i64>(h.value);
-    std::vector<i64> hashes(static_cast<std::size_t>(world.size()));
-    world
-        .all_gather(comm::host_view(std::span<i64>(&mine, 1)), comm::host_view(std::span<i64>(hashes)),
-                    comm::op_options{})
-        .wait();
-    std::string differ;
-    int count = 0;
-    for (std::size_t r = 0; r < hashes.size(); ++r)
-      if (hashes[r] != hashes[0]) differ += (count++ == 0 ? "" : ", ") + std::to_string(r);
-    if (count != 0)
-      WEFT_THROW(mismatch_error, "device_mesh: ", count == 1 ? "rank " : "ranks ", differ,
-                 " built the mesh with a different layout or flatten list than rank 0 (this rank ",
-                 global_rank_, " has ", layout_.describe(), " flatten ", describe_flatten(), ")");
+    if constexpr (comm::CollectiveIn<C, host_space>) {
+      i64 const mine = std::bit_cast<i64>(h.value);
+      std::vector<i64> hashes(static_cast<std::size_t>(world.size()));
+      comm::all_gather(world, std::span<i64 const>(&mine, 1), hashes).wait();
+      std::string differ;
+      int count = 0;
+      for (std::size_t r = 0; r < hashes.size(); ++r)
+        if (hashes[r] != hashes[0]) differ += (count++ == 0 ? "" : ", ") + std::to_string(r);
+      if (count != 0)
+        WEFT_THROW(mismatch_error, "device_mesh: ", count == 1 ? "rank " : "ranks ", differ,
+                   " built the mesh with a different layout or flatten list than rank 0 (this rank ",
+                   global_rank_, " has ", layout_.describe(), " flatten ", describe_flatten(), ")");
+    } else {
+      int const color = static_cast<int>((h.value ^ (h.value >> 32)) & 0x7fffffffU);
+      C const same = world.split(color, global_rank_);
+      if (same.size() != world.size())
+        WEFT_THROW(mismatch_error, "device_mesh: ranks built the mesh with different layouts or "
+                   "flatten lists: ", same.size(), " of ", world.size(),
+                   " ranks agree with this rank ", global_rank_, ", which has ", layout_.describe(),
+                   " flatten ", describe_flatten());
+    }
   }
 
   void add_group(C& world, std::span<int const> dims, std::string const& what) {
