@@ -385,3 +385,64 @@ TEST_CASE("results are bitwise identical run after run and for 1 or 2 threads") 
   CHECK(run(1) == a);
   CHECK(run(2) == a);  // work is split by tiles and KV heads, never by a reduction
 }
+
+namespace {
+// A user's host executor with no for_each_chunk of its own: attention's tiles take the generic
+// path (a fresh workspace per tile) and must give the same bits.
+struct user_loop {
+  using executor_concept = weft::executor_tag;
+  using memory_space = weft::host_space;
+  void synchronize() const noexcept {}
+  template <class F>
+  friend void for_each_index(user_loop const&, std::int64_t n, F f) {
+    for (std::int64_t i = n; i-- > 0;) f(i);  // backwards: order must not matter
+  }
+};
+static_assert(wa::HostExecutor<user_loop>);
+static_assert(wa::HostExecutor<weft::exec::host>);
+}  // namespace
+
+TEST_CASE("the executor overloads equal the num_threads overloads bit for bit, on any host executor") {
+  shape const s{1, 200, 170, 4, 2, 64};
+  auto q = random_tensor<float>(5, 1.0, s.b, s.sq, s.hq, s.d);
+  auto k = random_tensor<float>(6, 1.0, s.b, s.sk, s.hk, s.d);
+  auto v = random_tensor<float>(7, 1.0, s.b, s.sk, s.hk, s.d);
+  auto g = random_tensor<float>(8, 1.0, s.b, s.sq, s.hq, s.d);
+  wa::attention_options const opt{0.0, wa::causal_mode::bottom_right, 1};
+  auto run = [&](auto const&... ex) {
+    auto o = make_owned<float>(s.b, s.sq, s.hq, s.d);
+    auto l = make_owned<float>(s.b, s.hq, s.sq);
+    auto dq = make_owned<float>(s.b, s.sq, s.hq, s.d);
+    auto dk = make_owned<float>(s.b, s.sk, s.hk, s.d);
+    auto dv = make_owned<float>(s.b, s.sk, s.hk, s.d);
+    wa::flash_forward(ex..., q.view(), k.view(), v.view(), o.view(), l.view(), opt);
+    wa::flash_backward(ex..., q.view(), k.view(), v.view(), o.view(), l.view(), g.view(), dq.view(),
+                       dk.view(), dv.view(), opt);
+    std::vector<float> all(o.buf);
+    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf}) all.insert(all.end(), t->begin(), t->end());
+    return all;
+  };
+  auto const a = run();
+  CHECK(run(weft::exec::host{}) == a);
+  CHECK(run(weft::exec::host{3}) == a);
+  CHECK(run(weft::exec::host::parallel()) == a);
+  CHECK(run(user_loop{}) == a);
+  // The packed forms too: two documents of 120 and 80 query rows (50 and 120 keys).
+  std::vector<std::int64_t> const cq = {0, 120, 200}, ck = {0, 50, 170};
+  auto varlen = [&](auto const&... ex) {
+    auto o = make_owned<float>(s.b, s.sq, s.hq, s.d);
+    auto l = make_owned<float>(s.b, s.hq, s.sq);
+    auto dq = make_owned<float>(s.b, s.sq, s.hq, s.d);
+    auto dk = make_owned<float>(s.b, s.sk, s.hk, s.d);
+    auto dv = make_owned<float>(s.b, s.sk, s.hk, s.d);
+    wa::flash_forward_varlen(ex..., q.view(), k.view(), v.view(), o.view(), l.view(), cq, ck, opt);
+    wa::flash_backward_varlen(ex..., q.view(), k.view(), v.view(), o.view(), l.view(), g.view(),
+                              dq.view(), dk.view(), dv.view(), cq, ck, opt);
+    std::vector<float> all(o.buf);
+    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf}) all.insert(all.end(), t->begin(), t->end());
+    return all;
+  };
+  auto const p = varlen();
+  CHECK(varlen(weft::exec::host{2}) == p);
+  CHECK(varlen(user_loop{}) == p);
+}

@@ -1,6 +1,7 @@
 // Tests for weft/core/random.hpp: Philox4x32-10 against Random123's known answers, the documented
 // (seed, stream, index) -> value mapping against direct Philox calls, distribution sanity with
-// fixed seeds, sharded fills against the whole fill bit for bit (also from threads), errors.
+// fixed seeds, sharded fills against the whole fill bit for bit (also from threads), fills through
+// a user's executor (the generic fill over any Executor, house_style probe A.3), errors.
 #include <weft/core/random.hpp>
 
 #include <weft/core/exec.hpp>
@@ -29,6 +30,23 @@
 #  include <curand_kernel.h>
 #  define WEFT_TEST_HAS_CURAND 1
 #endif
+
+// A user's executor (house_style.md probe A.3): it opts in with the tag, names its memory space,
+// can synchronize, and provides for_each_index by ADL (here as a plain loop counting its calls).
+// weft's generic fill_uniform/fill_normal must accept it and fill exactly as exec::host does.
+namespace mine {
+struct pool {
+  using executor_concept = weft::executor_tag;
+  using memory_space = weft::host_space;
+  int* calls = nullptr;
+  void synchronize() const noexcept {}
+};
+template <class F>
+void for_each_index(pool const& p, std::int64_t n, F f) {
+  if (p.calls != nullptr) ++*p.calls;
+  for (std::int64_t i = 0; i < n; ++i) f(i);
+}
+}  // namespace mine
 
 namespace {
 
@@ -707,6 +725,45 @@ TEST_CASE("random: an OpenMP host executor fills exactly like the sequential one
   weft::fill_normal(a.view(), g, 0.0, 1.0);
   weft::fill_normal(weft::exec::host::parallel(2), b.view(), g, 0.0, 1.0);
   CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+static_assert(weft::Executor<mine::pool>);
+
+// fill_uniform(ex, view, ...) accepts a view only in the executor's memory space.
+template <class E, class V>
+concept can_fill_uniform_with =
+    requires(E const& e, V const& v) { weft::fill_uniform(e, v, weft::rng{1, 0}, 0.0, 1.0); };
+static_assert(can_fill_uniform_with<mine::pool, weft::tensor_view<float, 2>>);
+static_assert(can_fill_uniform_with<weft::exec::host, weft::strided_view<double, 3>>);
+static_assert(!can_fill_uniform_with<mine::pool, weft::tensor_view<float, 2, weft::cuda_space>>);
+static_assert(!can_fill_uniform_with<weft::exec::host, weft::tensor_view<float, 2, weft::cuda_space>>);
+static_assert(!can_fill_uniform_with<mine::pool, weft::tensor_view<float const, 2>>);
+static_assert(!can_fill_uniform_with<int, weft::tensor_view<float, 2>>);
+
+TEST_CASE("random: a user's executor (ADL for_each_index) drives fill_uniform and fill_normal like exec::host") {
+  weft::rng const g(21, 3);
+  int calls = 0;
+  mine::pool const pool{&calls};
+  auto a = weft::make_tensor<float>(40, 33);
+  auto b = weft::make_tensor<float>(40, 33);
+  weft::fill_uniform(weft::exec::host{}, a.view(), g, -1.0, 1.0);
+  weft::fill_uniform(pool, b.view(), g, -1.0, 1.0);
+  CHECK(calls == 1);
+  CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+  weft::fill_normal(weft::exec::host{}, a.view(), g, 0.5, 2.0);
+  weft::fill_normal(pool, b.view(), g, 0.5, 2.0);
+  CHECK(calls == 2);
+  CHECK(std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+  // A shard (rows 8..23 of a [40, 33] bf16 tensor) through the user's executor equals that part
+  // of the whole fill.
+  auto whole = weft::make_tensor<weft::bf16>(40, 33);
+  auto part = weft::make_tensor<weft::bf16>(16, 33);
+  weft::fill_uniform(whole.view(), g, 0.0, 4.0);
+  weft::fill_uniform(pool, part.view(), g, 0.0, 4.0, weft::placement{{40, 33}, {8, 0}});
+  CHECK(std::memcmp(part.data(), whole.data() + 8 * 33, part.size_bytes()) == 0);
+  // Arguments are checked before the executor runs anything.
+  CHECK_THROWS_AS(weft::fill_uniform(pool, b.view(), g, 1.0, -1.0), weft::invalid_argument_error);
+  CHECK(calls == 3);
 }
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME

@@ -1,12 +1,14 @@
 // weft/core/random.hpp — counter-based random numbers: Philox4x32-10, the keyed stream `rng` whose
 // value at a global element index is a pure function of (seed, stream, index), WEFT_HD distribution
-// functors, and host fills of tensor shards that equal the unsharded tensor's fill bit for bit.
+// functors, and fills of tensor shards through any executor that equal the unsharded tensor's fill
+// bit for bit.
 #pragma once
 
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/exec.hpp>
+#include <weft/core/math.hpp>
 #include <weft/core/memory.hpp>
 #include <weft/core/tensor.hpp>
 
@@ -447,12 +449,6 @@ global_map<Rank> make_global_map(Extents const& ext, placement const& where) {
   return map;
 }
 
-//! The compute type of a fill into elements of type T: double for f64, float for everything else
-//! (f32, and bf16/f16, which are rounded from float to nearest-even).
-template <class T>
-using random_compute_t =
-    std::conditional_t<std::is_same_v<std::remove_cv_t<T>, double>, double, float>;
-
 //! Writes dist's values into a view: `run(row, j0, j1)` fills elements j0..j1-1 of a row, calling
 //! Philox once per block met. Host loops and CUDA kernels both drive this one functor.
 template <class Dist, class View>
@@ -563,14 +559,14 @@ struct fill_chunks_fn {
 };
 
 //! Validates the placement (throwing before any write), then runs dist over the view on `ex`.
-template <class Executor, class Dist, class View>
-void run_fill(Executor const& ex, Dist const& dist, View const& view, placement const& where) {
+template <class E, class Dist, class View>
+void run_fill(E const& ex, Dist const& dist, View const& view, placement const& where) {
   constexpr std::size_t rank = View::rank();
   auto const map = make_global_map<rank>(view.extents(), where);
   fill_runs_fn<Dist, View> const fn(dist, view, map);
   std::int64_t const rows = map.rows();
   if (rows == 0) return;
-  if constexpr (memory_space_t<Executor>::host_accessible) {
+  if constexpr (memory_space_t<E>::host_accessible) {
     for_each_index(ex, rows, fill_rows_fn<fill_runs_fn<Dist, View>>{fn});
   } else {
     std::int64_t const chunks = fn.chunks_per_row();
@@ -584,21 +580,27 @@ concept RandomFillView = MutableTensor<V> && RandomFillElement<typename V::value
 }  // namespace detail
 
 // ------------------------------------------------------------------------------------------------
-// Host fills
+// Fills through an executor
 // ------------------------------------------------------------------------------------------------
 // fill_uniform / fill_normal write every element of a view from (gen, global linear index of the
-// element), so filling the shards of a tensor, in any order, on any number of threads or ranks,
-// gives the tensor that filling it whole gives. Values are computed in float (double for f64
-// views) and rounded once to the element type. Arguments are checked before anything is written:
-// bad placements throw shape_error, bad lo/hi/mean/stddev invalid_argument_error. The CUDA
-// overloads (exec::cuda, cuda_space views) are in weft/core/cuda/random.cuh.
+// element), so filling the shards of a tensor, in any order, on any executor, number of threads or
+// ranks, gives the tensor that filling it whole gives. One body serves every Executor whose memory
+// space holds the view: exec::host (a loop or an OpenMP team), exec::cuda (a kernel; instantiate in
+// an nvcc translation unit), or a user's executor with an ADL for_each_index. Host-accessible
+// executors run one index per row (long runs share Philox blocks), others one per Philox block of
+// a row (one Philox call per GPU thread). Values are computed in weft::compute_t of the element
+// type (f32, or f64 for f64 views) and rounded once to it. Arguments are checked before anything
+// is written: bad placements throw shape_error, bad lo/hi/mean/stddev invalid_argument_error.
+// Asynchronous for exec::cuda (call ex.synchronize() before reading). On the device, uniforms equal
+// the host's bit for bit; normals may differ from the host's in the last ulps (CUDA's log, sin and
+// cos are not glibc's), while any sharding still equals the whole fill on the same executor.
 
 //! Uniform values in [lo, hi); after rounding to bf16/f16 a value may equal hi.
-template <TensorIn<host_space> V>
+template <Executor E, TensorIn<memory_space_t<E>> V>
   requires detail::RandomFillView<V>
-void fill_uniform(exec::host const& ex, V const& view, rng gen, double lo, double hi,
+void fill_uniform(E const& ex, V const& view, rng gen, double lo, double hi,
                   placement const& where = {}) {
-  using real = detail::random_compute_t<typename V::value_type>;
+  using real = compute_t<typename V::value_type>;
   auto const lo_r = static_cast<real>(lo);
   auto const hi_r = static_cast<real>(hi);
   detail::check_uniform_args(lo_r, hi_r);
@@ -606,25 +608,25 @@ void fill_uniform(exec::host const& ex, V const& view, rng gen, double lo, doubl
 }
 
 //! Normal values mean + stddev * z.
-template <TensorIn<host_space> V>
+template <Executor E, TensorIn<memory_space_t<E>> V>
   requires detail::RandomFillView<V>
-void fill_normal(exec::host const& ex, V const& view, rng gen, double mean, double stddev,
+void fill_normal(E const& ex, V const& view, rng gen, double mean, double stddev,
                  placement const& where = {}) {
-  using real = detail::random_compute_t<typename V::value_type>;
+  using real = compute_t<typename V::value_type>;
   auto const mean_r = static_cast<real>(mean);
   auto const stddev_r = static_cast<real>(stddev);
   detail::check_normal_args(mean_r, stddev_r);
   detail::run_fill(ex, random_normal<real>(gen, mean_r, stddev_r), view, where);
 }
 
-//! fill_uniform on the calling thread.
+//! fill_uniform on the calling thread (exec::host{}).
 template <TensorIn<host_space> V>
   requires detail::RandomFillView<V>
 void fill_uniform(V const& view, rng gen, double lo, double hi, placement const& where = {}) {
   fill_uniform(exec::host{}, view, gen, lo, hi, where);
 }
 
-//! fill_normal on the calling thread.
+//! fill_normal on the calling thread (exec::host{}).
 template <TensorIn<host_space> V>
   requires detail::RandomFillView<V>
 void fill_normal(V const& view, rng gen, double mean, double stddev, placement const& where = {}) {
