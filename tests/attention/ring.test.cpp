@@ -1,17 +1,123 @@
 // Ring attention (contiguous, zigzag, stripe) against single-device flash attention: out, lse, dq,
 // dk, dv after extract_local for N = 1, 2, 3, 4, 8, causal and non-causal, MHA/GQA/MQA, odd chunk
-// lengths; N = 1 bit-identical; protocol invariants observed through the communicator's log.
+// lengths; N = 1 bit-identical; protocol invariants observed through the communicator's log; and
+// a user's minimal point-to-point communicator (tag, rank, size, isend, irecv) driving it.
 #include <weft/attention/ring.hpp>
+#include <weft/comm/work.hpp>
 
 #include "distributed_testing.hpp"
 #include "mailbox_comm.hpp"
 
 #include <doctest/doctest.h>
 
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
 #include <cstring>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
 
 namespace wa = weft::attention;
 using namespace attention_testing;
+
+// The smallest communicator ring attention accepts, as a user would write it (docs/extending.md
+// shows the same type): the opt-in tag and four members, rank, size, isend and irecv, over FIFO
+// queues shared by threads. isend copies the message and is complete at once; irecv's work takes
+// the message when waited on, through a comm::work_state of its own.
+namespace user_p2p {
+
+namespace comm = weft::comm;
+
+struct queues {
+  explicit queues(int ranks) : n(ranks), box(std::size_t(ranks * ranks)) {}
+  int n;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::deque<std::vector<std::byte>>> box;  // [src * n + dst]
+};
+
+class p2p {
+ public:
+  using communicator_concept = comm::point_to_point_tag;
+
+  p2p(queues& q, int rank) : q_(&q), rank_(rank) {}
+
+  [[nodiscard]] int rank() const noexcept { return rank_; }
+  [[nodiscard]] int size() const noexcept { return q_->n; }
+
+  comm::work isend(comm::buffer_view in, int peer, comm::op_options = {}) {
+    auto const* p = static_cast<std::byte const*>(in.data);
+    {
+      std::lock_guard lk(q_->mu);
+      q_->box[std::size_t(rank_ * q_->n + peer)].emplace_back(p, p + in.bytes());
+    }
+    q_->cv.notify_all();
+    return {};  // buffered: complete on return
+  }
+
+  comm::work irecv(comm::buffer_view out, int peer, comm::op_options = {}) {
+    return comm::work(std::make_shared<receive>(*q_, out, std::size_t(peer * q_->n + rank_)));
+  }
+
+ private:
+  struct receive final : comm::work_state {
+    receive(queues& q, comm::buffer_view o, std::size_t s) : qs(&q), out(o), slot(s) {}
+    bool wait_until(std::chrono::steady_clock::time_point deadline) override {
+      if (complete) return true;
+      std::unique_lock lk(qs->mu);
+      auto& box = qs->box[slot];
+      auto const ready = [&] { return !box.empty(); };
+      if (deadline == std::chrono::steady_clock::time_point::max())
+        qs->cv.wait(lk, ready);
+      else if (!qs->cv.wait_until(lk, deadline, ready))
+        return false;
+      std::vector<std::byte> msg = std::move(box.front());
+      box.pop_front();
+      WEFT_EXPECTS(msg.size() == out.bytes(), "out", msg.size(), out.bytes());
+      if (!msg.empty()) std::memcpy(out.data, msg.data(), msg.size());
+      complete = true;
+      return true;
+    }
+    [[nodiscard]] bool done() const noexcept override { return complete; }
+    queues* qs;
+    comm::buffer_view out;
+    std::size_t slot;
+    bool complete = false;
+  };
+
+  queues* q_;
+  int rank_;
+};
+
+static_assert(comm::PointToPointIn<p2p, weft::host_space>);
+static_assert(!comm::Collective<p2p>);
+
+//! Runs f(comm) on n threads, one rank each, and rethrows the first exception.
+template <class F>
+void run(int n, F&& f) {
+  queues q(n);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      p2p c(q, r);
+      try {
+        f(c);
+      } catch (...) {
+        errors[std::size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace user_p2p
 
 namespace {
 
@@ -209,6 +315,53 @@ TEST_SUITE("threads") {
                                             q.view(), o.view(), l.view()),
                            doctest::Contains("argument `layout`"), weft::invalid_argument_error);
     });
+  }
+}
+
+TEST_SUITE("threads") {
+  TEST_CASE("a user's point-to-point communicator (rank, size, isend, irecv) drives ring attention") {
+    wa::attention_options const causal{0.0, wa::causal_mode::top_left, 1};
+    std::int64_t const n = 4, s = 2 * n * 6;
+    global_problem<double> gp(2, s, 4, 2, 16, causal, 4242);
+    auto const lay = wa::seq_layout::zigzag(int(n), s);
+    dist_errors err;
+    user_p2p::run(int(n), [&](user_p2p::p2p& comm) {
+      int const r = comm.rank();
+      auto q = gp.local(lay, r, gp.q), k = gp.local(lay, r, gp.k), v = gp.local(lay, r, gp.v),
+           g = gp.local(lay, r, gp.g);
+      std::int64_t const c = lay.local_length();
+      rank_result<double> res{make_owned<double>(gp.b, c, gp.hq, gp.d), make_owned<double>(gp.b, c, gp.hq, gp.d),
+                              make_owned<double>(gp.b, c, gp.hk, gp.d), make_owned<double>(gp.b, c, gp.hk, gp.d),
+                              make_owned<wa::lse_t<double>>(gp.b, gp.hq, c)};
+      wa::ring_forward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), causal);
+      wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), g.view(),
+                        res.dq.view(), res.dk.view(), res.dv.view(), causal);
+      err.add(gp, lay, r, res);
+    });
+    err.check(1e-12);
+  }
+
+  TEST_CASE("over point-to-point only, the entry check still makes every rank throw alike") {
+    // The fingerprints travel around the ring (no all_gather): rank 2 passes another layout kind.
+    std::vector<std::string> what(3);
+    user_p2p::run(3, [&](user_p2p::p2p& comm) {
+      int const r = comm.rank();
+      auto const lay = r == 2 ? wa::seq_layout::contiguous(3, 12) : wa::seq_layout::stripe(3, 12);
+      auto q = make_owned<float>(1, 4, 2, 8), o = make_owned<float>(1, 4, 2, 8);
+      auto l = make_owned<wa::lse_t<float>>(1, 2, 4);
+      try {
+        wa::ring_forward(comm, lay, q.view(), q.view(), q.view(), o.view(), l.view(),
+                         wa::attention_options{0.0, wa::causal_mode::top_left, 1});
+      } catch (weft::invalid_argument_error const& e) {
+        what[std::size_t(r)] = e.what();
+      }
+    });
+    for (auto const& w : what) {
+      INFO(w);
+      CHECK(w.find("the same layout kind on every rank of the ring group (rank 0 has stripe)") !=
+            std::string::npos);
+      CHECK(w.find("contiguous on rank 2") != std::string::npos);
+    }
   }
 }
 

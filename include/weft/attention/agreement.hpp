@@ -5,6 +5,7 @@
 
 #include <weft/attention/common.hpp>
 #include <weft/attention/layout.hpp>
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
@@ -105,17 +106,33 @@ struct disagreement {
   std::int64_t want = 0, got = 0;
 };
 
-//! All-gathers `mine` and a flag word over `comm`: one collective of (count + 1)·N int64. Returns
-//! the gathered words, count + 1 per rank, in rank order.
-template <comm::Communicator C>
+//! All-gathers `mine` and a flag word over `comm`, count + 1 int64 per rank, and returns the
+//! gathered words in rank order. A collective communicator does it in one all_gather; a
+//! point-to-point one (all ring attention needs) passes the words around the ring in size() - 1
+//! isend/irecv steps, so ring attention's entry check needs nothing the ring itself does not.
+template <comm::PointToPointIn<host_space> C>
 std::vector<std::int64_t> gather_fingerprints(C& comm, call_fingerprint const& mine, std::int64_t flag) {
   constexpr std::size_t W = call_fingerprint::count + 1;
   std::array<std::int64_t, W> out{};
   std::copy(mine.w.begin(), mine.w.end(), out.begin());
   out[W - 1] = flag;
-  std::vector<std::int64_t> all(W * std::size_t(comm.size()));
-  comm.all_gather(comm::host_view(std::span<std::int64_t const>(out)), comm::host_view(std::span<std::int64_t>(all)), {})
-      .wait();
+  std::size_t const n = std::size_t(comm.size());
+  std::vector<std::int64_t> all(W * n);
+  if constexpr (comm::Collective<C>) {
+    comm::all_gather(comm, std::span<std::int64_t const>(out), all).wait();
+  } else {
+    // Step s: send the block of rank (r - s) to the next rank, receive rank (r - s - 1)'s block.
+    std::size_t const r = std::size_t(comm.rank());
+    std::copy(out.begin(), out.end(), all.begin() + std::ptrdiff_t(r * W));
+    std::size_t const next = (r + 1) % n, prev = (r + n - 1) % n;
+    for (std::size_t s = 0; s + 1 < n; ++s) {
+      std::size_t const have = (r + n - s) % n, get = (r + 2 * n - s - 1) % n;
+      auto send = comm::isend(comm, std::span<std::int64_t const>(all.data() + have * W, W), int(next));
+      auto recv = comm::irecv(comm, std::span<std::int64_t>(all.data() + get * W, W), int(prev));
+      send.wait();
+      recv.wait();
+    }
+  }
   return all;
 }
 
@@ -141,7 +158,7 @@ inline std::optional<disagreement> first_disagreement(std::vector<std::int64_t> 
 
 //! Entry check of a one-group call: every rank of `comm` throws the same invalid_argument_error
 //! unless all ranks' fingerprints agree. Skipped for a group of one.
-template <comm::Communicator C>
+template <comm::PointToPointIn<host_space> C>
 void check_agreement(C& comm, call_fingerprint const& mine, std::string_view group) {
   if (comm.size() <= 1) return;
   if (auto const d = first_disagreement(gather_fingerprints(comm, mine, 0))) throw_disagreement(*d, group);
@@ -151,8 +168,8 @@ void check_agreement(C& comm, call_fingerprint const& mine, std::string_view gro
 //! whether each rank's Ulysses group agreed, so every rank of the grid learns of any disagreement:
 //! a rank that saw none in its own two groups has, through its ring partners' flags, compared
 //! with every Ulysses group, i.e. with every rank.
-template <comm::Communicator C>
-void check_agreement_2d(C& ulysses, C& ring, call_fingerprint const& mine) {
+template <comm::CollectiveIn<host_space> U, comm::PointToPointIn<host_space> R>
+void check_agreement_2d(U& ulysses, R& ring, call_fingerprint const& mine) {
   std::optional<disagreement> in_ulysses;
   if (ulysses.size() > 1) in_ulysses = first_disagreement(gather_fingerprints(ulysses, mine, 0));
   if (ring.size() <= 1) {

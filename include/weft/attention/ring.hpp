@@ -1,6 +1,7 @@
-// weft/attention/ring.hpp — ring attention over any Communicator, forward and backward: K/V blocks
-// travel rank to rank with isend/irecv posted before the local block's compute; dK/dV travel back
-// with their block to the owner (N sends); per-step causal rules for contiguous, zigzag and stripe.
+// weft/attention/ring.hpp — ring attention over any point-to-point communicator in host memory,
+// forward and backward: K/V blocks travel rank to rank with isend/irecv posted before the local
+// block's compute; dK/dV travel back with their block to the owner (N sends); per-step causal rules
+// for contiguous, zigzag and stripe.
 #pragma once
 
 #include <weft/attention/args.hpp>
@@ -9,7 +10,9 @@
 #include <weft/attention/flash.hpp>
 #include <weft/attention/layout.hpp>
 #include <weft/attention/softmax_state.hpp>
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
+#include <weft/core/memory.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/tensor.hpp>
@@ -69,9 +72,17 @@ namespace detail {
 
 inline bool is_causal(attention_options const& opt) noexcept { return opt.causal != causal_mode::none; }
 
-template <class T>
-comm::buffer_view host_buffer(T* p, std::size_t n) noexcept {
-  return comm::host_view(std::span<T>(p, n));
+//! What ring attention asks of a communicator, checked where a user's call enters (ring_forward,
+//! ring_backward) so that the diagnostic names the requirement rather than a buffer mismatch deep
+//! inside: a PointToPoint whose buffers live in host memory (K/V blocks are host arrays).
+template <class C>
+constexpr bool check_ring_communicator() {
+  static_assert(comm::PointToPointIn<C, host_space>,
+                "weft: ring attention needs a point-to-point communicator over host memory "
+                "(comm::PointToPointIn<C, host_space>); this communicator's memory_space is "
+                "another one (e.g. an NCCL communicator: stage the blocks through host memory "
+                "or use a host backend)");
+  return true;
 }
 
 //! Copies a [B, c, H, D] strided tensor into a contiguous buffer and back.
@@ -104,7 +115,7 @@ void merge_block(bshd<Acc> const& o, bhs<Acc> const& l, bshd<Acc> const& bo, bhs
 
 //! The ring forward on raw views. q [B, c, Hq, D] of type T; k, v [B, c, Hkv, D] of type T (they
 //! travel as T); o_acc and lse_acc receive the merged result in Acc.
-template <class T, comm::Communicator C>
+template <class T, comm::PointToPointIn<host_space> C>
 void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, bshd<T const> k,
                        bshd<T const> v, bshd<acc_t<T>> o_acc, bhs<acc_t<T>> lse_acc, double scale,
                        int threads) {
@@ -132,8 +143,8 @@ void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, 
   for (int s = 0; s < n; ++s) {
     comm::work send_w, recv_w;
     if (s + 1 < n) {  // prefetch the next block before computing on this one
-      send_w = comm.isend(host_buffer(cur, std::size_t(2 * kv_elems)), next, {});
-      recv_w = comm.irecv(host_buffer(nxt, std::size_t(2 * kv_elems)), prev, {});
+      send_w = comm::isend(comm, std::span<E const>(cur, std::size_t(2 * kv_elems)), next);
+      recv_w = comm::irecv(comm, std::span<E>(nxt, std::size_t(2 * kv_elems)), prev);
     }
     int const src = (r - s + n) % n;
     ring_step const st = plan_ring_step(kind, causal, r, src, c);
@@ -159,7 +170,7 @@ void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, 
 //! traveling dK/dV buffer (Acc) for the block in hand gathers each rank's contribution and is
 //! passed on, arriving complete at its owner after the N-th send. dq_acc, dk_acc, dv_acc are
 //! overwritten. o and lse are this rank's forward results (the global ones for its rows).
-template <class T, class O, class L, class G, comm::Communicator C>
+template <class T, class O, class L, class G, comm::PointToPointIn<host_space> C>
 void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, bshd<T const> k,
                         bshd<T const> v, bshd<O const> o, bhs<L const> lse, bshd<G const> dout,
                         bshd<acc_t<T>> dq_acc, bshd<acc_t<T>> dk_acc, bshd<acc_t<T>> dv_acc,
@@ -186,8 +197,8 @@ void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q,
   for (int s = 0; s < n; ++s) {
     comm::work send_w, recv_w;
     if (s + 1 < n) {
-      send_w = comm.isend(host_buffer(cur, std::size_t(2 * kv_elems)), next, {});
-      recv_w = comm.irecv(host_buffer(nxt, std::size_t(2 * kv_elems)), prev, {});
+      send_w = comm::isend(comm, std::span<E const>(cur, std::size_t(2 * kv_elems)), next);
+      recv_w = comm::irecv(comm, std::span<E>(nxt, std::size_t(2 * kv_elems)), prev);
     }
     int const src = (r - s + n) % n;
     ring_step const st = plan_ring_step(kind, causal, r, src, c);
@@ -209,8 +220,8 @@ void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q,
     if (busy)
       for (std::size_t i = 0; i < blk.size(); ++i) travel[i] += blk[i];
     dkv_send.wait();  // `spare` was last step's outgoing buffer: free it before receiving into it
-    dkv_send = comm.isend(host_buffer(travel, std::size_t(2 * kv_elems)), next, {});
-    dkv_recv = comm.irecv(host_buffer(spare, std::size_t(2 * kv_elems)), prev, {});
+    dkv_send = comm::isend(comm, std::span<Acc const>(travel, std::size_t(2 * kv_elems)), next);
+    dkv_recv = comm::irecv(comm, std::span<Acc>(spare, std::size_t(2 * kv_elems)), prev);
     std::swap(travel, spare);
     if (s + 1 < n) {
       send_w.wait();
@@ -251,10 +262,13 @@ bhs<T const> as_const(bhs<T> const& t) noexcept {
 //! [B, c, Hkv, D] with c = layout.local_length()) and gets its rows of the global output o and
 //! lse [B, Hq, c]. K/V (unreplicated under GQA) make N-1 hops; each hop's isend/irecv is posted
 //! before the current block's compute. Non-causal attention needs the contiguous layout.
-template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+//! `comm` needs only rank, size, isend and irecv over host memory (comm::PointToPointIn<C,
+//! host_space>; a communicator in another memory space is refused at compile time).
+template <comm::PointToPoint C, HostTensorArg QV, HostTensorArg KV,
           HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
 void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
                   OV&& o_arg, LV&& lse_arg, attention_options const& opt = {}) {
+  static_assert(detail::check_ring_communicator<C>());
   auto const q = detail::arg_view(q_arg);
   auto const k = detail::arg_view(k_arg);
   auto const v = detail::arg_view(v_arg);
@@ -291,14 +305,15 @@ void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&
 
 //! Ring attention backward: this rank's dq (its rows) and dk, dv (its K/V rows, summed over every
 //! rank's queries), from its shard of q, k, v, the forward's o and lse, and dout. dK/dV travel in
-//! the accumulation type and reach their owner after N sends.
-template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+//! the accumulation type and reach their owner after N sends. `comm` as for ring_forward.
+template <comm::PointToPoint C, HostTensorArg QV, HostTensorArg KV,
           HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
           HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
           HostTensorArg DVV>
 void ring_backward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
                    OV&& o_arg, LV&& lse_arg, GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg,
                    DVV&& dv_arg, attention_options const& opt = {}) {
+  static_assert(detail::check_ring_communicator<C>());
   auto const q = detail::arg_view(q_arg);
   auto const k = detail::arg_view(k_arg);
   auto const v = detail::arg_view(v_arg);

@@ -1,6 +1,7 @@
-// weft/attention/ulysses.hpp — Ulysses (DeepSpeed) sequence parallelism over any Communicator: an
-// all-to-all turns contiguous sequence shards into head shards of the full sequence, local flash
-// attention runs there, and a second all-to-all turns the result back; forward and backward.
+// weft/attention/ulysses.hpp — Ulysses (DeepSpeed) sequence parallelism over any collective
+// communicator in host memory: an all-to-all turns contiguous sequence shards into head shards of
+// the full sequence, local flash attention runs there, and a second all-to-all turns the result
+// back; forward and backward.
 #pragma once
 
 #include <weft/attention/args.hpp>
@@ -8,12 +9,15 @@
 #include <weft/attention/common.hpp>
 #include <weft/attention/flash.hpp>
 #include <weft/attention/ring.hpp>
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
+#include <weft/core/memory.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/tensor.hpp>
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace weft::attention {
@@ -47,9 +51,21 @@ struct ulysses_heads {
 
 namespace detail {
 
+//! What Ulysses (and USP's Ulysses group) asks of a communicator, checked at the entry points so
+//! the diagnostic names the requirement: a Collective over host memory (all_to_all of host
+//! arrays, and all_gather for the entry check).
+template <class C>
+constexpr bool check_ulysses_communicator() {
+  static_assert(comm::CollectiveIn<C, host_space>,
+                "weft: Ulysses attention needs a collective communicator over host memory "
+                "(comm::CollectiveIn<C, host_space>); this communicator's memory_space is another "
+                "one (e.g. an NCCL communicator)");
+  return true;
+}
+
 //! [B, c, H, D] sequence shards -> [B, N·c, hl, D] with the heads head(p, j) for this rank; the
 //! result's rows are the sources' rows in rank order.
-template <class E, class HeadFn, comm::Communicator C>
+template <class E, class HeadFn, comm::CollectiveIn<host_space> C>
 std::vector<E> a2a_seq_to_head(C& comm, bshd<E const> x, std::int64_t hl, HeadFn head) {
   int const n = comm.size(), me = comm.rank();
   idx const piece = x.b * x.s * hl * x.d;
@@ -63,7 +79,7 @@ std::vector<E> a2a_seq_to_head(C& comm, bshd<E const> x, std::int64_t hl, HeadFn
           std::copy(a, a + x.d, dst.row(b, s, j));
         }
   }
-  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  comm::all_to_all(comm, std::as_const(send), recv).wait();
   auto out = contiguous_bshd(full.data(), x.b, x.s * n, hl, x.d);
   for (int p = 0; p < n; ++p) {
     auto src = contiguous_bshd<E const>(recv.data() + p * piece, x.b, x.s, hl, x.d);
@@ -75,7 +91,7 @@ std::vector<E> a2a_seq_to_head(C& comm, bshd<E const> x, std::int64_t hl, HeadFn
 
 //! The inverse: [B, N·c, hl, D] (Acc or E) -> this rank's [B, c, H, D]; with `add`, replicas of a
 //! head are summed in source-rank order (deterministic), else assigned.
-template <class E, class Out, class HeadFn, comm::Communicator C>
+template <class E, class Out, class HeadFn, comm::CollectiveIn<host_space> C>
 void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool add) {
   int const n = comm.size();
   idx const c = x.s, hl = full.h;
@@ -83,7 +99,7 @@ void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool
   std::vector<std::remove_const_t<E>> send(std::size_t(piece * n)), recv(send.size());
   for (int p = 0; p < n; ++p)
     copy_bshd(seq_slice(full, p * c, (p + 1) * c), contiguous_bshd(send.data() + p * piece, x.b, c, hl, x.d));
-  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  comm::all_to_all(comm, std::as_const(send), recv).wait();
   if (add) zero_rows(x);
   for (int p = 0; p < n; ++p) {
     auto src = contiguous_bshd<E const>(recv.data() + p * piece, x.b, c, hl, x.d);
@@ -100,7 +116,7 @@ void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool
 }
 
 //! LSE [B, H, c] -> [B, hl, N·c] (backward needs the LSE in head layout).
-template <class L, comm::Communicator C>
+template <class L, comm::CollectiveIn<host_space> C>
 std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulysses_heads const& uh) {
   using E = std::remove_const_t<L>;
   int const n = comm.size();
@@ -110,7 +126,7 @@ std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulyss
     for (idx b = 0; b < x.b; ++b)
       for (idx j = 0; j < hl; ++j)
         for (idx s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = x.at(b, uh.q_head(p, j), s);
-  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  comm::all_to_all(comm, std::as_const(send), recv).wait();
   for (int p = 0; p < n; ++p)
     for (idx b = 0; b < x.b; ++b)
       for (idx j = 0; j < hl; ++j)
@@ -120,7 +136,7 @@ std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulyss
 }
 
 //! LSE [B, hl, N·c] -> this rank's [B, H, c].
-template <class L, class Out, comm::Communicator C>
+template <class L, class Out, comm::CollectiveIn<host_space> C>
 void a2a_lse_head_to_seq(C& comm, bhs<L const> full, bhs<Out> x, ulysses_heads const& uh) {
   int const n = comm.size();
   idx const c = x.s, hl = full.h, piece = x.b * hl * c;
@@ -129,7 +145,7 @@ void a2a_lse_head_to_seq(C& comm, bhs<L const> full, bhs<Out> x, ulysses_heads c
     for (idx b = 0; b < x.b; ++b)
       for (idx j = 0; j < hl; ++j)
         for (idx s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = full.at(b, j, p * c + s);
-  comm.all_to_all(host_buffer(send.data(), send.size()), host_buffer(recv.data(), recv.size()), {}).wait();
+  comm::all_to_all(comm, std::as_const(send), recv).wait();
   for (int p = 0; p < n; ++p)
     for (idx b = 0; b < x.b; ++b)
       for (idx j = 0; j < hl; ++j)
@@ -139,7 +155,7 @@ void a2a_lse_head_to_seq(C& comm, bhs<L const> full, bhs<Out> x, ulysses_heads c
 
 //! Ulysses forward around an inner attention `inner(q, k, v, o_acc, lse_acc)` on the head-sharded
 //! full (or ring-chunk) sequence.
-template <class T, class O, class L, class Inner, comm::Communicator C>
+template <class T, class O, class L, class Inner, comm::CollectiveIn<host_space> C>
 void ulysses_forward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
                           bhs<L> lse, Inner&& inner) {
   using Acc = acc_t<T>;
@@ -160,7 +176,7 @@ void ulysses_forward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T cons
 }
 
 //! Ulysses backward around `inner(q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc)` (overwrites).
-template <class T, class O, class L, class G, class DQ, class DK, class DV, class Inner, comm::Communicator C>
+template <class T, class O, class L, class G, class DQ, class DK, class DV, class Inner, comm::CollectiveIn<host_space> C>
 void ulysses_backward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O const> o,
                            bhs<L const> lse, bshd<G const> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
                            Inner&& inner) {
@@ -226,10 +242,11 @@ void check_backward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV 
 //! [B, c, Hkv, D]); Hq must be divisible by the group size N, and Hkv divisible by N or dividing
 //! it (then KV heads are replicated N/Hkv times). o [B, c, Hq, D] and lse [B, Hq, c] are this
 //! rank's rows of single-device attention over the whole sequence.
-template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+template <comm::Collective C, HostTensorArg QV, HostTensorArg KV,
           HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
 void ulysses_forward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV&& lse_arg,
                      attention_options const& opt = {}) {
+  static_assert(detail::check_ulysses_communicator<C>());
   auto const q = detail::arg_view(q_arg);
   auto const k = detail::arg_view(k_arg);
   auto const v = detail::arg_view(v_arg);
@@ -258,13 +275,14 @@ void ulysses_forward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV
 }
 
 //! Ulysses attention backward: dq, dk, dv of this rank's shard (overwritten).
-template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+template <comm::Collective C, HostTensorArg QV, HostTensorArg KV,
           HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
           HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
           HostTensorArg DVV>
 void ulysses_backward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV&& lse_arg,
                       GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg, DVV&& dv_arg,
                       attention_options const& opt = {}) {
+  static_assert(detail::check_ulysses_communicator<C>());
   auto const q = detail::arg_view(q_arg);
   auto const k = detail::arg_view(k_arg);
   auto const v = detail::arg_view(v_arg);

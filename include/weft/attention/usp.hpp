@@ -1,6 +1,7 @@
 // weft/attention/usp.hpp — USP, the 2-D hybrid of Ulysses and ring attention: an all-to-all over
 // a Ulysses group of u ranks gathers each ring rank's chunk for H/u heads, a (zigzag) ring over r
-// ranks runs on it, and a second all-to-all returns the rows; on two communicators or a device_mesh.
+// ranks runs on it, and a second all-to-all returns the rows; on two communicators (the Ulysses one
+// collective, the ring one point-to-point, both over host memory) or a device_mesh.
 #pragma once
 
 #include <weft/attention/args.hpp>
@@ -10,6 +11,7 @@
 #include <weft/attention/ring.hpp>
 #include <weft/attention/ulysses.hpp>
 #include <weft/comm/concepts.hpp>
+#include <weft/core/memory.hpp>
 #include <weft/core/error.hpp>
 #include <weft/mesh/device_mesh.hpp>
 
@@ -39,10 +41,13 @@ inline void check_usp_layout(seq_layout const& lay, int u, int r, bool causal, s
 //! rank holds the rows of `layout` (a seq_layout::usp(u, r, ...)) for global layout rank
 //! ring.rank()·u + ulysses.rank(). Head rules are Ulysses' (Hq % u == 0; Hkv divisible by u or
 //! dividing it); the ring carries the (possibly replicated) H_kv/u heads unreplicated further.
-template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+//! `ulysses` needs comm::CollectiveIn<U, host_space>, `ring` only comm::PointToPointIn<R,
+//! host_space>; other memory spaces are refused at compile time.
+template <comm::Collective U, comm::PointToPoint R, HostTensorArg QV, HostTensorArg KV,
           HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
-void usp_forward(C& ulysses, C& ring, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
+void usp_forward(U& ulysses, R& ring, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
                  OV&& o_arg, LV&& lse_arg, attention_options const& opt = {}) {
+  static_assert(detail::check_ulysses_communicator<U>() && detail::check_ring_communicator<R>());
   auto const q = detail::arg_view(q_arg);
   auto const k = detail::arg_view(k_arg);
   auto const v = detail::arg_view(v_arg);
@@ -73,13 +78,14 @@ void usp_forward(C& ulysses, C& ring, seq_layout const& layout, QV&& q_arg, KV&&
 }
 
 //! USP backward; arguments as usp_forward plus ring_backward's.
-template <comm::Communicator C, HostTensorArg QV, HostTensorArg KV,
+template <comm::Collective U, comm::PointToPoint R, HostTensorArg QV, HostTensorArg KV,
           HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
           HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
           HostTensorArg DVV>
-void usp_backward(C& ulysses, C& ring, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
+void usp_backward(U& ulysses, R& ring, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
                   OV&& o_arg, LV&& lse_arg, GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg, DVV&& dv_arg,
                   attention_options const& opt = {}) {
+  static_assert(detail::check_ulysses_communicator<U>() && detail::check_ring_communicator<R>());
   auto const q = detail::arg_view(q_arg);
   auto const k = detail::arg_view(k_arg);
   auto const v = detail::arg_view(v_arg);
@@ -116,13 +122,13 @@ void usp_backward(C& ulysses, C& ring, seq_layout const& layout, QV&& q_arg, KV&
 }
 
 //! The global layout rank of this process in a USP mesh: ring coordinate · u + Ulysses coordinate.
-template <comm::Communicator C>
+template <comm::SplittableGroup C>
 int usp_layout_rank(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis) {
   return mesh.local_rank(ring_axis) * mesh.size(ulysses_axis) + mesh.local_rank(ulysses_axis);
 }
 
 //! USP forward over two axes of a device_mesh (Ulysses over `ulysses_axis`, ring over `ring_axis`).
-template <comm::Communicator C, class... Views>
+template <comm::Collective C, class... Views>
 void usp_forward(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis,
                  seq_layout const& layout, Views const&... views_and_options) {
   WEFT_EXPECTS(ulysses_axis != ring_axis, "ring_axis", "an axis other than the Ulysses axis", ring_axis);
@@ -130,7 +136,7 @@ void usp_forward(device_mesh<C>& mesh, std::string_view ulysses_axis, std::strin
 }
 
 //! USP backward over two axes of a device_mesh.
-template <comm::Communicator C, class... Views>
+template <comm::Collective C, class... Views>
 void usp_backward(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis,
                   seq_layout const& layout, Views const&... views_and_options) {
   WEFT_EXPECTS(ulysses_axis != ring_axis, "ring_axis", "an axis other than the Ulysses axis", ring_axis);
