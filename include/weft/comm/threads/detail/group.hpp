@@ -4,6 +4,8 @@
 #pragma once
 
 #include <weft/comm/concepts.hpp>
+#include <weft/comm/detail/describe.hpp>
+#include <weft/comm/detail/fault.hpp>
 #include <weft/comm/threads/detail/parking.hpp>
 #include <weft/comm/threads/options.hpp>
 #include <weft/core/error.hpp>
@@ -15,18 +17,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 namespace weft::comm::threads::detail {
 
-//! Why a group is dead. `origin` is the group rank that caused or detected it (-1 if outside).
-struct fault_info {
-  errc kind = errc::comm;
-  int origin = -1;
-  std::vector<int> missing;
-  std::string message;
-};
+//! Why a group is dead (`origin`: the group rank that caused or detected it, -1 if outside).
+using fault_info = weft::comm::detail::fault;
 
 //! What a rank posts for one collective; read by peers after the first barrier of that
 //! collective. Pointers into caller memory stay valid until the collective's last barrier.
@@ -42,21 +40,6 @@ struct descriptor {
 };
 
 class group;
-
-//! "[0, 1, 2]"; long lists keep their first and last entries: "[0, 1, 2, 3, ..., 255]".
-inline std::string rank_list(std::vector<int> const& v) {
-  std::string s = "[";
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if (v.size() > 10 && i == 4) {
-      s += ", ...";
-      i = v.size() - 2;
-      continue;
-    }
-    if (i != 0) s += ", ";
-    s += std::to_string(v[i]);
-  }
-  return s + "]";
-}
 
 struct alignas(64) rank_slot {
   // desc[seq & 1] is written by its owner for collective `seq` before it arrives at barrier A.
@@ -330,28 +313,14 @@ class group {
 };
 
 // ---- how messages name ranks and groups ---------------------------------------------------------
-// In a world, a rank is its number. In a group made by split (a mesh axis), a number alone is
-// ambiguous, so messages give both: "rank 1 (world rank 3)", and name the group once.
 
-inline std::string who(group const& g, int r) {
-  if (!g.is_split()) return "rank " + std::to_string(r);
-  return weft::detail::concat("rank ", r, " (world rank ", g.world_rank(r), ")");
+inline weft::comm::detail::group_names names(group const& g, std::string_view name = {}) {
+  return {g.is_split(), g.world_ranks(), name};
 }
-
-//! "[0, 2]" or, in a split group, "[0, 2] (world ranks [4, 6])".
-inline std::string ranks(group const& g, std::vector<int> const& v) {
-  if (!g.is_split()) return rank_list(v);
-  std::vector<int> w;
-  w.reserve(v.size());
-  for (int r : v) w.push_back(g.world_rank(r));
-  return rank_list(v) + " (world ranks " + rank_list(w) + ")";
-}
-
-//! "" in a world; " of group `tp`" for a named split group; " of the group of world ranks [..]".
+inline std::string who(group const& g, int r) { return names(g).who(r); }
+inline std::string ranks(group const& g, std::vector<int> const& v) { return names(g).ranks(v); }
 inline std::string group_label(group const& g, std::string const& name) {
-  if (!g.is_split()) return {};
-  if (!name.empty()) return " of group `" + name + "`";
-  return " of the group of world ranks " + rank_list(g.world_ranks());
+  return names(g, name).label();
 }
 
 }  // namespace weft::comm::threads::detail
