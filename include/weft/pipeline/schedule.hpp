@@ -1,6 +1,6 @@
 // weft/pipeline/schedule.hpp — a pipeline schedule as a value: one action list per rank plus the
-// stage-to-rank mapping (looped or V-shaped), and the `Schedule` concept that executors, the
-// validator, the simulator and the renderers accept.
+// stage-to-rank mapping (looped or V-shaped). The validator, simulator, renderers and lowering take
+// this one type (`schedule const&`); there is no Schedule concept until something generic needs one.
 #pragma once
 
 #include <weft/core/error.hpp>
@@ -152,22 +152,5 @@ class schedule {
   vocab_variant vocab_ = vocab_variant::none;
   std::vector<std::vector<action>> programs_;
 };
-
-//! A pipeline schedule as the validator, simulator, renderers and executors see it.
-//! Requirements: `num_ranks()`, `num_stages()`, `num_microbatches()` are positive ints and constant
-//! for the object's lifetime; `actions(r)` for 0 <= r < num_ranks() is a forward range of `action`
-//! that is rank r's program in execution order, and does not change while it is observed;
-//! `stage_to_rank(s)` for 0 <= s < num_stages() is the rank that owns stage s, and every action on
-//! a stage is in that rank's program.
-template <class S>
-concept Schedule = requires(S const& s, int i) {
-  { s.num_ranks() } -> std::convertible_to<int>;
-  { s.num_stages() } -> std::convertible_to<int>;
-  { s.num_microbatches() } -> std::convertible_to<int>;
-  { s.stage_to_rank(i) } -> std::convertible_to<int>;
-  { s.actions(i) } -> std::ranges::forward_range;
-} && std::same_as<std::ranges::range_value_t<decltype(std::declval<S const&>().actions(0))>, action>;
-
-static_assert(Schedule<schedule>);
 
 }  // namespace weft::pipeline

@@ -3,7 +3,9 @@
 // weights computed once per mini-batch from global counts, so any split gives the same gradient.
 #pragma once
 
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
+#include <weft/core/memory.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/rl/layout.hpp>
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <span>
 #include <string_view>
+#include <utility>
 
 namespace weft::rl {
 
@@ -94,13 +97,11 @@ template <FlatArray MR>
 }
 
 //! Sums `local` over the ranks of a data-parallel communicator (one all_reduce of 16 bytes).
-template <comm::Communicator C>
+template <comm::CollectiveIn<host_space> C>
 [[nodiscard]] batch_counts all_reduce_counts(C& dp, batch_counts local) {
   std::array<double, 2> in{local.tokens, local.sequences};
   std::array<double, 2> out{};
-  dp.all_reduce(comm::host_view(std::span<double>(in)), comm::host_view(std::span<double>(out)),
-                comm::reduce_kind::sum, {})
-      .wait();
+  comm::all_reduce(dp, std::as_const(in), out, comm::reduce_kind::sum).wait();
   return {out[0], out[1]};
 }
 

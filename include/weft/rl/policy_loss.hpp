@@ -3,7 +3,9 @@
 // DAPO clip-higher), GSPO, CISPO and REINFORCE; optional rollout IS weights; metrics as sums.
 #pragma once
 
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
+#include <weft/core/memory.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/rl/exp.hpp>
@@ -21,6 +23,7 @@
 #include <limits>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace weft::rl {
@@ -131,18 +134,14 @@ struct policy_metrics {
 };
 
 //! Sums the metrics of every rank of `dp` (two all_reduces: the sums, then both extrema as a max).
-template <comm::Communicator C>
+template <comm::CollectiveIn<host_space> C>
 [[nodiscard]] policy_metrics all_reduce_metrics(C& dp, policy_metrics const& local) {
   auto in = local.sums();
   std::array<double, policy_metrics::num_sums> out{};
-  dp.all_reduce(comm::host_view(std::span<double>(in)), comm::host_view(std::span<double>(out)),
-                comm::reduce_kind::sum, {})
-      .wait();
+  comm::all_reduce(dp, std::as_const(in), out, comm::reduce_kind::sum).wait();
   std::array<double, 2> ein{local.ratio_max, -local.ratio_min};
   std::array<double, 2> eout{};
-  dp.all_reduce(comm::host_view(std::span<double>(ein)), comm::host_view(std::span<double>(eout)),
-                comm::reduce_kind::max, {})
-      .wait();
+  comm::all_reduce(dp, std::as_const(ein), eout, comm::reduce_kind::max).wait();
   policy_metrics m;
   m.set_sums(out);
   m.ratio_max = eout[0];

@@ -3,7 +3,9 @@
 // cross ranks (a max, then sum / entropy term / target logit: 16 bytes per token in f32).
 #pragma once
 
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
+#include <weft/core/memory.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
@@ -16,6 +18,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weft::rl {
@@ -101,7 +104,7 @@ void check_shard_tiling(W const* table, int ranks) {
 }  // namespace detail
 
 namespace detail {
-template <comm::Communicator C, class L, class I, class T>
+template <comm::CollectiveIn<host_space> C, class L, class I, class T>
 void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits, vocab_shard const& shard,
                                      std::span<I const> targets, logprob_options const& opt, std::span<T> logp,
                                      std::span<T> entropy, std::span<T> lse = {}) {
@@ -130,9 +133,7 @@ void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits
     maxima[k] = local[k].sum != local[k].sum ? -std::numeric_limits<W>::infinity() : static_cast<W>(local[k].max);
   }
   detail::put_shard(maxima.data() + n, tp.rank(), shard);
-  tp.all_reduce(comm::host_view(std::span<W>(maxima)), comm::host_view(std::span<W>(global_max)),
-                comm::reduce_kind::max, {})
-      .wait();
+  comm::all_reduce(tp, std::as_const(maxima), global_max, comm::reduce_kind::max).wait();
   detail::check_shard_tiling(global_max.data() + n, tp.size());
   // Targets are checked against the vocabulary every rank now agrees on, so all ranks throw alike.
   detail::check_targets(targets, shard.vocab, opt);
@@ -156,8 +157,7 @@ void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits
     part[3 * k + 1] = t;
     part[3 * k + 2] = zo;
   }
-  tp.all_reduce(comm::host_view(std::span<W>(part)), comm::host_view(std::span<W>(total)), comm::reduce_kind::sum, {})
-      .wait();
+  comm::all_reduce(tp, std::as_const(part), total, comm::reduce_kind::sum).wait();
   for (std::size_t k = 0; k < n; ++k) {
     if (static_cast<std::int64_t>(targets[k]) == opt.ignore_index) {
       logp[k] = entropy[k] = T(0);
@@ -184,7 +184,7 @@ void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits
 //! invalid_argument_error before writing anything unless the shards agree on the vocabulary and
 //! tile [0, vocab) (a gap, an overlap or a disagreement would give wrong log-probs silently).
 //! A NaN or +inf logit on any rank makes its token's outputs NaN on every rank.
-template <comm::Communicator C, FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER,
+template <comm::CollectiveIn<host_space> C, FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER,
           MutableFlatArray SR = std::span<flat_value_t<PR>>>
 void vocab_parallel_log_prob_forward(C& tp, LR&& local_logits, vocab_shard const& shard, IR&& targets,
                                      logprob_options const& opt, PR&& logp, ER&& entropy, SR&& lse = SR{}) {
