@@ -7,9 +7,10 @@
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/exec.hpp>
+#include <weft/core/math.hpp>
 #include <weft/core/memory.hpp>
 #include <weft/core/random.hpp>
-#include <weft/core/tensor.hpp>
+#include <weft/core/tensor.hpp>  // views, tensor, sub-views, copy, fill, printer
 
 #include <weft/comm/comm.hpp>
 #include <weft/mesh/mesh.hpp>

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <weft/core/config.hpp>  // WEFT_HD
-#include <weft/core/error.hpp>   // WEFT_EXPECTS_SHAPE, detail::concat
 #include <weft/core/memory.hpp>  // MemorySpace, host_space, cuda_space
 
 #include <cuda/std/array>   // index_array
