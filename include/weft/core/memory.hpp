@@ -1,6 +1,7 @@
 // weft/core/memory.hpp — memory spaces (where bytes live) and the few raw operations weft needs
 // on them: aligned allocation, release and byte copies between spaces. Tensors and executors
-// carry a memory space in their type so that host and device pointers cannot be mixed up.
+// carry a memory space in their type so that host and device pointers cannot be mixed up. The set
+// is open: a user's space brings its own allocation (AllocatingSpace) and then works in make_tensor.
 #pragma once
 
 #include <weft/core/config.hpp>
@@ -48,6 +49,20 @@ concept MemorySpace = std::regular<S> && std::is_empty_v<S> && requires {
 static_assert(MemorySpace<host_space>);
 static_assert(MemorySpace<cuda_space>);
 
+//! AllocatingSpace: a MemorySpace that allocates for itself, so allocate_bytes, deallocate_bytes
+//! and weft::tensor / make_tensor work in it. This is how a user adds a space (pinned host memory,
+//! a pool, managed memory): give the tag two static members,
+//!   static void* allocate(std::size_t bytes);              // bytes > 0; throws on failure
+//!   static void deallocate(void* p, std::size_t bytes) noexcept;  // p from allocate(bytes)
+//! Semantics: allocate returns memory aligned for every Element type (at least 16 bytes; weft's
+//! host SIMD loops prefer host_alignment) that stays valid until deallocate; deallocate never
+//! throws. host_space and cuda_space are allocated by weft itself and need no such members.
+template <class S>
+concept AllocatingSpace = MemorySpace<S> && requires(std::size_t bytes, void* p) {
+  { S::allocate(bytes) } -> std::same_as<void*>;
+  { S::deallocate(p, bytes) } noexcept;
+};
+
 //! Alignment of every host allocation weft makes: one cache line, and enough for any SIMD load.
 inline constexpr std::size_t host_alignment = 64;
 
@@ -62,10 +77,13 @@ inline constexpr bool false_for = false;
 //! weft::backend_error (CUDA) on failure.
 //! cuda_space needs the CUDA runtime: without WEFT_HAS_CUDA_RUNTIME (link weft::cuda) the call
 //! does not compile, rather than failing at run time on a machine that could never succeed.
+//! Any other space allocates through its own `allocate` (AllocatingSpace).
 template <MemorySpace Space>
 [[nodiscard]] void* allocate_bytes(Space, std::size_t bytes) {
   if (bytes == 0) return nullptr;
-  if constexpr (std::is_same_v<Space, host_space>) {
+  if constexpr (AllocatingSpace<Space>) {
+    return Space::allocate(bytes);
+  } else if constexpr (std::is_same_v<Space, host_space>) {
     return ::operator new(bytes, std::align_val_t{host_alignment});
   } else if constexpr (std::is_same_v<Space, cuda_space>) {
 #if WEFT_HAS_CUDA_RUNTIME
@@ -79,7 +97,10 @@ template <MemorySpace Space>
     return nullptr;
 #endif
   } else {
-    static_assert(detail::false_for<Space>, "weft: allocate_bytes: unknown memory space");
+    static_assert(detail::false_for<Space>,
+                  "weft: allocate_bytes: this memory space does not allocate; give it static "
+                  "allocate(bytes) and deallocate(p, bytes) members (AllocatingSpace, see "
+                  "docs/extending.md)");
     return nullptr;
   }
 }
@@ -89,7 +110,9 @@ template <MemorySpace Space>
 template <MemorySpace Space>
 void deallocate_bytes(Space, void* p, std::size_t bytes) noexcept {
   if (p == nullptr) return;
-  if constexpr (std::is_same_v<Space, host_space>) {
+  if constexpr (AllocatingSpace<Space>) {
+    Space::deallocate(p, bytes);
+  } else if constexpr (std::is_same_v<Space, host_space>) {
     // Unsized: clang only declares sized deallocation with -fsized-deallocation.
     (void)bytes;
     ::operator delete(p, std::align_val_t{host_alignment});
@@ -103,14 +126,17 @@ void deallocate_bytes(Space, void* p, std::size_t bytes) noexcept {
                   "(it defines WEFT_HAS_CUDA_RUNTIME=1)");
 #endif
   } else {
-    static_assert(detail::false_for<Space>, "weft: deallocate_bytes: unknown memory space");
+    static_assert(detail::false_for<Space>,
+                  "weft: deallocate_bytes: this memory space does not allocate; give it static "
+                  "allocate(bytes) and deallocate(p, bytes) members (AllocatingSpace, see "
+                  "docs/extending.md)");
   }
 }
 
 //! Copies `bytes` bytes from `src` (in SrcSpace) to `dst` (in DstSpace): memcpy between host
 //! buffers, a synchronous cudaMemcpy when either side is device memory. The ranges must not
 //! overlap. Any copy touching cuda_space needs WEFT_HAS_CUDA_RUNTIME (a compile-time error
-//! otherwise).
+//! otherwise). A user space that is not host-accessible is copied as CUDA memory (cudaMemcpy).
 template <MemorySpace DstSpace, MemorySpace SrcSpace>
 void copy_bytes(DstSpace, void* dst, SrcSpace, void const* src, std::size_t bytes) {
   if (bytes == 0) return;
