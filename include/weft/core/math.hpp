@@ -58,10 +58,14 @@ struct exp_fn {
     constexpr float ln2_hi = 0.693359375f;  // exact in 9 bits: n*ln2_hi is exact
     constexpr float ln2_lo = -2.12194440e-4f;
     constexpr float round_magic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+    // Clamped below to where results leave the normal range (flushed to +0 at the end). Above
+    // 88.7228394 the result overflows; clamping to 89 (n = 128, r > 0, so y > 1) makes the
+    // product below overflow to +inf by itself. A NaN passes both compares and propagates through
+    // the arithmetic. Three selects instead of six keep the loops that call this fast; the results
+    // equal a version with explicit +inf and NaN selects bit for bit on every non-NaN float.
     bool const below = x < -87.3365448f;
-    bool const above = x > 88.7228394f;
-    bool const nan = x != x;
-    float const xc = select(below, -87.3365448f, select(above, 88.7228394f, select(nan, 0.0f, x)));
+    bool const above = x > 89.0f;
+    float const xc = select(below, -87.3365448f, select(above, 89.0f, x));
     float const t = xc * log2e + round_magic;
     float const n = t - round_magic;  // round-to-nearest(x * log2e), no fast-math folding
     auto const ni = static_cast<std::int32_t>(::cuda::std::bit_cast<std::uint32_t>(t) -
@@ -80,8 +84,7 @@ struct exp_fn {
     float const s1 = ::cuda::std::bit_cast<float>(static_cast<std::uint32_t>(n1 + 127) << 23);
     float const s2 = ::cuda::std::bit_cast<float>(static_cast<std::uint32_t>(ni - n1 + 127) << 23);
     float const v = (y * s1) * s2;
-    return select(nan, x,
-                  select(above, ::cuda::std::bit_cast<float>(0x7f800000u), select(below, 0.0f, v)));
+    return select(below, 0.0f, v);
   }
 
   WEFT_HD constexpr double operator()(double x) const noexcept {
