@@ -99,6 +99,32 @@ TEST_CASE("exp_fn (f32) is within 2 ulp of expl over its whole finite range") {
   CHECK(worst <= 2);
 }
 
+TEST_CASE("exp_fn (f32): every float near the overflow and flush thresholds, one by one") {
+  // Overflow: +inf exactly where the correctly rounded e^x is +inf, else within 2 ulp.
+  for (float x = 88.5f; x <= 89.5f; x = std::nextafter(x, 90.0f)) {
+    float const want = static_cast<float>(std::exp(static_cast<long double>(x)));
+    float const got = weft::exp_fn{}(x);
+    CAPTURE(x);
+    if (std::isinf(want)) {
+      CHECK(got == finf);
+    } else {
+      CHECK(std::isfinite(got));
+      CHECK(ulps(got, want) <= 2);
+    }
+  }
+  // Flush: +0 below 2^-126, else within 2 ulp (a subnormal result may be off by its rounding).
+  for (float x = -87.6f; x <= -86.9f; x = std::nextafter(x, 0.0f)) {
+    float const want = static_cast<float>(std::exp(static_cast<long double>(x)));
+    float const got = weft::exp_fn{}(x);
+    CAPTURE(x);
+    if (x < -87.3365448f) {
+      CHECK(got == 0.0f);
+    } else {
+      CHECK(ulps(got, want) <= 2);
+    }
+  }
+}
+
 TEST_CASE("exp_fn (f64) is within 1e-15 relative of expl over its whole finite range") {
   long double worst = 0;
   for (int i = 0; i <= 1'000'000; ++i) {
