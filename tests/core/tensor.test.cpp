@@ -1,7 +1,10 @@
-// Tests for weft/core/tensor.hpp and weft/core/memory.hpp: concepts, owning tensors, sub-view
-// offsets and strides (checked against offsets written out by hand), copies, fills, shape errors
-// and the printer's exact output.
+// Tests for weft/core/tensor.hpp (tensor/{view,owning,subview,print}.hpp, algorithm/{copy,fill}.hpp)
+// and weft/core/memory.hpp: concepts, owning tensors, sub-view offsets and strides (checked
+// against offsets written out by hand), copies, fills, shape errors and the printer's exact output.
+#include <weft/core/algorithm/copy.hpp>
+#include <weft/core/algorithm/fill.hpp>
 #include <weft/core/dtype.hpp>
+#include <weft/core/exec.hpp>
 #include <weft/core/memory.hpp>
 #include <weft/core/tensor.hpp>
 
@@ -515,6 +518,43 @@ TEST_CASE("tensor: fill writes exactly the viewed elements") {
                             0, 0, 5, 0,  //
                             0, 0, 5, 0};
   for (int i = 0; i < 12; ++i) CHECK(t.data()[i] == expected[i]);
+}
+
+TEST_CASE("tensor: both halves of copy and of fill keep one contract (algorithm/copy.hpp, fill.hpp)") {
+  // The host-thread half and the executor half must write the same elements with the same
+  // values, leave everything outside dst untouched, and refuse a shape mismatch before writing.
+  auto src = iota_234();
+  auto const tr = weft::transpose(std::as_const(src).view(), 0, 2);  // [4, 3, 2], strided
+  auto a = weft::make_tensor<float>(4, 3, 4);
+  auto b = weft::make_tensor<float>(4, 3, 4);
+  weft::fill(a.view(), -1.0f);
+  weft::fill(weft::exec::host{}, b.view(), -1.0f);
+  for (int i = 0; i < 48; ++i) CHECK(a.data()[i] == b.data()[i]);
+  auto const a_dst = weft::slice(a.view(), 2, 1, 3);  // [4, 3, 2] inside a [4, 3, 4] buffer
+  auto const b_dst = weft::slice(b.view(), 2, 1, 3);
+  weft::copy(a_dst, tr);
+  weft::copy(weft::exec::host{}, b_dst, tr);
+  for (int i = 0; i < 48; ++i) {
+    CHECK(a.data()[i] == b.data()[i]);
+    if (i % 4 == 0 || i % 4 == 3) CHECK(a.data()[i] == -1.0f);  // outside dst: untouched
+  }
+  CHECK(a_dst(3, 2, 1) == 23.0f);
+
+  weft::fill(weft::select(a.view(), 1, 1), 5.0f);
+  weft::fill(weft::exec::host{}, weft::select(b.view(), 1, 1), 5.0f);
+  for (int i = 0; i < 48; ++i) CHECK(a.data()[i] == b.data()[i]);
+
+  auto wrong = weft::make_tensor<float>(2, 3, 4);
+  weft::fill(wrong.view(), 0.0f);
+  CHECK_THROWS_AS(weft::copy(wrong.view(), tr), weft::shape_error);
+  CHECK_THROWS_AS(weft::copy(weft::exec::host{}, wrong.view(), tr), weft::shape_error);
+  for (int i = 0; i < 24; ++i) CHECK(wrong.data()[i] == 0.0f);
+
+  auto empty = weft::make_tensor<float>(0, 3);  // empty views: both halves are no-ops
+  weft::fill(empty.view(), 1.0f);
+  weft::fill(weft::exec::host{}, empty.view(), 1.0f);
+  weft::copy(weft::exec::host{}, empty.view(), std::as_const(empty).view());
+  CHECK(empty.size() == 0);
 }
 
 TEST_CASE("tensor: printer output for small tensors") {
