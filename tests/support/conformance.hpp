@@ -1,8 +1,12 @@
 // tests/support/conformance.hpp — the Communicator conformance checks, as templates over any
-// Communicator with host buffers: every rank computes its input from (rank, index) alone and the
-// expected result locally with the serial rank-ordered reference, so the same checks run on ranks
-// that are threads (threads backend) or separate processes (MPI backend).
+// Communicator: every rank computes its input from (rank, index) alone and the expected result
+// locally with the serial rank-ordered reference, so the same checks run on ranks that are threads
+// (threads backend, the NCCL mock) or separate processes (MPI backend). Buffers reach the
+// communicator through make_view<C>, so a backend whose buffers carry another memory kind runs the
+// same checks (the NCCL mock: "cuda" buffers that are host memory; tests/comm/nccl/mock_suite.hpp).
 #pragma once
+
+#include "support/approx.hpp"
 
 #include <weft/comm/concepts.hpp>
 #include <weft/comm/reference.hpp>
@@ -10,8 +14,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -19,7 +25,46 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
+
+namespace weft::test {
+
+// ---- where the suites' buffers live ---------------------------------------------------------
+
+//! The default memory policy: a span of host memory is a host buffer_view.
+struct host_memory {
+  template <class T>
+  [[nodiscard]] static comm::buffer_view view(std::span<T> s) noexcept {
+    return comm::host_view(s);
+  }
+};
+
+//! The hook: which memory policy the shared suites use for communicator C. A policy has a static
+//! `view(std::span<T>) -> comm::buffer_view` over memory the test can read and write on the host.
+//! Specialise it (before the first use, in one header every user includes) for a backend whose
+//! buffers must say another memory kind.
+template <class C>
+struct memory_of {
+  using type = host_memory;
+};
+template <class C>
+using memory_for = typename memory_of<C>::type;
+
+//! The buffer_view communicator C accepts for `s`.
+template <class C, class T>
+[[nodiscard]] comm::buffer_view make_view(std::span<T> s) {
+  return memory_for<C>::view(s);
+}
+
+//! The one rule for a message to one's own rank (send/isend/recv/irecv with peer == rank()):
+//! true: every backend delivers it like any other message, an isend to oneself pairing with a
+//! recv from oneself (docs/comm.md, comm/detail/plan.hpp); false: every backend rejects it with
+//! invalid_argument_error naming `peer`. tests/support/faults.hpp checks whichever holds on every
+//! backend, conformance::check_send_recv the delivery. Flip here if the rule changes.
+inline constexpr bool self_messages_allowed = true;
+
+}  // namespace weft::test
 
 namespace weft::test::conformance {
 
@@ -134,51 +179,25 @@ std::vector<T> expected_reduction(int n, std::size_t offset, std::size_t count,
 // ---- buffers and comparison -----------------------------------------------------------------
 
 //! A buffer that starts one element into its storage when `misaligned` (so backends meet
-//! pointers that are not 16-byte aligned), filled with a sentinel.
-template <Element T>
+//! pointers that are not 16-byte aligned), filled with a sentinel; views through memory policy M.
+template <Element T, class M = host_memory>
 struct padded {
   std::vector<T> storage;
   std::span<T> span;
   padded(std::size_t count, bool misaligned, T fill = T(static_cast<u8>(0x5a)))
       : storage(count + 1, fill), span(storage.data() + (misaligned ? 1 : 0), count) {}
-  [[nodiscard]] comm::buffer_view view() { return comm::host_view(span); }
+  [[nodiscard]] comm::buffer_view view() { return M::view(span); }
   [[nodiscard]] comm::buffer_view view(std::size_t offset, std::size_t count) {
-    return comm::host_view(span.subspan(offset, count));
+    return M::view(span.subspan(offset, count));
   }
 };
 
-template <class T>
-std::string show(T x) {
-  std::ostringstream os;
-  if constexpr (std::is_integral_v<T>) {
-    os << static_cast<long long>(x);
-  } else {
-    os.precision(17);
-    os << static_cast<double>(x);
-    std::uint64_t bits = 0;
-    std::memcpy(&bits, &x, sizeof(T));
-    os << " (bits 0x" << std::hex << bits << ")";
-  }
-  return os.str();
-}
-
-//! Bitwise comparison; on the first difference, one FAIL_CHECK naming everything needed to
-//! reproduce it. Returns whether all matched.
+//! Bitwise comparison (tests/support/approx.hpp, exact tolerance); on failure, one FAIL_CHECK
+//! naming everything needed to reproduce it and the first mismatching elements. Returns whether
+//! all matched.
 template <Element T>
 bool same_bits(std::span<T const> got, std::span<T const> want, std::string const& what) {
-  if (got.size() != want.size()) {
-    FAIL_CHECK(what << ": got " << got.size() << " elements, expected " << want.size());
-    return false;
-  }
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::memcmp(&got[i], &want[i], sizeof(T)) != 0) {
-      std::string const msg = what + ": element " + std::to_string(i) + " is " + show(got[i]) +
-                              ", expected " + show(want[i]);
-      FAIL_CHECK(msg);
-      return false;
-    }
-  }
-  return true;
+  return check_close(got, want, tolerance::exact(), what);
 }
 
 template <class C>
@@ -216,13 +235,13 @@ void check_all_reduce(C& c, std::size_t count, comm::reduce_kind kind, bool in_p
                       input_mode mode = input_mode::general) {
   std::uint64_t const salt = 11 + count;
   auto const in = inputs_of<T>(c.rank(), 0, count, kind, mode, salt);
-  padded<T> out(count, count % 2 == 1);
+  padded<T, memory_for<C>> out(count, count % 2 == 1);
   auto const op = op_for<T>(kind, c.rank(), mode);
   if (in_place) {
     std::copy(in.begin(), in.end(), out.span.begin());
     c.all_reduce(out.view(), out.view(), op).wait();
   } else {
-    c.all_reduce(comm::host_view(std::span<T const>(in)), out.view(), op).wait();
+    c.all_reduce(make_view<C>(std::span<T const>(in)), out.view(), op).wait();
   }
   auto const want = expected_reduction<T>(c.size(), 0, count, kind, mode, salt);
   same_bits<T>(out.span, want, where(c, "all_reduce", count, tag<T>(kind, in_place)));
@@ -233,13 +252,13 @@ void check_reduce(C& c, std::size_t count, comm::reduce_kind kind, int root, boo
                   input_mode mode = input_mode::general) {
   std::uint64_t const salt = 23 + count + static_cast<std::uint64_t>(root);
   auto const in = inputs_of<T>(c.rank(), 0, count, kind, mode, salt);
-  padded<T> out(count, root % 2 == 1);
+  padded<T, memory_for<C>> out(count, root % 2 == 1);
   auto const op = op_for<T>(kind, c.rank(), mode);
   if (in_place) {
     std::copy(in.begin(), in.end(), out.span.begin());
     c.reduce(out.view(), out.view(), op, root).wait();
   } else {
-    c.reduce(comm::host_view(std::span<T const>(in)), out.view(), op, root).wait();
+    c.reduce(make_view<C>(std::span<T const>(in)), out.view(), op, root).wait();
   }
   if (c.rank() != root) return;  // off the root, `out` is unspecified
   auto const want = expected_reduction<T>(c.size(), 0, count, kind, mode, salt);
@@ -255,14 +274,14 @@ void check_reduce_scatter(C& c, std::size_t block, comm::reduce_kind kind, bool 
   std::uint64_t const salt = 31 + block;
   auto const in = inputs_of<T>(c.rank(), 0, n * block, kind, mode, salt);
   auto const op = op_for<T>(kind, c.rank(), mode);
-  padded<T> buf(n * block, block % 2 == 1);
+  padded<T, memory_for<C>> buf(n * block, block % 2 == 1);
   std::span<T const> got;
   if (in_place) {
     std::copy(in.begin(), in.end(), buf.span.begin());
     c.reduce_scatter(buf.view(), buf.view(r * block, block), op).wait();
     got = buf.span.subspan(r * block, block);
   } else {
-    c.reduce_scatter(comm::host_view(std::span<T const>(in)), buf.view(0, block), op).wait();
+    c.reduce_scatter(make_view<C>(std::span<T const>(in)), buf.view(0, block), op).wait();
     got = buf.span.subspan(0, block);
   }
   auto const want = expected_reduction<T>(c.size(), r * block, block, kind, mode, salt);
@@ -277,14 +296,14 @@ void check_reduce_scatter_v(C& c, std::vector<std::size_t> const& counts, comm::
   std::uint64_t const salt = 37 + off.back();
   auto const in = inputs_of<T>(c.rank(), 0, off.back(), kind, mode, salt);
   auto const op = op_for<T>(kind, c.rank(), mode);
-  padded<T> buf(off.back(), true);
+  padded<T, memory_for<C>> buf(off.back(), true);
   std::span<T const> got;
   if (in_place) {
     std::copy(in.begin(), in.end(), buf.span.begin());
     c.reduce_scatter_v(buf.view(), buf.view(off[r], counts[r]), counts, op).wait();
     got = buf.span.subspan(off[r], counts[r]);
   } else {
-    c.reduce_scatter_v(comm::host_view(std::span<T const>(in)), buf.view(0, counts[r]), counts, op)
+    c.reduce_scatter_v(make_view<C>(std::span<T const>(in)), buf.view(0, counts[r]), counts, op)
         .wait();
     got = buf.span.subspan(0, counts[r]);
   }
@@ -296,12 +315,12 @@ template <Element T, comm::Communicator C>
 void check_broadcast(C& c, std::size_t count, int root, bool in_place) {
   std::uint64_t const salt = 41 + count;
   auto const mine = inputs_of<T>(c.rank(), 0, count, comm::reduce_kind::sum, input_mode::general, salt);
-  padded<T> out(count, root % 2 == 0);
+  padded<T, memory_for<C>> out(count, root % 2 == 0);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin());
     c.broadcast(out.view(), out.view(), root).wait();
   } else {
-    c.broadcast(comm::host_view(std::span<T const>(mine)), out.view(), root).wait();
+    c.broadcast(make_view<C>(std::span<T const>(mine)), out.view(), root).wait();
   }
   auto const want = inputs_of<T>(root, 0, count, comm::reduce_kind::sum, input_mode::general, salt);
   same_bits<T>(out.span, want,
@@ -318,12 +337,12 @@ void check_all_gather(C& c, std::size_t block, bool in_place) {
   // Rank s contributes global elements [s * block, (s + 1) * block).
   auto const mine = inputs_of<T>(c.rank(), r * block, block, comm::reduce_kind::sum,
                                  input_mode::general, salt);
-  padded<T> out(n * block, block % 2 == 0);
+  padded<T, memory_for<C>> out(n * block, block % 2 == 0);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin() + static_cast<std::ptrdiff_t>(r * block));
     c.all_gather(out.view(r * block, block), out.view()).wait();
   } else {
-    c.all_gather(comm::host_view(std::span<T const>(mine)), out.view()).wait();
+    c.all_gather(make_view<C>(std::span<T const>(mine)), out.view()).wait();
   }
   std::vector<T> want;
   for (std::size_t s = 0; s < n; ++s) {
@@ -345,12 +364,12 @@ void check_all_gather_v(C& c, std::vector<std::size_t> const& counts, bool in_pl
   std::uint64_t const salt = 47 + off.back();
   auto const mine = inputs_of<T>(c.rank(), off[r], counts[r], comm::reduce_kind::sum,
                                  input_mode::general, salt);
-  padded<T> out(off.back(), true);
+  padded<T, memory_for<C>> out(off.back(), true);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin() + static_cast<std::ptrdiff_t>(off[r]));
     c.all_gather_v(out.view(off[r], counts[r]), out.view(), counts).wait();
   } else {
-    c.all_gather_v(comm::host_view(std::span<T const>(mine)), out.view(), counts).wait();
+    c.all_gather_v(make_view<C>(std::span<T const>(mine)), out.view(), counts).wait();
   }
   std::vector<T> want;
   for (std::size_t s = 0; s < n; ++s) {
@@ -372,12 +391,12 @@ void check_all_to_all(C& c, std::size_t block, bool in_place) {
   // Rank s's element j of block d (what s sends to d) is input(s, d * block + j).
   auto const mine = inputs_of<T>(c.rank(), 0, n * block, comm::reduce_kind::sum,
                                  input_mode::general, salt);
-  padded<T> out(n * block, block % 2 == 1);
+  padded<T, memory_for<C>> out(n * block, block % 2 == 1);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin());
     c.all_to_all(out.view(), out.view()).wait();
   } else {
-    c.all_to_all(comm::host_view(std::span<T const>(mine)), out.view()).wait();
+    c.all_to_all(make_view<C>(std::span<T const>(mine)), out.view()).wait();
   }
   std::vector<T> want;
   for (std::size_t s = 0; s < n; ++s) {
@@ -412,12 +431,12 @@ void check_all_to_all_v(C& c, std::size_t salt, bool in_place) {
     for (std::size_t j = 0; j < send[d]; ++j)
       mine.push_back(input<T>(c.rank(), 1000 * d + j, comm::reduce_kind::sum, input_mode::general, salt));
   std::size_t const total = std::max(soff.back(), roff.back());
-  padded<T> out(in_place ? total : roff.back(), true);
+  padded<T, memory_for<C>> out(in_place ? total : roff.back(), true);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin());
     c.all_to_all_v(out.view(0, soff.back()), out.view(0, roff.back()), send, recv).wait();
   } else {
-    c.all_to_all_v(comm::host_view(std::span<T const>(mine)), out.view(), send, recv).wait();
+    c.all_to_all_v(make_view<C>(std::span<T const>(mine)), out.view(), send, recv).wait();
   }
   std::vector<T> want;
   for (std::size_t s = 0; s < n; ++s)
@@ -437,12 +456,12 @@ void check_gather(C& c, std::size_t block, int root, bool in_place) {
   std::uint64_t const salt = 59 + block;
   auto const mine = inputs_of<T>(c.rank(), r * block, block, comm::reduce_kind::sum,
                                  input_mode::general, salt);
-  padded<T> out(n * block, root % 2 == 1);
+  padded<T, memory_for<C>> out(n * block, root % 2 == 1);
   if (in_place && c.rank() == root) {
     std::copy(mine.begin(), mine.end(), out.span.begin() + static_cast<std::ptrdiff_t>(r * block));
     c.gather(out.view(r * block, block), out.view(), root).wait();
   } else {
-    c.gather(comm::host_view(std::span<T const>(mine)), out.view(), root).wait();
+    c.gather(make_view<C>(std::span<T const>(mine)), out.view(), root).wait();
   }
   if (c.rank() != root) return;
   std::vector<T> want;
@@ -465,13 +484,13 @@ void check_scatter(C& c, std::size_t block, int root, bool in_place) {
   // The root holds input(root, i) for i < n * block; rank s receives block s.
   auto const all = inputs_of<T>(root, 0, n * block, comm::reduce_kind::sum, input_mode::general, salt);
   std::span<T const> got;
-  padded<T> buf(n * block, root % 2 == 0);
+  padded<T, memory_for<C>> buf(n * block, root % 2 == 0);
   if (in_place && c.rank() == root) {
     std::copy(all.begin(), all.end(), buf.span.begin());
     c.scatter(buf.view(), buf.view(r * block, block), root).wait();
     got = buf.span.subspan(r * block, block);
   } else {
-    c.scatter(comm::host_view(std::span<T const>(all)), buf.view(0, block), root).wait();
+    c.scatter(make_view<C>(std::span<T const>(all)), buf.view(0, block), root).wait();
     got = buf.span.subspan(0, block);
   }
   std::vector<T> const want(all.begin() + static_cast<std::ptrdiff_t>(r * block),
@@ -483,7 +502,8 @@ void check_scatter(C& c, std::size_t block, int root, bool in_place) {
 }
 
 //! Point-to-point: a ring of isend/irecv in both directions with several messages in flight per
-//! pair (which must arrive in order), blocking pair exchanges, and a message to oneself.
+//! pair (which must arrive in order), blocking pair exchanges, and a message to oneself where
+//! self_messages_allowed.
 template <Element T, comm::Communicator C>
 void check_send_recv(C& c, std::size_t count) {
   int const n = c.size();
@@ -498,8 +518,8 @@ void check_send_recv(C& c, std::size_t count) {
   };
   std::vector<std::vector<T>> out_next(messages);
   std::vector<std::vector<T>> out_prev(messages);
-  std::vector<padded<T>> in_prev;
-  std::vector<padded<T>> in_next;
+  std::vector<padded<T, memory_for<C>>> in_prev;
+  std::vector<padded<T, memory_for<C>>> in_next;
   for (int m = 0; m < messages; ++m) {
     for (std::size_t i = 0; i < count; ++i) {
       out_next[static_cast<std::size_t>(m)].push_back(value(r, next, m, 0, i));
@@ -520,8 +540,8 @@ void check_send_recv(C& c, std::size_t count) {
   };
   auto post_sends = [&] {
     for (int m = 0; m < messages; ++m) {
-      pending.push_back(c.isend(comm::host_view(std::span<T const>(out_next[static_cast<std::size_t>(m)])), next));
-      pending.push_back(c.isend(comm::host_view(std::span<T const>(out_prev[static_cast<std::size_t>(m)])), prev));
+      pending.push_back(c.isend(make_view<C>(std::span<T const>(out_next[static_cast<std::size_t>(m)])), next));
+      pending.push_back(c.isend(make_view<C>(std::span<T const>(out_prev[static_cast<std::size_t>(m)])), prev));
     }
   };
   if (r % 2 == 1) {
@@ -550,24 +570,25 @@ void check_send_recv(C& c, std::size_t count) {
   if (partner < n) {
     std::vector<T> mine;
     for (std::size_t i = 0; i < count; ++i) mine.push_back(value(r, partner, 7, 0, i));
-    padded<T> got(count, true);
+    padded<T, memory_for<C>> got(count, true);
     if (r % 2 == 0) {
-      c.send(comm::host_view(std::span<T const>(mine)), partner).wait();
+      c.send(make_view<C>(std::span<T const>(mine)), partner).wait();
       c.recv(got.view(), partner).wait();
     } else {
       c.recv(got.view(), partner).wait();
-      c.send(comm::host_view(std::span<T const>(mine)), partner).wait();
+      c.send(make_view<C>(std::span<T const>(mine)), partner).wait();
     }
     std::vector<T> want;
     for (std::size_t i = 0; i < count; ++i) want.push_back(value(partner, r, 7, 0, i));
     same_bits<T>(got.span, want, where(c, "send/recv pair", count, " dtype " + std::string(name(dtype_of<T>))));
   }
-  // To oneself: post the send first (non-blocking), then receive.
-  {
+  // To oneself, where the rule allows it (self_messages_allowed; the fault suite checks the
+  // rejection otherwise): post the send first (non-blocking), then receive.
+  if constexpr (self_messages_allowed) {
     std::vector<T> mine;
     for (std::size_t i = 0; i < count; ++i) mine.push_back(value(r, r, 9, 0, i));
-    padded<T> got(count, false);
-    auto w = c.isend(comm::host_view(std::span<T const>(mine)), r);
+    padded<T, memory_for<C>> got(count, false);
+    auto w = c.isend(make_view<C>(std::span<T const>(mine)), r);
     c.recv(got.view(), r).wait();
     w.wait();
     same_bits<T>(got.span, mine, where(c, "send/recv to self", count, " dtype " + std::string(name(dtype_of<T>))));
@@ -586,7 +607,7 @@ void check_barrier(C& c, std::chrono::milliseconds delay = std::chrono::millisec
   c.barrier().wait();
   auto const left = std::chrono::steady_clock::now();
   std::int64_t rank0_arrived = arrived.time_since_epoch().count();
-  auto const b = comm::host_view(std::span<std::int64_t>(&rank0_arrived, 1));
+  auto const b = make_view<C>(std::span<std::int64_t>(&rank0_arrived, 1));
   c.broadcast(b, b, 0).wait();
   CHECK_MESSAGE(left.time_since_epoch().count() >= rank0_arrived,
                 "barrier rank " << c.rank() << "/" << c.size() << " left "
