@@ -23,7 +23,7 @@
 #include <utility>
 #include <vector>
 
-namespace weft_test::nccl_mock {
+namespace weft::test::nccl_mock {
 
 //! One recorded call.
 struct call {
@@ -159,6 +159,42 @@ inline std::size_t type_size(ncclDataType_t t) {
 }
 
 inline bool is_int(ncclDataType_t t) { return t == ncclInt32 || t == ncclInt64 || t == ncclUint8; }
+
+//! An integer element, exactly (load() goes through double).
+inline std::int64_t load_int(ncclDataType_t t, void const* p, std::size_t i) {
+  auto const* b = static_cast<unsigned char const*>(p);
+  auto get = [&](auto v) {
+    std::memcpy(&v, b + i * sizeof(v), sizeof(v));
+    return static_cast<std::int64_t>(v);
+  };
+  switch (t) {
+    case ncclInt32: return get(std::int32_t{});
+    case ncclInt64: return get(std::int64_t{});
+    case ncclUint8: return get(std::uint8_t{});
+    default: return 0;
+  }
+}
+
+//! `v` modulo 2^bits of the integer type, as that type's value (two's complement, as NCCL and
+//! weft's reference wrap integer sums and products).
+inline std::int64_t wrap_int(ncclDataType_t t, std::uint64_t v) {
+  switch (t) {
+    case ncclInt32: return static_cast<std::int32_t>(static_cast<std::uint32_t>(v));
+    case ncclUint8: return static_cast<std::uint8_t>(v);
+    default: return static_cast<std::int64_t>(v);
+  }
+}
+
+inline void store_int(ncclDataType_t t, void* p, std::size_t i, std::int64_t v) {
+  auto* b = static_cast<unsigned char*>(p);
+  auto put = [&](auto x) { std::memcpy(b + i * sizeof(x), &x, sizeof(x)); };
+  switch (t) {
+    case ncclInt32: put(static_cast<std::int32_t>(v)); break;
+    case ncclInt64: put(v); break;
+    case ncclUint8: put(static_cast<std::uint8_t>(v)); break;
+    default: break;
+  }
+}
 
 //! The mock world. One instance per test (construct it, pass api() to the communicators).
 class mock {
@@ -612,6 +648,41 @@ class mock {
     g.pending.erase(seq);
   }
 
+  //! Integer reductions in the element type, wrapping like NCCL: sums and products modulo
+  //! 2^bits (premul scalars are integers), avg the wrapped sum divided by n truncating.
+  static std::int64_t reduce_int_at(std::vector<post> const& v, std::size_t offset, std::size_t i) {
+    auto const t = v[0].type;
+    int const op = v[0].op;
+    auto x = [&](post const& q) {
+      auto const s = q.premul ? static_cast<std::uint64_t>(static_cast<std::int64_t>(q.scalar)) : 1u;
+      return wrap_int(t, static_cast<std::uint64_t>(load_int(t, q.send, offset + i)) * s);
+    };
+    std::int64_t acc = x(v[0]);
+    for (std::size_t r = 1; r < v.size(); ++r) {
+      std::int64_t const y = x(v[r]);
+      if (v[0].premul || op == ncclSum || op == ncclAvg) {
+        acc = wrap_int(t, static_cast<std::uint64_t>(acc) + static_cast<std::uint64_t>(y));
+      } else if (op == ncclProd) {
+        acc = wrap_int(t, static_cast<std::uint64_t>(acc) * static_cast<std::uint64_t>(y));
+      } else if (op == ncclMin) {
+        acc = std::min(acc, y);
+      } else if (op == ncclMax) {
+        acc = std::max(acc, y);
+      }
+    }
+    if (!v[0].premul && op == ncclAvg) acc /= static_cast<std::int64_t>(v.size());
+    return acc;
+  }
+
+  //! Element i of the reduction of the posts' inputs from `offset`, stored into `o`.
+  static void store_reduced(std::vector<post> const& v, void* o, std::size_t offset, std::size_t i) {
+    if (is_int(v[0].type)) {
+      store_int(v[0].type, o, i, reduce_int_at(v, offset, i));
+    } else {
+      store(v[0].type, o, i, reduce_at(v, offset, i));
+    }
+  }
+
   static double reduce_at(std::vector<post> const& v, std::size_t offset, std::size_t i) {
     auto const t = v[0].type;
     int const op = v[0].op;
@@ -648,11 +719,11 @@ class mock {
     for (std::size_t r = 0; r < size; ++r) {
       if (k == "all_reduce") {
         void* o = result(r, n);
-        for (std::size_t i = 0; i < n; ++i) store(t, o, i, reduce_at(v, 0, i));
+        for (std::size_t i = 0; i < n; ++i) store_reduced(v, o, 0, i);
         lens[r] = n;
       } else if (k == "reduce" && static_cast<int>(r) == root) {
         void* o = result(r, n);
-        for (std::size_t i = 0; i < n; ++i) store(t, o, i, reduce_at(v, 0, i));
+        for (std::size_t i = 0; i < n; ++i) store_reduced(v, o, 0, i);
         lens[r] = n;
       } else if (k == "broadcast") {
         void* o = result(r, n);
@@ -664,7 +735,7 @@ class mock {
         lens[r] = n * size;
       } else if (k == "reduce_scatter") {
         void* o = result(r, n);
-        for (std::size_t i = 0; i < n; ++i) store(t, o, i, reduce_at(v, r * n, i));
+        for (std::size_t i = 0; i < n; ++i) store_reduced(v, o, r * n, i);
         lens[r] = n;
       } else if (k == "all_to_all") {
         auto* o = static_cast<unsigned char*>(result(r, n * size));
@@ -888,4 +959,9 @@ class mock {
   cudaError_t event_error_ = cudaSuccess;
 };
 
-}  // namespace weft_test::nccl_mock
+}  // namespace weft::test::nccl_mock
+
+//! The mock's former namespace, kept while tests still name it.
+namespace weft_test {
+namespace nccl_mock = weft::test::nccl_mock;
+}  // namespace weft_test
