@@ -196,7 +196,8 @@ class mailbox_comm {
   // out = elements [first, first + out.count) of the reduction over ranks (comm::reduce_reference).
   static void reduce_into(std::vector<std::vector<std::byte>> all, wc::reduce_op op, wc::buffer_view out,
                           std::size_t first) {
-    weft::dispatch(out.type, [&]<class T>(std::type_identity<T>) {
+    weft::dispatch(out.type, [&](auto type) {
+      using T = typename decltype(type)::type;
       std::vector<T const*> inputs;
       for (auto const& m : all) inputs.push_back(reinterpret_cast<T const*>(m.data()) + first);
       wc::reduce_reference<T>(std::span<T const* const>(inputs), op, std::span<T>(static_cast<T*>(out.data), out.count));
