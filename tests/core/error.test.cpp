@@ -119,4 +119,8 @@ TEST_CASE("error: what() ends with a short location, not a whole template signat
   CHECK(weft::error::short_function("bool weft::x::operator()(int) const") == "x::operator()");
   CHECK(weft::error::short_function("needs_positive") == "needs_positive");
   CHECK(weft::error::short_function("operator()") == "operator()");
+  // nvcc names an anonymous namespace after the translation unit; it is dropped like the others.
+  CHECK(weft::error::short_function("void _GLOBAL__N__44c882a6_13_error_test_cu_737cdf09_19905::"
+                                    "needs_positive(int)") == "needs_positive");
+  CHECK(weft::error::short_function("void {anonymous}::needs_positive(int)") == "needs_positive");
 }

@@ -190,7 +190,11 @@ class error : public std::runtime_error {
         parts.back() += ch;
       }
     }
-    std::erase_if(parts, [](std::string const& x) { return x.empty() || x == "(anonymous)" || x == "{anonymous}"; });
+    // Anonymous namespaces: clang's "(anonymous namespace)", GCC's "{anonymous}", and nvcc's
+    // front end's "_GLOBAL__N__<hash>_<file>_<hash>" (what a .cu translation unit reports).
+    std::erase_if(parts, [](std::string const& x) {
+      return x.empty() || x == "(anonymous)" || x == "{anonymous}" || x.starts_with("_GLOBAL__N_");
+    });
     if (parts.empty()) return std::string(f.substr(0, std::min<std::size_t>(f.size(), 60)));
     std::string out = parts.back();
     if (parts.size() >= 2) out = parts[parts.size() - 2] + "::" + out;
