@@ -23,17 +23,22 @@ struct fault {
   long long code = 0;
 };
 
-//! Throws the exception of `f`, its message prefixed by `context` ("all_reduce on rank 1 (seq 4)").
-[[noreturn]] inline void rethrow(fault const& f, std::string_view context) {
-  std::string const msg = weft::detail::concat(
-      context, ": ", f.message.empty() ? std::string_view("the communicator is poisoned") : f.message);
+//! Throws the exception of `f`, its message prefixed by `context` ("all_reduce on rank 1 (seq 4)";
+//! none when empty). `where` is the backend's call site, which the message shows.
+[[noreturn]] inline void rethrow(fault const& f, std::string_view context,
+                                 source_location where = source_location::current()) {
+  std::string_view const text =
+      f.message.empty() ? std::string_view("the communicator is poisoned") : f.message;
+  std::string const msg =
+      context.empty() ? std::string(text) : weft::detail::concat(context, ": ", text);
   switch (f.kind) {
-    case errc::timeout: throw timeout_error(msg, f.missing);
-    case errc::peer_aborted: throw peer_aborted_error(msg, f.origin);
-    case errc::mismatch: throw mismatch_error(msg);
+    case errc::timeout: throw timeout_error(msg, f.missing, where);
+    case errc::peer_aborted: throw peer_aborted_error(msg, f.origin, where);
+    case errc::mismatch: throw mismatch_error(msg, where);
     case errc::backend:
-      throw backend_error(msg, f.backend.empty() ? std::string_view("unknown") : f.backend, f.code);
-    default: throw comm_error(msg);
+      throw backend_error(msg, f.backend.empty() ? std::string_view("unknown") : f.backend, f.code,
+                          where);
+    default: throw comm_error(msg, where);
   }
 }
 
@@ -44,8 +49,10 @@ inline fault aborted_fault(std::string_view who, int rank) {
 }
 
 //! The exception of any call on a communicator that abort() was called on locally.
-[[noreturn]] inline void throw_aborted(std::string_view context, std::string_view who, int rank) {
-  rethrow(aborted_fault(who, rank), weft::detail::concat(context, " on an aborted communicator"));
+[[noreturn]] inline void throw_aborted(std::string_view context, std::string_view who, int rank,
+                                       source_location where = source_location::current()) {
+  rethrow(aborted_fault(who, rank), weft::detail::concat(context, " on an aborted communicator"),
+          where);
 }
 
 }  // namespace weft::comm::detail

@@ -29,6 +29,13 @@ class basic_op_history {
   explicit basic_op_history(std::size_t capacity = 0) : capacity_(capacity) {}
 
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  //! Keeps the last `n` records from now on (set before the first record).
+  void set_capacity(std::size_t n) {
+    std::lock_guard<Mutex> lock(m_);
+    capacity_ = n;
+    ring_.clear();
+    recorded_ = 0;
+  }
 
   //! Adds a record; returns its number (for update()).
   std::uint64_t add(op_record const& r) {

@@ -346,6 +346,13 @@ inline call_plan plan_p2p(endpoint const& ep, op_kind kind, buffer_view const& b
   return p;
 }
 
+//! The blocking form of a host backend's send/recv: waits for the pending work and returns it
+//! completed.
+inline work blocking(work w) {
+  w.wait();
+  return work{};
+}
+
 //! barrier and split: nothing to check; never trivial (always a synchronisation point).
 inline call_plan plan_sync(op_kind kind) {
   call_plan p;

@@ -47,12 +47,7 @@ class communicator : private detail::engine {
   using communicator_concept = communicator_tag;
   using memory_space = host_space;
 
-  communicator() = default;
-  communicator(communicator&&) noexcept = default;
-  communicator& operator=(communicator&&) noexcept = default;
-  communicator(communicator const&) = delete;
-  communicator& operator=(communicator const&) = delete;
-  ~communicator() = default;
+  communicator() = default;  // a non-member; move-only, as its engine
 
   [[nodiscard]] int rank() const noexcept { return group_ ? rank_ : -1; }
   [[nodiscard]] int size() const noexcept { return group_ ? group_->size() : 0; }
@@ -422,14 +417,10 @@ class communicator : private detail::engine {
   //! Returns once the receiver has copied the data (synchronous mode): a cycle of blocking sends
   //! waits until the deadline. Use isend/irecv for exchanges.
   work send(buffer_view in, int peer_rank, op_options o = {}) {
-    work w = isend(in, peer_rank, o);
-    w.wait();
-    return work{};
+    return weft::comm::detail::blocking(isend(in, peer_rank, o));
   }
   work recv(buffer_view out, int peer_rank, op_options o = {}) {
-    work w = irecv(out, peer_rank, o);
-    w.wait();
-    return work{};
+    return weft::comm::detail::blocking(irecv(out, peer_rank, o));
   }
 
   //! Poisons this communicator for every rank (each pending and later call throws

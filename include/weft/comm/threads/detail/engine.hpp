@@ -54,7 +54,7 @@ class engine {
     state_->timeout = timeout;
     state_->send_seq.assign(n, 0);
     state_->recv_seq.assign(n, 0);
-    state_->history = weft::comm::detail::op_history(group_->opts().history_size);
+    state_->history.set_capacity(group_->opts().history_size);
   }
   engine(engine&&) noexcept = default;
   engine& operator=(engine&& other) noexcept {
