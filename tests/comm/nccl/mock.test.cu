@@ -348,6 +348,25 @@ TEST_CASE("all_gather, reduce_scatter (in-place offset forms too) and native all
     for (int q = 0; q < n; ++q) CHECK(out[r][q * c] == 10 * q + r * int(c));
   CHECK(m.calls_named("ncclAlltoAll").back().count == c);
   CHECK(m.count("ncclSend") == 0);  // natives, not emulated
+  ws.clear();
+  // in-place all_to_all (out == in), as on every backend: the input is read from a device copy
+  // made on the call's stream (one stream per rank: the mock runs a stream's copies in order, and
+  // the default stream would queue each rank's copy behind the others' pending collectives)
+  auto const stream_of = [](int r) {
+    wc::op_options o;
+    o.stream = reinterpret_cast<void*>(std::uintptr_t(0x7000 + r));
+    return o;
+  };
+  auto const mallocs = m.count("cudaMalloc");
+  for (int round = 0; round < 2; ++round) {  // twice: the staging buffer is kept and reused
+    buf = in;
+    ws.clear();
+    for (int r = 0; r < n; ++r)
+      ws.push_back(w.ranks[r].all_to_all(dv(buf[r]), dv(buf[r]), stream_of(r)));
+    for (auto& x : ws) x.wait();
+    CHECK(buf == out);
+  }
+  CHECK(m.count("cudaMalloc") - mallocs == n);  // one staging buffer per rank
   CHECK(m.problems().empty());
 }
 
@@ -435,7 +454,15 @@ TEST_CASE("send, recv, isend, irecv and barrier with done() and wait_for() follo
   s2.wait();
   r2.wait();
   CHECK(z == x);
-  CHECK_THROWS_AS(w.ranks[0].send(dv(x), 0), weft::invalid_argument_error);  // self
+  // a message to oneself (one rule on every backend): the second half issues both in one group
+  std::vector<float> self_in{7, 8, 9}, self_out(3, 0);
+  auto ss = w.ranks[0].isend(dv(self_in), 0);
+  CHECK_FALSE(ss.done());  // waits for its other half
+  auto sr = w.ranks[0].recv(dv(self_out), 0);
+  sr.wait();
+  ss.wait();
+  CHECK(self_out == self_in);
+  CHECK(w.ranks[0].history().back().op == wc::op_kind::recv);
   CHECK_THROWS_AS(w.ranks[0].send(dv(x), 2), weft::invalid_argument_error);
   // barrier: a one-word all_reduce on device scratch
   auto b0 = w.ranks[0].barrier();
@@ -469,17 +496,27 @@ TEST_CASE("streams: work is recorded on op_options::stream and synchronize waits
   CHECK(b == std::vector<float>(4, 3));
 }
 
-TEST_CASE("zero count is a local no-op") {
+TEST_CASE("zero count is a local no-op, recorded in the history and reported to the hook") {
   mock m;
   auto w = make_world(m, 2);
   std::vector<float> e;
+  int hooked = 0;
+  w.ranks[0].set_hook([&](wc::op_record const&) { ++hooked; });
   auto const before = m.calls().size();
   auto wk = w.ranks[0].all_reduce(dv(e), dv(e));
   CHECK(wk.done());
   (void)w.ranks[0].all_gather(dv(e), dv(e));
   (void)w.ranks[0].broadcast(dv(e), dv(e), 1);
+  (void)w.ranks[0].send(dv(e), 1);  // nothing travels, nothing must be matched
   CHECK(m.calls().size() == before);
-  CHECK(w.ranks[0].history().empty());
+  auto const h = w.ranks[0].history();
+  REQUIRE(h.size() == 4);  // as on every backend (it recorded nothing here)
+  CHECK(h[0].op == wc::op_kind::all_reduce);
+  CHECK(h[0].seq == 0);
+  CHECK(h[0].ok);
+  CHECK(h[2].root_or_peer == 1);
+  CHECK(h[3].op == wc::op_kind::send);
+  CHECK(hooked == 4);
 }
 
 TEST_CASE("invalid arguments throw before any NCCL call and leave the communicator healthy") {
@@ -501,7 +538,7 @@ TEST_CASE("invalid arguments throw before any NCCL call and leave the communicat
   CHECK_THROWS_AS(r0.all_gather(dv(a), dv(b)), weft::shape_error);
   CHECK_THROWS_AS(r0.reduce_scatter(dv(a), dv(a, 0, 3)), weft::shape_error);
   CHECK_THROWS_AS(r0.all_to_all(dv(c, 0, 3), dv(a, 0, 3)), weft::shape_error);
-  CHECK_THROWS_AS(r0.all_to_all(dv(a), dv(a)), weft::invalid_argument_error);  // not in-place
+  CHECK_THROWS_AS(r0.all_to_all(dv(c, 0, 4), dv(c, 2, 4)), weft::invalid_argument_error);  // overlap
   CHECK_THROWS_AS(r0.gather(dv(a), dv(b), 0), weft::shape_error);
   CHECK_THROWS_AS(r0.scatter(dv(a), dv(b), 0), weft::shape_error);
   std::vector<std::size_t> bad_counts = {4};
@@ -745,7 +782,7 @@ TEST_CASE("debug fingerprints: mismatched op or count throws mismatch_error on e
         FAIL("no mismatch detected");
       } catch (weft::mismatch_error const& e) {
         std::string const what = e.what();
-        CHECK(what.find(variant == 0 ? "differ in op" : "differ in count") != std::string::npos);
+        CHECK(what.find(variant == 0 ? "differ in: op" : "differ in: count") != std::string::npos);
         CHECK(what.find("rank 0") != std::string::npos);
         CHECK(what.find("rank 1") != std::string::npos);
         mismatches.fetch_add(1);
