@@ -1,7 +1,8 @@
-// Conformance of the threads backend: every collective, every op, every dtype, world sizes 1 to
-// 8, every root, zero-length and uneven _v counts, in-place and out-of-place, misaligned
-// pointers, against the serial rank-ordered reference, bit for bit (tests/support/conformance.hpp
-// holds the checks; the MPI backend runs the same ones).
+// tests/comm/conformance.test.cpp — conformance of the threads backend: every collective, every
+// op, every dtype, world sizes 1 to 8, every root, zero-length and uneven _v counts, in-place and
+// out-of-place, misaligned pointers, against the serial rank-ordered reference, bit for bit
+// (tests/support/conformance.hpp holds the checks; the MPI backend, tests/comm/mpi, and the NCCL
+// mock, tests/comm/nccl, run the same ones).
 #include <weft/comm/threads/world.hpp>
 
 #include <support/conformance.hpp>
