@@ -333,3 +333,22 @@ TEST_CASE("threads: 32 MiB all_reduce and reduce_scatter at 2 and 4 ranks equal 
 }
 
 }  // TEST_SUITE("slow")
+
+TEST_CASE("threads: a message to one's own rank is delivered, in either posting order (one rule for every backend)") {
+  // Ring attention on one rank sends its dK/dV block to itself; MPI and NCCL deliver it too.
+  weft::comm::threads::world(2).run([](communicator& c) {
+    std::vector<float> a{1, 2, 3}, b(3, 0), x{4, 5}, y(2, 0);
+    auto s = c.isend(bv(a), c.rank());
+    c.recv(bv(b), c.rank());
+    s.wait();
+    CHECK(b == a);
+    auto r = c.irecv(bv(y), c.rank());
+    c.isend(bv(x), c.rank()).wait();
+    r.wait();
+    CHECK(y == x);
+    auto const h = c.history();
+    REQUIRE(h.size() == 4);
+    CHECK(h[0].op == op_kind::send);
+    CHECK(h[0].root_or_peer == c.rank());
+  });
+}
