@@ -8,7 +8,7 @@
 // Figures: benchmarks/RESULTS.md. Run e.g.
 //   weft.bench.attention --benchmark_filter='flash|sgemm' --benchmark_min_time=1
 #include <weft/attention/flash.hpp>
-#include <weft/attention/layout.hpp>
+#include <weft/attention/sharding.hpp>
 #include <weft/attention/ring.hpp>
 #include <weft/attention/ulysses.hpp>
 #include <weft/comm/threads/world.hpp>

@@ -16,7 +16,7 @@
 
 namespace {
 
-using weft::rl::index_t;
+using weft::index_t;
 
 // Which multiversioned path the run took (0 SSE2 baseline, 1 AVX2+FMA, 2 AVX-512).
 std::string simd_label() {

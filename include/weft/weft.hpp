@@ -16,7 +16,7 @@
 #include <weft/mesh/mesh.hpp>
 
 #include <weft/attention/flash.hpp>
-#include <weft/attention/layout.hpp>
+#include <weft/attention/sharding.hpp>
 #include <weft/attention/reference.hpp>
 #include <weft/attention/ring.hpp>
 #include <weft/attention/softmax_state.hpp>

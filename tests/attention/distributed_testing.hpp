@@ -4,7 +4,7 @@
 #pragma once
 
 #include <weft/attention/flash.hpp>
-#include <weft/attention/layout.hpp>
+#include <weft/attention/sharding.hpp>
 
 #include "attention_testing.hpp"
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include <weft/attention/common.hpp>
-#include <weft/attention/layout.hpp>
+#include <weft/attention/sharding.hpp>
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
 #include <weft/core/dtype.hpp>

@@ -47,14 +47,6 @@ concept HostExecutor = Executor<E> && std::same_as<typename E::memory_space, hos
 template <class T>
 using lse_t = compute_t<T>;
 
-// transitional aliases: removed once ring/ulysses/usp/vocab_parallel use the core names
-template <class T>
-using acc_t = compute_t<T>;  // now weft::compute_t
-namespace detail {
-using idx = ::weft::index_t;  // now weft::index_t
-}  // namespace detail
-// end of transitional aliases
-
 //! The mask as one rule: key j is visible from query i iff !causal or j <= i + offset. Top-left is
 //! offset 0, bottom-right Sk - Sq; ring steps use other offsets (stripe: -1).
 struct mask_rule {

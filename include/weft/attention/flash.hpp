@@ -310,22 +310,6 @@ void flash_backward_accumulate_raw(E const& ex, bshd<Q> q, bshd<K> k, bshd<V> v,
                  body{q, k, v, o, lse, dout, dq, dk, dv, mask, static_cast<Acc>(scale)});
 }
 
-// transitional aliases: removed once ring/ulysses/usp/vocab_parallel use the core names
-// (the thread-count forms of the raw kernels, which ring/ulysses/usp still call)
-template <class Q, class K, class V, class O, class L>
-void flash_forward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> lse, mask_rule mask,
-                       double scale, int threads) {
-  flash_forward_raw(exec::host{threads > 1 ? threads : 1}, q, k, v, o, lse, mask, scale);
-}
-template <class Q, class K, class V, class O, class L, class G, class DQ, class DK, class DV>
-void flash_backward_accumulate_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> lse,
-                                   bshd<G> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
-                                   mask_rule mask, double scale, int threads) {
-  flash_backward_accumulate_raw(exec::host{threads > 1 ? threads : 1}, q, k, v, o, lse, dout, dq,
-                                dk, dv, mask, scale);
-}
-// end of transitional aliases
-
 template <class T>
 void zero_rows(bshd<T> const& t) {
   for (index_t b = 0; b < t.b; ++b)

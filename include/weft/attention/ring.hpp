@@ -8,7 +8,7 @@
 #include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/flash.hpp>
-#include <weft/attention/layout.hpp>
+#include <weft/attention/sharding.hpp>
 #include <weft/attention/softmax_state.hpp>
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
@@ -28,7 +28,8 @@ namespace weft::attention {
 
 //! What one rank computes at one ring step: query rows [q0, q1) against the held K/V block's rows
 //! [k0, k1) under `mask` (in those slices' own coordinates), or nothing (`skip`). These are the
-//! rules of ring-flash-attention (reference note §3.2-3.4):
+//! rules of ring-flash-attention (zhuzilin/ring-flash-attention, ring_flash_attn.py and
+//! zigzag_ring_flash_attn.py):
 //!  - non-causal: everything, unmasked;
 //!  - contiguous causal: own block causal, earlier blocks full, later blocks skipped;
 //!  - zigzag causal: own block causal; an earlier rank's block: all queries against its first
@@ -88,28 +89,28 @@ constexpr bool check_ring_communicator() {
 //! Copies a [B, c, H, D] strided tensor into a contiguous buffer and back.
 template <class To, class From>
 void copy_bshd(bshd<From> const& src, bshd<To> const& dst) {
-  for (idx b = 0; b < src.b; ++b)
-    for (idx s = 0; s < src.s; ++s)
-      for (idx h = 0; h < src.h; ++h) {
+  for (index_t b = 0; b < src.b; ++b)
+    for (index_t s = 0; s < src.s; ++s)
+      for (index_t h = 0; h < src.h; ++h) {
         From const* a = src.row(b, s, h);
         To* z = dst.row(b, s, h);
-        for (idx c = 0; c < src.d; ++c) z[c] = static_cast<To>(a[c]);
+        for (index_t c = 0; c < src.d; ++c) z[c] = static_cast<To>(a[c]);
       }
 }
 template <class To, class From>
 void copy_bhs(bhs<From> const& src, bhs<To> const& dst) {
-  for (idx b = 0; b < src.b; ++b)
-    for (idx h = 0; h < src.h; ++h)
-      for (idx s = 0; s < src.s; ++s) dst.at(b, h, s) = static_cast<To>(src.at(b, h, s));
+  for (index_t b = 0; b < src.b; ++b)
+    for (index_t h = 0; h < src.h; ++h)
+      for (index_t s = 0; s < src.s; ++s) dst.at(b, h, s) = static_cast<To>(src.at(b, h, s));
 }
 
 //! Merges a block result (rows [q0, q1) of the accumulators) row by row.
 template <class Acc>
 void merge_block(bshd<Acc> const& o, bhs<Acc> const& l, bshd<Acc> const& bo, bhs<Acc> const& bl,
-                 idx q0) {
-  for (idx b = 0; b < bo.b; ++b)
-    for (idx h = 0; h < bo.h; ++h)
-      for (idx i = 0; i < bo.s; ++i)
+                 index_t q0) {
+  for (index_t b = 0; b < bo.b; ++b)
+    for (index_t h = 0; h < bo.h; ++h)
+      for (index_t i = 0; i < bo.s; ++i)
         lse_merge{}(o.row(b, q0 + i, h), l.at(b, h, q0 + i), bo.row(b, i, h), bl.at(b, h, i), bo.d);
 }
 
@@ -117,13 +118,13 @@ void merge_block(bshd<Acc> const& o, bhs<Acc> const& l, bshd<Acc> const& bo, bhs
 //! travel as T); o_acc and lse_acc receive the merged result in Acc.
 template <class T, comm::PointToPointIn<host_space> C>
 void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, bshd<T const> k,
-                       bshd<T const> v, bshd<acc_t<T>> o_acc, bhs<acc_t<T>> lse_acc, double scale,
-                       int threads) {
-  using Acc = acc_t<T>;
+                       bshd<T const> v, bshd<compute_t<T>> o_acc, bhs<compute_t<T>> lse_acc, double scale,
+                       exec::host const& ex) {
+  using Acc = compute_t<T>;
   using E = std::remove_const_t<T>;
   int const n = comm.size(), r = comm.rank();
-  idx const c = q.s;
-  idx const kv_elems = k.b * k.s * k.h * k.d;
+  index_t const c = q.s;
+  index_t const kv_elems = k.b * k.s * k.h * k.d;
   // Two K/V buffers, each [2][B, c, Hkv, D] contiguous: the one in use and the one arriving.
   std::vector<E> kv_a(std::size_t(2 * kv_elems)), kv_b(std::size_t(2 * kv_elems));
   copy_bshd(k, contiguous_bshd(kv_a.data(), k.b, k.s, k.h, k.d));
@@ -131,9 +132,9 @@ void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, 
   E* cur = kv_a.data();
   E* nxt = kv_b.data();
 
-  for (idx b = 0; b < o_acc.b; ++b)
-    for (idx h = 0; h < o_acc.h; ++h)
-      for (idx i = 0; i < c; ++i) {
+  for (index_t b = 0; b < o_acc.b; ++b)
+    for (index_t h = 0; h < o_acc.h; ++h)
+      for (index_t i = 0; i < c; ++i) {
         std::fill(o_acc.row(b, i, h), o_acc.row(b, i, h) + o_acc.d, Acc(0));
         lse_acc.at(b, h, i) = empty_lse<Acc>();
       }
@@ -151,11 +152,11 @@ void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, 
     if (!st.skip && st.q1 > st.q0 && st.k1 > st.k0) {
       auto const kb = contiguous_bshd<E const>(cur, k.b, k.s, k.h, k.d);
       auto const vb = contiguous_bshd<E const>(cur + kv_elems, k.b, k.s, k.h, k.d);
-      idx const rows = st.q1 - st.q0;
+      index_t const rows = st.q1 - st.q0;
       auto const bo = contiguous_bshd(bo_buf.data(), q.b, rows, q.h, q.d);
       auto const bl = contiguous_bhs(bl_buf.data(), q.b, q.h, rows);
-      flash_forward_raw(seq_slice(q, st.q0, st.q1), seq_slice(kb, st.k0, st.k1),
-                        seq_slice(vb, st.k0, st.k1), bo, bl, st.mask, scale, threads);
+      flash_forward_raw(ex, seq_slice(q, st.q0, st.q1), seq_slice(kb, st.k0, st.k1),
+                        seq_slice(vb, st.k0, st.k1), bo, bl, st.mask, scale);
       merge_block(o_acc, lse_acc, bo, bl, st.q0);
     }
     if (s + 1 < n) {
@@ -173,13 +174,13 @@ void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, 
 template <class T, class O, class L, class G, comm::PointToPointIn<host_space> C>
 void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, bshd<T const> k,
                         bshd<T const> v, bshd<O const> o, bhs<L const> lse, bshd<G const> dout,
-                        bshd<acc_t<T>> dq_acc, bshd<acc_t<T>> dk_acc, bshd<acc_t<T>> dv_acc,
-                        double scale, int threads) {
-  using Acc = acc_t<T>;
+                        bshd<compute_t<T>> dq_acc, bshd<compute_t<T>> dk_acc, bshd<compute_t<T>> dv_acc,
+                        double scale, exec::host const& ex) {
+  using Acc = compute_t<T>;
   using E = std::remove_const_t<T>;
   int const n = comm.size(), r = comm.rank();
-  idx const c = q.s;
-  idx const kv_elems = k.b * k.s * k.h * k.d;
+  index_t const c = q.s;
+  index_t const kv_elems = k.b * k.s * k.h * k.d;
   std::vector<E> kv_a(std::size_t(2 * kv_elems)), kv_b(std::size_t(2 * kv_elems));
   copy_bshd(k, contiguous_bshd(kv_a.data(), k.b, k.s, k.h, k.d));
   copy_bshd(v, contiguous_bshd(kv_a.data() + kv_elems, k.b, k.s, k.h, k.d));
@@ -210,10 +211,10 @@ void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q,
       auto const dkb = contiguous_bshd(blk.data(), k.b, k.s, k.h, k.d);
       auto const dvb = contiguous_bshd(blk.data() + kv_elems, k.b, k.s, k.h, k.d);
       flash_backward_accumulate_raw(
-          seq_slice(q, st.q0, st.q1), seq_slice(kb, st.k0, st.k1), seq_slice(vb, st.k0, st.k1),
+          ex, seq_slice(q, st.q0, st.q1), seq_slice(kb, st.k0, st.k1), seq_slice(vb, st.k0, st.k1),
           seq_slice(o, st.q0, st.q1), seq_slice(lse, st.q0, st.q1), seq_slice(dout, st.q0, st.q1),
           seq_slice(dq_acc, st.q0, st.q1), seq_slice(dkb, st.k0, st.k1),
-          seq_slice(dvb, st.k0, st.k1), st.mask, scale, threads);
+          seq_slice(dvb, st.k0, st.k1), st.mask, scale);
     }
     // The traveling buffer for this block arrives from the previous rank (posted last step).
     dkv_recv.wait();
@@ -278,7 +279,7 @@ void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&
   static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
                     std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: ring_forward needs q, k and v of one element type (K/V travel as it)");
-  using Acc = acc_t<T>;
+  using Acc = compute_t<T>;
   auto const rq = detail::as_bshd(q, "q");
   auto const rk = detail::as_bshd(k, "k");
   auto const rv = detail::as_bshd(v, "v");
@@ -298,7 +299,7 @@ void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&
   auto const la = detail::contiguous_bhs(l_buf.data(), rq.b, rq.h, rq.s);
   detail::ring_forward_impl<T const>(comm, layout.kind(), causal, detail::as_const(rq),
                                      detail::as_const(rk), detail::as_const(rv), oa, la, scale,
-                                     opt.num_threads);
+                                     host_executor(opt));
   detail::copy_bshd(detail::as_const(oa), ro);
   detail::copy_bhs(detail::as_const(la), rl);
 }
@@ -327,7 +328,7 @@ void ring_backward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV
   static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
                     std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
                 "weft: ring_backward needs q, k and v of one element type (K/V travel as it)");
-  using Acc = acc_t<T>;
+  using Acc = compute_t<T>;
   auto const rq = detail::as_bshd(q, "q");
   auto const rk = detail::as_bshd(k, "k");
   auto const rv = detail::as_bshd(v, "v");
@@ -355,7 +356,7 @@ void ring_backward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV
   detail::ring_backward_impl<T const>(comm, layout.kind(), causal, detail::as_const(rq),
                                       detail::as_const(rk), detail::as_const(rv),
                                       detail::as_const(ro), detail::as_const(rl),
-                                      detail::as_const(rg), aq, ak, av, scale, opt.num_threads);
+                                      detail::as_const(rg), aq, ak, av, scale, host_executor(opt));
   detail::copy_bshd(detail::as_const(aq), rdq);
   detail::copy_bshd(detail::as_const(ak), rdk);
   detail::copy_bshd(detail::as_const(av), rdv);

@@ -68,13 +68,13 @@ constexpr bool check_ulysses_communicator() {
 template <class E, class HeadFn, comm::CollectiveIn<host_space> C>
 std::vector<E> a2a_seq_to_head(C& comm, bshd<E const> x, std::int64_t hl, HeadFn head) {
   int const n = comm.size(), me = comm.rank();
-  idx const piece = x.b * x.s * hl * x.d;
+  index_t const piece = x.b * x.s * hl * x.d;
   std::vector<E> send(std::size_t(piece * n)), recv(send.size()), full(send.size());
   for (int p = 0; p < n; ++p) {
     auto dst = contiguous_bshd(send.data() + p * piece, x.b, x.s, hl, x.d);
-    for (idx b = 0; b < x.b; ++b)
-      for (idx s = 0; s < x.s; ++s)
-        for (idx j = 0; j < hl; ++j) {
+    for (index_t b = 0; b < x.b; ++b)
+      for (index_t s = 0; s < x.s; ++s)
+        for (index_t j = 0; j < hl; ++j) {
           E const* a = x.row(b, s, head(p, j));
           std::copy(a, a + x.d, dst.row(b, s, j));
         }
@@ -94,8 +94,8 @@ std::vector<E> a2a_seq_to_head(C& comm, bshd<E const> x, std::int64_t hl, HeadFn
 template <class E, class Out, class HeadFn, comm::CollectiveIn<host_space> C>
 void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool add) {
   int const n = comm.size();
-  idx const c = x.s, hl = full.h;
-  idx const piece = x.b * c * hl * x.d;
+  index_t const c = x.s, hl = full.h;
+  index_t const piece = x.b * c * hl * x.d;
   std::vector<std::remove_const_t<E>> send(std::size_t(piece * n)), recv(send.size());
   for (int p = 0; p < n; ++p)
     copy_bshd(seq_slice(full, p * c, (p + 1) * c), contiguous_bshd(send.data() + p * piece, x.b, c, hl, x.d));
@@ -103,13 +103,13 @@ void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool
   if (add) zero_rows(x);
   for (int p = 0; p < n; ++p) {
     auto src = contiguous_bshd<E const>(recv.data() + p * piece, x.b, c, hl, x.d);
-    for (idx b = 0; b < x.b; ++b)
-      for (idx s = 0; s < c; ++s)
-        for (idx j = 0; j < hl; ++j) {
+    for (index_t b = 0; b < x.b; ++b)
+      for (index_t s = 0; s < c; ++s)
+        for (index_t j = 0; j < hl; ++j) {
           E const* a = src.row(b, s, j);
           Out* z = x.row(b, s, head(p, j));
-          for (idx d = 0; d < x.d; ++d)
-            z[d] = add ? static_cast<Out>(static_cast<acc_t<Out>>(z[d]) + static_cast<acc_t<Out>>(a[d]))
+          for (index_t d = 0; d < x.d; ++d)
+            z[d] = add ? static_cast<Out>(static_cast<compute_t<Out>>(z[d]) + static_cast<compute_t<Out>>(a[d]))
                        : static_cast<Out>(a[d]);
         }
   }
@@ -120,17 +120,17 @@ template <class L, comm::CollectiveIn<host_space> C>
 std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulysses_heads const& uh) {
   using E = std::remove_const_t<L>;
   int const n = comm.size();
-  idx const c = x.s, hl = uh.local_q(), piece = x.b * hl * c;
+  index_t const c = x.s, hl = uh.local_q(), piece = x.b * hl * c;
   std::vector<E> send(std::size_t(piece * n)), recv(send.size()), full(send.size());
   for (int p = 0; p < n; ++p)
-    for (idx b = 0; b < x.b; ++b)
-      for (idx j = 0; j < hl; ++j)
-        for (idx s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = x.at(b, uh.q_head(p, j), s);
+    for (index_t b = 0; b < x.b; ++b)
+      for (index_t j = 0; j < hl; ++j)
+        for (index_t s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = x.at(b, uh.q_head(p, j), s);
   comm::all_to_all(comm, std::as_const(send), recv).wait();
   for (int p = 0; p < n; ++p)
-    for (idx b = 0; b < x.b; ++b)
-      for (idx j = 0; j < hl; ++j)
-        for (idx s = 0; s < c; ++s)
+    for (index_t b = 0; b < x.b; ++b)
+      for (index_t j = 0; j < hl; ++j)
+        for (index_t s = 0; s < c; ++s)
           full[std::size_t((b * hl + j) * (n * c) + p * c + s)] = recv[std::size_t(p * piece + (b * hl + j) * c + s)];
   return full;
 }
@@ -139,17 +139,17 @@ std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulyss
 template <class L, class Out, comm::CollectiveIn<host_space> C>
 void a2a_lse_head_to_seq(C& comm, bhs<L const> full, bhs<Out> x, ulysses_heads const& uh) {
   int const n = comm.size();
-  idx const c = x.s, hl = full.h, piece = x.b * hl * c;
+  index_t const c = x.s, hl = full.h, piece = x.b * hl * c;
   std::vector<L> send(std::size_t(piece * n)), recv(send.size());
   for (int p = 0; p < n; ++p)
-    for (idx b = 0; b < x.b; ++b)
-      for (idx j = 0; j < hl; ++j)
-        for (idx s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = full.at(b, j, p * c + s);
+    for (index_t b = 0; b < x.b; ++b)
+      for (index_t j = 0; j < hl; ++j)
+        for (index_t s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = full.at(b, j, p * c + s);
   comm::all_to_all(comm, std::as_const(send), recv).wait();
   for (int p = 0; p < n; ++p)
-    for (idx b = 0; b < x.b; ++b)
-      for (idx j = 0; j < hl; ++j)
-        for (idx s = 0; s < c; ++s)
+    for (index_t b = 0; b < x.b; ++b)
+      for (index_t j = 0; j < hl; ++j)
+        for (index_t s = 0; s < c; ++s)
           x.at(b, uh.q_head(p, j), s) = static_cast<Out>(recv[std::size_t(p * piece + (b * hl + j) * c + s)]);
 }
 
@@ -158,20 +158,20 @@ void a2a_lse_head_to_seq(C& comm, bhs<L const> full, bhs<Out> x, ulysses_heads c
 template <class T, class O, class L, class Inner, comm::CollectiveIn<host_space> C>
 void ulysses_forward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
                           bhs<L> lse, Inner&& inner) {
-  using Acc = acc_t<T>;
+  using Acc = compute_t<T>;
   auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
   int const n = comm.size();
-  idx const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
-  auto qh = a2a_seq_to_head(comm, q, hq, [&](int p, idx j) { return uh.q_head(p, j); });
-  auto kh = a2a_seq_to_head(comm, k, hk, [&](int p, idx j) { return uh.k_head(p, j); });
-  auto vh = a2a_seq_to_head(comm, v, hk, [&](int p, idx j) { return uh.k_head(p, j); });
+  index_t const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
+  auto qh = a2a_seq_to_head(comm, q, hq, [&](int p, index_t j) { return uh.q_head(p, j); });
+  auto kh = a2a_seq_to_head(comm, k, hk, [&](int p, index_t j) { return uh.k_head(p, j); });
+  auto vh = a2a_seq_to_head(comm, v, hk, [&](int p, index_t j) { return uh.k_head(p, j); });
   std::vector<Acc> oh(std::size_t(q.b * sf * hq * q.d)), lh(std::size_t(q.b * hq * sf));
   auto const ov = contiguous_bshd(oh.data(), q.b, sf, hq, q.d);
   auto const lv = contiguous_bhs(lh.data(), q.b, hq, sf);
   inner(contiguous_bshd<T const>(qh.data(), q.b, sf, hq, q.d), contiguous_bshd<T const>(kh.data(), q.b, sf, hk, q.d),
         contiguous_bshd<T const>(vh.data(), q.b, sf, hk, q.d), ov, lv);
   // The output travels back in the accumulation type, so the caller's o rounds once.
-  a2a_head_to_seq(comm, as_const(ov), o, [&](int p, idx j) { return uh.q_head(p, j); }, false);
+  a2a_head_to_seq(comm, as_const(ov), o, [&](int p, index_t j) { return uh.q_head(p, j); }, false);
   a2a_lse_head_to_seq(comm, as_const(lv), lse, uh);
 }
 
@@ -180,12 +180,12 @@ template <class T, class O, class L, class G, class DQ, class DK, class DV, clas
 void ulysses_backward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O const> o,
                            bhs<L const> lse, bshd<G const> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
                            Inner&& inner) {
-  using Acc = acc_t<T>;
+  using Acc = compute_t<T>;
   auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
   int const n = comm.size();
-  idx const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
-  auto qf = [&](int p, idx j) { return uh.q_head(p, j); };
-  auto kf = [&](int p, idx j) { return uh.k_head(p, j); };
+  index_t const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
+  auto qf = [&](int p, index_t j) { return uh.q_head(p, j); };
+  auto kf = [&](int p, index_t j) { return uh.k_head(p, j); };
   auto qh = a2a_seq_to_head(comm, q, hq, qf);
   auto kh = a2a_seq_to_head(comm, k, hk, kf);
   auto vh = a2a_seq_to_head(comm, v, hk, kf);
@@ -266,11 +266,11 @@ void ulysses_forward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV
                           detail::make_fingerprint<T>(detail::sp_entry::ulysses_forward, nullptr, mask.causal,
                                                       scale, rq.b, rq.s, rq.h, hk, rq.d),
                           "Ulysses");
-  int const threads = opt.num_threads;
+  exec::host const ex = host_executor(opt);
   detail::ulysses_forward_impl(comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"),
                                detail::as_bshd(o, "o"), detail::as_bhs(lse),
                                [&](auto qq, auto kk, auto vv, auto oo, auto ll) {
-                                 detail::flash_forward_raw(qq, kk, vv, oo, ll, mask, scale, threads);
+                                 detail::flash_forward_raw(ex, qq, kk, vv, oo, ll, mask, scale);
                                });
 }
 
@@ -306,7 +306,7 @@ void ulysses_backward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, L
                           detail::make_fingerprint<T>(detail::sp_entry::ulysses_backward, nullptr, mask.causal,
                                                       scale, rq.b, rq.s, rq.h, hk, rq.d),
                           "Ulysses");
-  int const threads = opt.num_threads;
+  exec::host const ex = host_executor(opt);
   detail::ulysses_backward_impl(
       comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"), detail::const_bshd(o, "o"),
       detail::as_const(detail::as_bhs(lse)), detail::const_bshd(dout, "dout"), detail::as_bshd(dq, "dq"),
@@ -315,7 +315,7 @@ void ulysses_backward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, L
         detail::zero_rows(dqq);
         detail::zero_rows(dkk);
         detail::zero_rows(dvv);
-        detail::flash_backward_accumulate_raw(qq, kk, vv, oo, ll, gg, dqq, dkk, dvv, mask, scale, threads);
+        detail::flash_backward_accumulate_raw(ex, qq, kk, vv, oo, ll, gg, dqq, dkk, dvv, mask, scale);
       });
 }
 

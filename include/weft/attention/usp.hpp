@@ -7,7 +7,7 @@
 #include <weft/attention/args.hpp>
 #include <weft/attention/agreement.hpp>
 #include <weft/attention/common.hpp>
-#include <weft/attention/layout.hpp>
+#include <weft/attention/sharding.hpp>
 #include <weft/attention/ring.hpp>
 #include <weft/attention/ulysses.hpp>
 #include <weft/comm/concepts.hpp>
@@ -67,13 +67,13 @@ void usp_forward(U& ulysses, R& ring, seq_layout const& layout, QV&& q_arg, KV&&
   detail::check_agreement_2d(ulysses, ring,
                              detail::make_fingerprint<T>(detail::sp_entry::usp_forward, &layout, causal, scale,
                                                          rq.b, rq.s, rq.h, hk, rq.d));
-  int const threads = opt.num_threads;
+  exec::host const ex = host_executor(opt);
   layout_kind const kind = layout.kind();
   detail::ulysses_forward_impl(ulysses, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"),
                                detail::as_bshd(o, "o"), detail::as_bhs(lse),
                                [&](auto qq, auto kk, auto vv, auto oo, auto ll) {
                                  detail::ring_forward_impl<T const>(ring, kind, causal, qq, kk, vv, oo, ll,
-                                                                    scale, threads);
+                                                                    scale, ex);
                                });
 }
 
@@ -109,7 +109,7 @@ void usp_backward(U& ulysses, R& ring, seq_layout const& layout, QV&& q_arg, KV&
   detail::check_agreement_2d(ulysses, ring,
                              detail::make_fingerprint<T>(detail::sp_entry::usp_backward, &layout, causal, scale,
                                                          rq.b, rq.s, rq.h, hk, rq.d));
-  int const threads = opt.num_threads;
+  exec::host const ex = host_executor(opt);
   layout_kind const kind = layout.kind();
   detail::ulysses_backward_impl(
       ulysses, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"), detail::const_bshd(o, "o"),
@@ -117,7 +117,7 @@ void usp_backward(U& ulysses, R& ring, seq_layout const& layout, QV&& q_arg, KV&
       detail::as_bshd(dk, "dk"), detail::as_bshd(dv, "dv"),
       [&](auto qq, auto kk, auto vv, auto oo, auto ll, auto gg, auto dqq, auto dkk, auto dvv) {
         detail::ring_backward_impl<T const>(ring, kind, causal, qq, kk, vv, oo, ll, gg, dqq, dkk, dvv,
-                                            scale, threads);
+                                            scale, ex);
       });
 }
 

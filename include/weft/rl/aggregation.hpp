@@ -8,7 +8,7 @@
 #include <weft/core/memory.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
-#include <weft/rl/layout.hpp>
+#include <weft/rl/token_layout.hpp>
 
 #include <array>
 #include <cmath>

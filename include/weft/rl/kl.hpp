@@ -5,7 +5,7 @@
 
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
-#include <weft/rl/layout.hpp>
+#include <weft/rl/token_layout.hpp>
 
 #include <cuda/std/cmath>
 #include <cuda/std/limits>

@@ -8,7 +8,7 @@
 #include <weft/core/error.hpp>
 #include <weft/core/math.hpp>
 #include <weft/rl/exp.hpp>
-#include <weft/rl/layout.hpp>
+#include <weft/rl/token_layout.hpp>
 
 #include <cuda/std/cmath>
 #include <cuda/std/limits>
@@ -31,11 +31,6 @@ struct logprob_options {
   double temperature = 1.0;
   std::int64_t ignore_index = -100;
 };
-
-// transitional aliases: removed once ring/ulysses/usp/vocab_parallel use the core names
-template <class L>
-using logit_compute_t = compute_t<L>;
-// end of transitional aliases
 
 // The online-softmax statistics (softmax_stats, softmax_merge, softmax_push, softmax_finish) and
 // exp_fn are weft's, in weft/core/math.hpp; rl code names them unqualified.

@@ -3,7 +3,7 @@
 // at the call site and cannot be swapped (or given in verl's old-before-new order) silently.
 #pragma once
 
-#include <weft/rl/layout.hpp>
+#include <weft/rl/token_layout.hpp>
 
 #include <concepts>
 #include <cstddef>

@@ -9,7 +9,7 @@
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
 #include <weft/rl/exp.hpp>
-#include <weft/rl/layout.hpp>
+#include <weft/rl/token_layout.hpp>
 #include <weft/rl/named_arrays.hpp>
 
 #include <cuda/std/cmath>
@@ -171,7 +171,8 @@ enum pg_flag : unsigned {
   pg_dropped = 32u,  // 16 is the policy loop's valid bit
 };
 
-//! PPO clip with decoupled bounds and dual clip, per token (§8 of the reference note). The
+//! PPO clip with decoupled bounds and dual clip, per token (decoupled bounds: DAPO,
+//! arXiv:2503.14476 §3.1; dual clip: Ye et al., arXiv:1912.09729). The
 //! gradient is -A*r*k with k = 1 on the closed intervals A>0 & r <= 1+eps_high and
 //! A<0 & 1-eps_low <= r <= c, else 0 (also where |l - l_old| exceeds the clamp: the clamp's
 //! backward is 0 there). At exact ties this passes the full gradient, where torch.minimum would

@@ -5,10 +5,10 @@
 
 #include <weft/rl/advantages.hpp>
 #include <weft/rl/aggregation.hpp>
-#include <weft/rl/dapo.hpp>
+#include <weft/rl/dynamic_sampling.hpp>
 #include <weft/rl/exp.hpp>
 #include <weft/rl/kl.hpp>
-#include <weft/rl/layout.hpp>
+#include <weft/rl/token_layout.hpp>
 #include <weft/rl/logprobs.hpp>
 #include <weft/rl/named_arrays.hpp>
 #include <weft/rl/policy_loss.hpp>

@@ -9,7 +9,7 @@
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
-#include <weft/rl/layout.hpp>
+#include <weft/rl/token_layout.hpp>
 #include <weft/rl/logprobs.hpp>
 
 #include <algorithm>
@@ -108,8 +108,8 @@ template <comm::CollectiveIn<host_space> C, class L, class I, class T>
 void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits, vocab_shard const& shard,
                                      std::span<I const> targets, logprob_options const& opt, std::span<T> logp,
                                      std::span<T> entropy, std::span<T> lse = {}) {
-  using W = std::conditional_t<std::is_same_v<L, double>, double, float>;  // wire type
-  using CT = logit_compute_t<L>;
+  using W = compute_t<L>;  // wire type: the compute type travels, so ranks merge exact statistics
+  using CT = compute_t<L>;
   shard.validate();
   CT const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   auto const n = targets.size();
@@ -211,7 +211,7 @@ void vocab_parallel_log_prob_backward_impl(std::span<L const> local_logits, voca
   if (!d_logp.empty()) WEFT_EXPECTS_SHAPE(d_logp.size() == n, "d_logp", n, d_logp.size());
   if (!d_entropy.empty()) WEFT_EXPECTS_SHAPE(d_entropy.size() == n, "d_entropy", n, d_entropy.size());
   detail::check_targets(targets, shard.vocab, opt);
-  using CT = logit_compute_t<L>;
+  using CT = compute_t<L>;
   CT const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   for (std::size_t k = 0; k < n; ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);

@@ -1,6 +1,6 @@
 // Tests of the sequence layouts: the index maps against hand-written tables (zigzag and stripe as in
 // ring-flash-attention's tests), bijectivity, extract_local/restore_global round trips, and errors.
-#include <weft/attention/layout.hpp>
+#include <weft/attention/sharding.hpp>
 
 #include "attention_testing.hpp"
 

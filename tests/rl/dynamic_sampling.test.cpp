@@ -1,7 +1,7 @@
-// Tests of weft/rl/dapo.hpp: soft overlong punishment points (§12 item 21), overlong filtering,
+// Tests of weft/rl/dynamic_sampling.hpp: soft overlong punishment points (§12 item 21), overlong filtering,
 // the dynamic-sampling builder (item 22: zero-variance groups dropped, singletons kept, rounds
 // until full, surplus truncated, error after max rounds, next-request sizing) and the presets.
-#include <weft/rl/dapo.hpp>
+#include <weft/rl/dynamic_sampling.hpp>
 
 #include <doctest/doctest.h>
 
