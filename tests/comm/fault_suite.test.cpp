@@ -19,6 +19,7 @@ using weft::comm::threads::communicator;
 //! Ranks are threads of this process; the threads backend always compares fingerprints.
 struct threads_harness {
   using comm_type = communicator;
+  static constexpr bool names_missing_ranks = true;  // see faults.hpp, missing_rank
   static constexpr bool ranks_in_process = true;
 
   template <class F>

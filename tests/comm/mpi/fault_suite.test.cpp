@@ -20,6 +20,7 @@ using weft::comm::mpi::communicator;
 //! launcher's world size) and returns what escaped its body.
 struct mpi_harness {
   using comm_type = communicator;
+  static constexpr bool names_missing_ranks = false;  // see faults.hpp, missing_rank
   static constexpr bool ranks_in_process = false;
 
   template <class F>

@@ -65,6 +65,7 @@ void run_ranks(int n, F&& f, std::chrono::milliseconds timeout = default_test_ti
 //! The fault suite's harness (tests/support/faults.hpp): fingerprints on.
 struct harness {
   using comm_type = comm::nccl::communicator;
+  static constexpr bool names_missing_ranks = false;  // see faults.hpp, missing_rank
   static constexpr bool ranks_in_process = true;
 
   template <class F>
