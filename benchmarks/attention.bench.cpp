@@ -47,7 +47,8 @@ weft::tensor_view<float, R> view(std::vector<float>& v, std::array<std::int64_t,
 }
 
 // C[m×n] = A[m×k]·B[k×n] in f32: cblas_sgemm with BLAS, weft's register-blocked loops without.
-void sgemm(std::int64_t m, std::int64_t n, std::int64_t k, float const* a, float const* b, float* c) {
+void sgemm(std::int64_t m, std::int64_t n, std::int64_t k, float const* a, float const* b,
+           float* c) {
 #if WEFT_HAS_BLAS
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(m), int(n), int(k), 1.0f, a, int(k), b,
               int(n), 0.0f, c, int(n));
@@ -88,21 +89,38 @@ void bm_sgemm_threads(benchmark::State& st) {
   for (auto _ : st) {
     std::vector<std::thread> pool;
     for (int t = 0; t < threads; ++t)
-      pool.emplace_back([&, t] { sgemm(n, n, n, a[std::size_t(t)].data(), b[std::size_t(t)].data(), c[std::size_t(t)].data()); });
+      pool.emplace_back([&, t] {
+        sgemm(n, n, n, a[std::size_t(t)].data(), b[std::size_t(t)].data(),
+              c[std::size_t(t)].data());
+      });
     for (auto& p : pool) p.join();
   }
-  st.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(threads) * double(n) * double(n) * double(n) * 1e-9,
-                                              benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * double(threads) * double(n) * double(n) * double(n) * 1e-9,
+                         benchmark::Counter::kIsIterationInvariantRate);
 }
-BENCHMARK(bm_sgemm_threads)->Args({1024, 1})->Args({1024, 2})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(bm_sgemm_threads)
+    ->Args({1024, 1})
+    ->Args({1024, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 struct problem {
   std::int64_t s, h, d;
   std::vector<float> q, k, v, g, o, l, dq, dk, dv;
   problem(std::int64_t s_, std::int64_t h_, std::int64_t d_)
-      : s(s_), h(h_), d(d_), q(filled(std::size_t(s * h * d), 1)), k(filled(q.size(), 2)),
-        v(filled(q.size(), 3)), g(filled(q.size(), 4)), o(q.size()), l(std::size_t(s * h)), dq(q.size()),
-        dk(q.size()), dv(q.size()) {}
+      : s(s_),
+        h(h_),
+        d(d_),
+        q(filled(std::size_t(s * h * d), 1)),
+        k(filled(q.size(), 2)),
+        v(filled(q.size(), 3)),
+        g(filled(q.size(), 4)),
+        o(q.size()),
+        l(std::size_t(s * h)),
+        dq(q.size()),
+        dk(q.size()),
+        dv(q.size()) {}
   weft::tensor_view<float, 4> t(std::vector<float>& x) { return view<4>(x, {1, s, h, d}); }
   weft::tensor_view<float, 3> lse() { return view<3>(l, {1, h, s}); }
 };
@@ -113,13 +131,14 @@ void bm_flash(benchmark::State& st) {
   std::int64_t const s = st.range(0), d = st.range(1), h = 4;
   bool const causal = st.range(2) != 0, backward = st.range(3) != 0;
   problem p(s, h, d);
-  wa::attention_options const opt{0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
+  wa::attention_options const opt{0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none,
+                                  1};
   wa::flash_forward(p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), opt);
   for (auto _ : st) {
     wa::flash_forward(p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), opt);
     if (backward)
-      wa::flash_backward(p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), p.t(p.g), p.t(p.dq), p.t(p.dk),
-                         p.t(p.dv), opt);
+      wa::flash_backward(p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), p.t(p.g), p.t(p.dq),
+                         p.t(p.dk), p.t(p.dv), opt);
     benchmark::DoNotOptimize(p.o.data());
   }
   double const fwd = 4.0 * double(s) * double(s) * double(h) * double(d) * (causal ? 0.5 : 1.0);
@@ -140,7 +159,8 @@ void bm_sequence_parallel(benchmark::State& st) {
   int const scheme = int(st.range(1));
   std::int64_t const s = 4096, h = 4, d = 64, c = s / n;
   bool const causal = scheme == 1;
-  wa::attention_options const opt{0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
+  wa::attention_options const opt{0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none,
+                                  1};
   auto const lay = causal ? wa::seq_layout::zigzag(n, s) : wa::seq_layout::contiguous(n, s);
   std::vector<problem> shards;
   for (int r = 0; r < n; ++r) shards.emplace_back(c, h, d);
@@ -150,17 +170,18 @@ void bm_sequence_parallel(benchmark::State& st) {
       auto& p = shards[std::size_t(comm.rank())];
       if (scheme == 2) {
         wa::ulysses_forward(comm, p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), opt);
-        wa::ulysses_backward(comm, p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), p.t(p.g), p.t(p.dq),
-                             p.t(p.dk), p.t(p.dv), opt);
+        wa::ulysses_backward(comm, p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), p.t(p.g),
+                             p.t(p.dq), p.t(p.dk), p.t(p.dv), opt);
       } else {
         wa::ring_forward(comm, lay, p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), opt);
-        wa::ring_backward(comm, lay, p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), p.t(p.g), p.t(p.dq),
-                          p.t(p.dk), p.t(p.dv), opt);
+        wa::ring_backward(comm, lay, p.t(p.q), p.t(p.k), p.t(p.v), p.t(p.o), p.lse(), p.t(p.g),
+                          p.t(p.dq), p.t(p.dk), p.t(p.dv), opt);
       }
     });
   }
   double const fwd = 4.0 * double(s) * double(s) * double(h) * double(d) * (causal ? 0.5 : 1.0);
-  st.counters["GFLOP/s"] = benchmark::Counter(3.5 * fwd * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["GFLOP/s"] =
+      benchmark::Counter(3.5 * fwd * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 BENCHMARK(bm_sequence_parallel)
     ->ArgNames({"ranks", "scheme"})

@@ -184,7 +184,8 @@ std::map<std::size_t, double>& memcpy2_best() {
 
 void set_bw(benchmark::State& st, double bytes_per_iter) {
   // Rate counters divide by the (manual) time: GB/s in units of 1e9 bytes.
-  st.counters["algbw_GBps"] = benchmark::Counter(bytes_per_iter / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["algbw_GBps"] =
+      benchmark::Counter(bytes_per_iter / 1e9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void bm_memcpy2(benchmark::State& st) {
@@ -241,7 +242,7 @@ double memcpy2_seconds(std::size_t bytes) {
 void bm_threads(benchmark::State& st, coll c) {
   int const n = static_cast<int>(st.range(0));
   auto const bytes = static_cast<std::size_t>(st.range(1));
-  auto const big = bytes / sizeof(float);           // S in elements
+  auto const big = bytes / sizeof(float);                // S in elements
   auto const small = big / static_cast<std::size_t>(n);  // S/n in elements
   double const base = memcpy2_seconds(bytes);
 
@@ -287,7 +288,8 @@ void bm_threads(benchmark::State& st, coll c) {
   st.counters["busbw_GBps"] =
       benchmark::Counter(double(bytes) * f / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   // busbw / (S / t_memcpy2) = f · t_memcpy2 / t, with t this repetition's mean time.
-  st.counters["vs_memcpy"] = benchmark::Counter(f * base, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["vs_memcpy"] =
+      benchmark::Counter(f * base, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["memcpy2_GBps"] = double(bytes) / base / 1e9;
 }
 
@@ -298,7 +300,7 @@ std::map<int, double>& barrier_best() {
   static std::map<int, double> m;
   return m;
 }
-  // back-to-back operations per timed iteration
+// back-to-back operations per timed iteration
 
 // 8-byte all_reduce (two floats) latency: `latency_batch` calls per iteration, time per call.
 void bm_threads_latency(benchmark::State& st) {
@@ -322,8 +324,8 @@ void bm_threads_latency(benchmark::State& st) {
   };
   t.each(step);
   t.run(st, step, latency_batch);
-  st.counters["us_per_op"] =
-      benchmark::Counter(1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  st.counters["us_per_op"] = benchmark::Counter(
+      1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   if (auto it = barrier_best().find(n); it != barrier_best().end())
     st.counters["vs_barrier"] = t.mean() / it->second;  // goal: <= 3
 }
@@ -343,8 +345,8 @@ void bm_barrier_latency(benchmark::State& st) {
   };
   t.each(step);
   t.run(st, step, latency_batch);
-  st.counters["us_per_op"] =
-      benchmark::Counter(1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  st.counters["us_per_op"] = benchmark::Counter(
+      1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   auto& best = barrier_best()[n];  // lowest mean over this run's repetitions
   best = best == 0 ? t.mean() : std::min(best, t.mean());
 }

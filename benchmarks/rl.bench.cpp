@@ -47,10 +47,13 @@ void bm_logprob_fwd_bwd(benchmark::State& state) {
   for (index_t t = 0; t < T; ++t) tgt[static_cast<std::size_t>(t)] = (t * 7919) % V;
   std::vector<float> lp(static_cast<std::size_t>(T)), h(lp.size());
   for (auto _ : state) {
-    weft::rl::log_prob_fused(std::span<L const>(z), V, std::span<std::int64_t const>(tgt), {}, std::span<float>(lp),
-                             std::span<float>(h),
-                             [](index_t, float logp, float) { return weft::rl::logprob_grads{-0.5 * logp, 0.01}; },
-                             std::span<L>(dz));
+    weft::rl::log_prob_fused(
+        std::span<L const>(z), V, std::span<std::int64_t const>(tgt), {}, std::span<float>(lp),
+        std::span<float>(h),
+        [](index_t, float logp, float) {
+          return weft::rl::logprob_grads{-0.5 * logp, 0.01};
+        },
+        std::span<L>(dz));
     benchmark::DoNotOptimize(dz.data());
     benchmark::ClobberMemory();
   }
@@ -73,8 +76,16 @@ void bm_logprob_memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * static_cast<std::int64_t>(2 * z.size() * sizeof(L)));
 }
 
-BENCHMARK(bm_logprob_fwd_bwd<float>)->Arg(32768)->Arg(131072)->Arg(151936)->Unit(benchmark::kMillisecond);
-BENCHMARK(bm_logprob_memcpy<float>)->Arg(32768)->Arg(131072)->Arg(151936)->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_logprob_fwd_bwd<float>)
+    ->Arg(32768)
+    ->Arg(131072)
+    ->Arg(151936)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_logprob_memcpy<float>)
+    ->Arg(32768)
+    ->Arg(131072)
+    ->Arg(151936)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_logprob_fwd_bwd<weft::bf16>)->Arg(32768)->Arg(151936)->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_logprob_memcpy<weft::bf16>)->Arg(32768)->Arg(151936)->Unit(benchmark::kMillisecond);
 
@@ -90,7 +101,12 @@ loss_inputs make_loss_inputs(index_t rows, index_t cols) {
   auto const n = static_cast<std::size_t>(rows * cols);
   std::mt19937 gen(2);
   std::uniform_real_distribution<float> u(0.0f, 1.0f);
-  in.logp.resize(n); in.old.resize(n); in.adv.resize(n); in.w.resize(n); in.dlogp.resize(n); in.mask.resize(n);
+  in.logp.resize(n);
+  in.old.resize(n);
+  in.adv.resize(n);
+  in.w.resize(n);
+  in.dlogp.resize(n);
+  in.mask.resize(n);
   for (std::size_t k = 0; k < n; ++k) {
     in.old[k] = -3.0f * u(gen);
     in.logp[k] = in.old[k] + 0.4f * (u(gen) - 0.5f);
@@ -98,8 +114,8 @@ loss_inputs make_loss_inputs(index_t rows, index_t cols) {
     in.mask[k] = u(gen) < 0.9f ? 1 : 0;
   }
   auto const c = weft::rl::count_tokens(in.layout, std::span<std::uint8_t const>(in.mask));
-  weft::rl::aggregation_weights(weft::rl::loss_agg::token_mean, in.layout, std::span<std::uint8_t const>(in.mask), c,
-                                std::span<float>(in.w));
+  weft::rl::aggregation_weights(weft::rl::loss_agg::token_mean, in.layout,
+                                std::span<std::uint8_t const>(in.mask), c, std::span<float>(in.w));
   return in;
 }
 
@@ -111,12 +127,13 @@ void bm_policy_loss(benchmark::State& state) {
   weft::rl::policy_loss_config cfg;
   cfg.kind = static_cast<weft::rl::policy_loss_kind>(state.range(0));
   for (auto _ : state) {
-    auto r = weft::rl::policy_loss(cfg, in.layout,
-                                   weft::rl::policy_inputs<float, std::uint8_t>{
-                                       weft::rl::arg::new_logp{in.logp}, weft::rl::arg::old_logp{in.old},
-                                       weft::rl::arg::advantages{in.adv}, weft::rl::arg::mask{in.mask},
-                                       weft::rl::arg::weights{in.w}},
-                                   std::span<float>(in.dlogp));
+    auto r =
+        weft::rl::policy_loss(cfg, in.layout,
+                              weft::rl::policy_inputs<float, std::uint8_t>{
+                                  weft::rl::arg::new_logp{in.logp}, weft::rl::arg::old_logp{in.old},
+                                  weft::rl::arg::advantages{in.adv}, weft::rl::arg::mask{in.mask},
+                                  weft::rl::arg::weights{in.w}},
+                              std::span<float>(in.dlogp));
     benchmark::DoNotOptimize(r);
     benchmark::ClobberMemory();
   }
@@ -125,7 +142,8 @@ void bm_policy_loss(benchmark::State& state) {
 }
 
 void bm_policy_loss_memcpy(benchmark::State& state) {
-  std::vector<char> src(static_cast<std::size_t>(loss_bytes_per_token * (1 << 20) / 2)), dst(src.size());
+  std::vector<char> src(static_cast<std::size_t>(loss_bytes_per_token * (1 << 20) / 2)),
+      dst(src.size());
   std::memset(src.data(), 1, src.size());
   for (auto _ : state) {
     std::memcpy(dst.data(), src.data(), src.size());

@@ -93,17 +93,21 @@ void bm_mpi(benchmark::State& st, coll c) {
     int const sc = static_cast<int>(small);
     switch (c) {
       case coll::all_reduce:
-        checked(MPI_Allreduce(in.data(), out.data(), ic, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD), "MPI_Allreduce");
+        checked(MPI_Allreduce(in.data(), out.data(), ic, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+                "MPI_Allreduce");
         break;
       case coll::all_gather:
-        checked(MPI_Allgather(in.data(), sc, MPI_FLOAT, out.data(), sc, MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather");
+        checked(MPI_Allgather(in.data(), sc, MPI_FLOAT, out.data(), sc, MPI_FLOAT, MPI_COMM_WORLD),
+                "MPI_Allgather");
         break;
       case coll::reduce_scatter:
-        checked(MPI_Reduce_scatter_block(in.data(), out.data(), sc, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
-                "MPI_Reduce_scatter_block");
+        checked(
+            MPI_Reduce_scatter_block(in.data(), out.data(), sc, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD),
+            "MPI_Reduce_scatter_block");
         break;
       case coll::all_to_all:
-        checked(MPI_Alltoall(in.data(), sc, MPI_FLOAT, out.data(), sc, MPI_FLOAT, MPI_COMM_WORLD), "MPI_Alltoall");
+        checked(MPI_Alltoall(in.data(), sc, MPI_FLOAT, out.data(), sc, MPI_FLOAT, MPI_COMM_WORLD),
+                "MPI_Alltoall");
         break;
       case coll::memcpy2:
         std::memcpy(out.data(), in.data(), bytes);
@@ -122,11 +126,13 @@ void bm_mpi(benchmark::State& st, coll c) {
   }
   double const mean = total / double(count);
   if (c != coll::memcpy2) {
-    float const want = c == coll::all_reduce || c == coll::reduce_scatter ? float(n * (n + 1) / 2) : float(n);
+    float const want =
+        c == coll::all_reduce || c == coll::reduce_scatter ? float(n * (n + 1) / 2) : float(n);
     if (out.back() != want) st.SkipWithError("wrong result");
   }
   double const f = bus_factor(c, n);
-  st.counters["algbw_GBps"] = benchmark::Counter(double(bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["algbw_GBps"] =
+      benchmark::Counter(double(bytes) / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["busbw_GBps"] =
       benchmark::Counter(double(bytes) * f / 1e9, benchmark::Counter::kIsIterationInvariantRate);
   // Ratios use mean times; the baseline is its lowest mean over this run's repetitions.
@@ -182,7 +188,8 @@ class null_reporter : public benchmark::BenchmarkReporter {
 
 void reg() {
   std::string const np = "/ranks:" + std::to_string(world_size);
-  for (coll c : {coll::memcpy2, coll::all_reduce, coll::all_gather, coll::reduce_scatter, coll::all_to_all}) {
+  for (coll c : {coll::memcpy2, coll::all_reduce, coll::all_gather, coll::reduce_scatter,
+                 coll::all_to_all}) {
     if (c == coll::memcpy2 && world_size != 2) continue;
     // One registration per size: fixed, size-dependent iteration counts, the same on every
     // process, so that every process makes the same calls.
@@ -195,11 +202,13 @@ void reg() {
           ->UseManualTime()
           ->Unit(benchmark::kMicrosecond);
   }
-  benchmark::RegisterBenchmark(("mpi/barrier" + np).c_str(), [](benchmark::State& st) { bm_latency(st, true); })
+  benchmark::RegisterBenchmark(("mpi/barrier" + np).c_str(),
+                               [](benchmark::State& st) { bm_latency(st, true); })
       ->UseManualTime()
       ->Iterations(2000)
       ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark(("mpi/all_reduce_8B" + np).c_str(), [](benchmark::State& st) { bm_latency(st, false); })
+  benchmark::RegisterBenchmark(("mpi/all_reduce_8B" + np).c_str(),
+                               [](benchmark::State& st) { bm_latency(st, false); })
       ->UseManualTime()
       ->Iterations(2000)
       ->Unit(benchmark::kMicrosecond);

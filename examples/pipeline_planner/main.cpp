@@ -25,9 +25,11 @@ struct options {
 };
 
 void usage(char const* argv0) {
-  std::cerr << "usage: " << argv0
-            << " [--p N] [--m N] [--v N] [--layers N] [--hidden N] [--ffn N] [--seq N] [--vocab N]\n"
-               "       [--last-stage-layers K] [--collective-latency T] [--p2p-latency T] [--out DIR] [--text]\n";
+  std::cerr
+      << "usage: " << argv0
+      << " [--p N] [--m N] [--v N] [--layers N] [--hidden N] [--ffn N] [--seq N] [--vocab N]\n"
+         "       [--last-stage-layers K] [--collective-latency T] [--p2p-latency T] [--out DIR] "
+         "[--text]\n";
 }
 
 bool parse_number(std::string_view text, double& out) {
@@ -62,17 +64,28 @@ bool parse(int argc, char** argv, options& o) {
       return false;
     }
     int const n = static_cast<int>(x);
-    if (flag == "--p") c.p = n;
-    else if (flag == "--m") c.m = n;
-    else if (flag == "--v") c.v = n;
-    else if (flag == "--layers") c.shape.layers = n;
-    else if (flag == "--hidden") c.shape.hidden = n;
-    else if (flag == "--ffn") c.shape.ffn = n;
-    else if (flag == "--seq") c.shape.seq = n;
-    else if (flag == "--vocab") c.shape.vocab = n;
-    else if (flag == "--last-stage-layers") c.last_stage_layers = n;
-    else if (flag == "--collective-latency") c.costs.collective_latency = x;
-    else if (flag == "--p2p-latency") c.costs.p2p_latency = x;
+    if (flag == "--p")
+      c.p = n;
+    else if (flag == "--m")
+      c.m = n;
+    else if (flag == "--v")
+      c.v = n;
+    else if (flag == "--layers")
+      c.shape.layers = n;
+    else if (flag == "--hidden")
+      c.shape.hidden = n;
+    else if (flag == "--ffn")
+      c.shape.ffn = n;
+    else if (flag == "--seq")
+      c.shape.seq = n;
+    else if (flag == "--vocab")
+      c.shape.vocab = n;
+    else if (flag == "--last-stage-layers")
+      c.last_stage_layers = n;
+    else if (flag == "--collective-latency")
+      c.costs.collective_latency = x;
+    else if (flag == "--p2p-latency")
+      c.costs.p2p_latency = x;
     else {
       std::cerr << "argument `" << flag << "`: expected one of the flags below, actual unknown\n";
       return false;
@@ -107,8 +120,9 @@ int main(int argc, char** argv) {
   auto const& c = o.config;
   std::cout << "p=" << c.p << " m=" << c.m << " v=" << c.v << " layers=" << c.shape.layers
             << " hidden=" << c.shape.hidden << " ffn=" << c.shape.ffn << " seq=" << c.shape.seq
-            << " vocab=" << c.shape.vocab << " (output layer = "
-            << weft::pipeline::output_layer_equivalents(c.shape) << " layer-equivalents)\n\n";
+            << " vocab=" << c.shape.vocab
+            << " (output layer = " << weft::pipeline::output_layer_equivalents(c.shape)
+            << " layer-equivalents)\n\n";
   std::vector<weft::pipeline::plan::row> rows;
   try {
     rows = weft::pipeline::plan::compare(c);
@@ -127,7 +141,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::cout << "wrote " << path << "\n";
-    if (o.text) std::cout << weft::pipeline::render_text(*r.sched, *r.sim, {r.name, 0, 150}) << "\n";
+    if (o.text)
+      std::cout << weft::pipeline::render_text(*r.sched, *r.sim, {r.name, 0, 150}) << "\n";
   }
   return 0;
 }

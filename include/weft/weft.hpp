@@ -1,6 +1,7 @@
 // weft/weft.hpp — the umbrella header: every host-safe weft header (no .cuh, no optional backend
 // that needs a component's definitions, and nothing under pipeline/plan/, which uses range-v3).
-// Include single areas (weft/core/tensor.hpp, weft/mesh/mesh.hpp, ...) to pay only for what you use.
+// Include single areas (weft/core/tensor.hpp, weft/mesh/mesh.hpp, ...) to pay only for what you
+// use.
 #pragma once
 
 #include <weft/core/config.hpp>

@@ -1,7 +1,7 @@
-// Ranks that disagree on the sequence layout or the call of ring / Ulysses / USP attention (issue 9,
-// item 7): before the entry check, equal-sized blocks moved and every rank returned silently wrong
-// rows. Now every rank throws the same invalid_argument_error before any output is written, and
-// the communicator stays usable; the check is one all_gather of 14 int64 per call and group.
+// Ranks that disagree on the sequence layout or the call of ring / Ulysses / USP attention (issue
+// 9, item 7): before the entry check, equal-sized blocks moved and every rank returned silently
+// wrong rows. Now every rank throws the same invalid_argument_error before any output is written,
+// and the communicator stays usable; the check is one all_gather of 14 int64 per call and group.
 #include <weft/attention/ring.hpp>
 #include <weft/attention/ulysses.hpp>
 #include <weft/attention/usp.hpp>
@@ -46,9 +46,15 @@ struct shard {
   owned<float, 4> q, k, v, g, o, dq, dk, dv;
   owned<float, 3> l;
   shard(global_problem<float> const& gp, wa::seq_layout const& lay, int rank)
-      : q(gp.local(lay, rank, gp.q)), k(gp.local(lay, rank, gp.k)), v(gp.local(lay, rank, gp.v)),
-        g(gp.local(lay, rank, gp.g)), o(gp.local(lay, rank, gp.o)), dq(gp.local(lay, rank, gp.q)),
-        dk(gp.local(lay, rank, gp.k)), dv(gp.local(lay, rank, gp.k)), l(gp.local(lay, rank, gp.l, 2)) {}
+      : q(gp.local(lay, rank, gp.q)),
+        k(gp.local(lay, rank, gp.k)),
+        v(gp.local(lay, rank, gp.v)),
+        g(gp.local(lay, rank, gp.g)),
+        o(gp.local(lay, rank, gp.o)),
+        dq(gp.local(lay, rank, gp.q)),
+        dk(gp.local(lay, rank, gp.k)),
+        dv(gp.local(lay, rank, gp.k)),
+        l(gp.local(lay, rank, gp.l, 2)) {}
   void reset_outputs() {
     fill_sentinel(o);
     fill_sentinel(l);
@@ -78,12 +84,12 @@ TEST_SUITE("threads") {
       auto const& lay = r == 2 ? con : zig;  // rank 2 alone thinks the shards are contiguous
       shard x(gp, lay, r);
       x.reset_outputs();
-      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(),
-                                            x.l.view(), causal_opt()),
+      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(),
+                                            x.o.view(), x.l.view(), causal_opt()),
                            doctest::Contains("layout kind"), weft::invalid_argument_error);
       try {
-        wa::ring_backward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(), x.g.view(),
-                          x.dq.view(), x.dk.view(), x.dv.view(), causal_opt());
+        wa::ring_backward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(),
+                          x.g.view(), x.dq.view(), x.dk.view(), x.dv.view(), causal_opt());
       } catch (weft::invalid_argument_error const& e) {
         std::string const what = e.what();
         CHECK(what.find("argument `layout`") != std::string::npos);
@@ -114,14 +120,15 @@ TEST_SUITE("threads") {
       x.reset_outputs();
       wa::attention_options opt;
       opt.causal = r == 1 ? wa::causal_mode::top_left : wa::causal_mode::none;
-      CHECK_THROWS_WITH_AS(
-          wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(), opt),
-          doctest::Contains("argument `opt.causal`"), weft::invalid_argument_error);
+      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(),
+                                            x.o.view(), x.l.view(), opt),
+                           doctest::Contains("argument `opt.causal`"),
+                           weft::invalid_argument_error);
       opt = {};
       opt.scale = r == 2 ? 0.5 : 0.0;  // 0 means 1/sqrt(8): rank 2 alone uses another scale
-      CHECK_THROWS_WITH_AS(
-          wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(), opt),
-          doctest::Contains("argument `opt.scale`"), weft::invalid_argument_error);
+      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(),
+                                            x.o.view(), x.l.view(), opt),
+                           doctest::Contains("argument `opt.scale`"), weft::invalid_argument_error);
       // An explicit 1/sqrt(d) on one rank agrees with the default on the others.
       opt.scale = r == 2 ? 1.0 / std::sqrt(8.0) : 0.0;
       CHECK(x.outputs_untouched());
@@ -141,13 +148,13 @@ TEST_SUITE("threads") {
       x.reset_outputs();
       wa::attention_options opt;
       opt.causal = r == 3 ? wa::causal_mode::top_left : wa::causal_mode::none;
+      CHECK_THROWS_WITH_AS(wa::ulysses_forward(comm, x.q.view(), x.k.view(), x.v.view(), x.o.view(),
+                                               x.l.view(), opt),
+                           doctest::Contains("true on rank 3"), weft::invalid_argument_error);
       CHECK_THROWS_WITH_AS(
-          wa::ulysses_forward(comm, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(), opt),
-          doctest::Contains("true on rank 3"), weft::invalid_argument_error);
-      CHECK_THROWS_WITH_AS(wa::ulysses_backward(comm, x.q.view(), x.k.view(), x.v.view(), x.o.view(),
-                                                x.l.view(), x.g.view(), x.dq.view(), x.dk.view(),
-                                                x.dv.view(), opt),
-                           doctest::Contains("argument `opt.causal`"), weft::invalid_argument_error);
+          wa::ulysses_backward(comm, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(),
+                               x.g.view(), x.dq.view(), x.dk.view(), x.dv.view(), opt),
+          doctest::Contains("argument `opt.causal`"), weft::invalid_argument_error);
       CHECK(x.outputs_untouched());
     });
   }
@@ -190,7 +197,9 @@ TEST_SUITE("threads") {
     CHECK(rejected == u * r);
   }
 
-  TEST_CASE("ring and Ulysses on the threads backend: every rank rejects, the communicator stays healthy") {
+  TEST_CASE(
+      "ring and Ulysses on the threads backend: every rank rejects, the communicator stays "
+      "healthy") {
     int const n = 4;
     std::int64_t const s = 2 * n * 2;
     global_problem<float> gp(1, s, 4, 2, 8, causal_opt(), 75);
@@ -202,14 +211,15 @@ TEST_SUITE("threads") {
       auto const& lay = r == 1 ? str : zig;
       shard x(gp, lay, r);
       x.reset_outputs();
-      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(),
-                                            x.l.view(), causal_opt()),
+      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(),
+                                            x.o.view(), x.l.view(), causal_opt()),
                            doctest::Contains("stripe on rank 1"), weft::invalid_argument_error);
       CHECK(x.outputs_untouched());
       CHECK(comm.state() == weft::comm::comm_state::healthy);
       // The same ranks then agree, and get single-device attention.
       shard y(gp, zig, r);
-      wa::ring_forward(comm, zig, y.q.view(), y.k.view(), y.v.view(), y.o.view(), y.l.view(), causal_opt());
+      wa::ring_forward(comm, zig, y.q.view(), y.k.view(), y.v.view(), y.o.view(), y.l.view(),
+                       causal_opt());
       auto const want = gp.local(zig, r, gp.o);
       CHECK(compare(y.o, want).rel() < 1e-5);
       ++rejected;
@@ -217,7 +227,8 @@ TEST_SUITE("threads") {
     CHECK(rejected == n);
   }
 
-  TEST_CASE("agreement check cost: one all_gather of 14 int64 per call and group, before any block") {
+  TEST_CASE(
+      "agreement check cost: one all_gather of 14 int64 per call and group, before any block") {
     int const n = 3;
     std::int64_t const s = 2 * n * 2;
     global_problem<float> gp(1, s, 4, 2, 8, causal_opt(), 76);
@@ -226,7 +237,8 @@ TEST_SUITE("threads") {
       weft::test::counting_communicator<wt::communicator> comm(std::move(inner));
       int const r = comm.rank();
       shard x(gp, lay, r);
-      wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(), causal_opt());
+      wa::ring_forward(comm, lay, x.q.view(), x.k.view(), x.v.view(), x.o.view(), x.l.view(),
+                       causal_opt());
       REQUIRE(!comm.events().empty());
       CHECK(comm.events().front().op == weft::comm::op_kind::all_gather);
       CHECK(comm.events().front().send_bytes == 14 * sizeof(std::int64_t));

@@ -80,7 +80,8 @@ TEST_CASE("attention args: flash_forward and flash_backward take owning tensors 
   CHECK(same_bits(lp, lp2));
 }
 
-TEST_CASE("attention args: an output that shares memory with an input is rejected, nothing written") {
+TEST_CASE(
+    "attention args: an output that shares memory with an input is rejected, nothing written") {
   std::int64_t const s = 8, h = 2, d = 4;
   auto q = random_owning<float>(1, 1, s, h, d);
   auto k = random_owning<float>(2, 1, s, h, d);
@@ -98,7 +99,8 @@ TEST_CASE("attention args: an output that shares memory with an input is rejecte
                        doctest::Contains("overlaps `v`"), weft::invalid_argument_error);
   // lse inside k's storage.
   weft::tensor_view<float, 3> const lk(k.data() + 3, 1, h, s);
-  CHECK_THROWS_WITH_AS(wa::flash_forward(q.view(), k.view(), v.view(), weft::make_tensor<float>(1, s, h, d).view(), lk),
+  CHECK_THROWS_WITH_AS(wa::flash_forward(q.view(), k.view(), v.view(),
+                                         weft::make_tensor<float>(1, s, h, d).view(), lk),
                        doctest::Contains("argument `lse`"), weft::invalid_argument_error);
   // Backward: dq aliasing dout, dk aliasing dv.
   auto o = weft::make_tensor<float>(1, s, h, d);
@@ -125,7 +127,8 @@ TEST_CASE("attention args: disjoint views interleaved in one packed buffer are a
     using mapping = cuda::std::layout_stride::mapping<weft::dextents<4>>;
     return weft::strided_view<float, 4>(
         packed.data() + i * h * d,
-        mapping(weft::dextents<4>(1, s, h, d), cuda::std::array<weft::index_t, 4>{s * 4 * h * d, 4 * h * d, d, 1}));
+        mapping(weft::dextents<4>(1, s, h, d),
+                cuda::std::array<weft::index_t, 4>{s * 4 * h * d, 4 * h * d, d, 1}));
   };
   auto q = weft::make_tensor<float>(1, s, h, d), k = weft::make_tensor<float>(1, s, h, d),
        v = weft::make_tensor<float>(1, s, h, d);

@@ -31,7 +31,8 @@ struct owned {
     return std::apply([&](auto... x) { return weft::tensor_view<T, R>(buf.data(), x...); }, ext);
   }
   [[nodiscard]] weft::tensor_view<T const, R> view() const {
-    return std::apply([&](auto... x) { return weft::tensor_view<T const, R>(buf.data(), x...); }, ext);
+    return std::apply([&](auto... x) { return weft::tensor_view<T const, R>(buf.data(), x...); },
+                      ext);
   }
   [[nodiscard]] T* data() { return buf.data(); }
   [[nodiscard]] T const* data() const { return buf.data(); }
@@ -76,9 +77,9 @@ owned<To, R> converted(owned<From, R> const& src) {
 }
 
 struct error_stats {
-  double max_abs = 0;   // max |a - b| over finite pairs
-  double max_ref = 0;   // max |b|
-  double rms = 0;       // sqrt(mean (a - b)^2)
+  double max_abs = 0;               // max |a - b| over finite pairs
+  double max_ref = 0;               // max |b|
+  double rms = 0;                   // sqrt(mean (a - b)^2)
   bool mismatch_nonfinite = false;  // an infinity or NaN not matched bit-for-bit in kind
   // Relative to the largest reference value, floored at 1e-3 so that an all-zero reference (a
   // one-key row has dq = 0 exactly) measures absolute rounding noise instead of dividing by 0.

@@ -22,13 +22,22 @@ struct global_problem {
   owned<T, 4> q, k, v, g, o, dq, dk, dv;
   owned<weft::attention::lse_t<T>, 3> l;
 
-  global_problem(std::int64_t b_, std::int64_t s_, std::int64_t hq_, std::int64_t hk_, std::int64_t d_,
-                 weft::attention::attention_options const& opt, std::uint64_t seed)
-      : b(b_), s(s_), hq(hq_), hk(hk_), d(d_),
-        q(random_tensor<T>(seed, 1.0, b, s, hq, d)), k(random_tensor<T>(seed + 1, 1.0, b, s, hk, d)),
-        v(random_tensor<T>(seed + 2, 1.0, b, s, hk, d)), g(random_tensor<T>(seed + 3, 1.0, b, s, hq, d)),
-        o(make_owned<T>(b, s, hq, d)), dq(make_owned<T>(b, s, hq, d)), dk(make_owned<T>(b, s, hk, d)),
-        dv(make_owned<T>(b, s, hk, d)), l(make_owned<weft::attention::lse_t<T>>(b, hq, s)) {
+  global_problem(std::int64_t b_, std::int64_t s_, std::int64_t hq_, std::int64_t hk_,
+                 std::int64_t d_, weft::attention::attention_options const& opt, std::uint64_t seed)
+      : b(b_),
+        s(s_),
+        hq(hq_),
+        hk(hk_),
+        d(d_),
+        q(random_tensor<T>(seed, 1.0, b, s, hq, d)),
+        k(random_tensor<T>(seed + 1, 1.0, b, s, hk, d)),
+        v(random_tensor<T>(seed + 2, 1.0, b, s, hk, d)),
+        g(random_tensor<T>(seed + 3, 1.0, b, s, hq, d)),
+        o(make_owned<T>(b, s, hq, d)),
+        dq(make_owned<T>(b, s, hq, d)),
+        dk(make_owned<T>(b, s, hk, d)),
+        dv(make_owned<T>(b, s, hk, d)),
+        l(make_owned<weft::attention::lse_t<T>>(b, hq, s)) {
     namespace wa = weft::attention;
     wa::flash_forward(q.view(), k.view(), v.view(), o.view(), l.view(), opt);
     wa::flash_backward(q.view(), k.view(), v.view(), o.view(), l.view(), g.view(), dq.view(),
@@ -73,8 +82,8 @@ struct dist_errors {
     dq = std::max(dq, eq.rel());
     dk = std::max(dk, ek.rel());
     dv = std::max(dv, ev.rel());
-    nonfinite = nonfinite || eo.mismatch_nonfinite || el.mismatch_nonfinite || eq.mismatch_nonfinite ||
-                ek.mismatch_nonfinite || ev.mismatch_nonfinite;
+    nonfinite = nonfinite || eo.mismatch_nonfinite || el.mismatch_nonfinite ||
+                eq.mismatch_nonfinite || ek.mismatch_nonfinite || ev.mismatch_nonfinite;
   }
   void check(double tol) const {
     CHECK(out <= tol);

@@ -52,8 +52,9 @@ fwd_result check_forward(shape s, wa::attention_options opt, std::uint64_t seed,
   wa::reference_forward(q.view(), k.view(), v.view(), o_ref.view(), l_ref.view(), opt);
   auto const eo = compare(o, o_ref);
   auto const el = compare(l, l_ref);
-  return {eo.rel(), el.max_abs, eo.rms, eo.mismatch_nonfinite || el.mismatch_nonfinite ||
-                                            !all_finite_or_neg_inf(o) || !all_finite_or_neg_inf(l)};
+  return {eo.rel(), el.max_abs, eo.rms,
+          eo.mismatch_nonfinite || el.mismatch_nonfinite || !all_finite_or_neg_inf(o) ||
+              !all_finite_or_neg_inf(l)};
 }
 
 struct bwd_result {
@@ -61,7 +62,8 @@ struct bwd_result {
 };
 
 template <class T>
-bwd_result check_backward(shape s, wa::attention_options opt, std::uint64_t seed, double amp = 1.0) {
+bwd_result check_backward(shape s, wa::attention_options opt, std::uint64_t seed,
+                          double amp = 1.0) {
   auto q = random_tensor<T>(seed, amp, s.b, s.sq, s.hq, s.d);
   auto k = random_tensor<T>(seed + 1, amp, s.b, s.sk, s.hk, s.d);
   auto v = random_tensor<T>(seed + 2, 1.0, s.b, s.sk, s.hk, s.d);
@@ -77,7 +79,8 @@ bwd_result check_backward(shape s, wa::attention_options opt, std::uint64_t seed
   auto rq = make_owned<double>(s.b, s.sq, s.hq, s.d);
   auto rk = make_owned<double>(s.b, s.sk, s.hk, s.d);
   auto rv = make_owned<double>(s.b, s.sk, s.hk, s.d);
-  wa::reference_backward(q.view(), k.view(), v.view(), g.view(), rq.view(), rk.view(), rv.view(), opt);
+  wa::reference_backward(q.view(), k.view(), v.view(), g.view(), rq.view(), rk.view(), rv.view(),
+                         opt);
   auto const a = compare(dq, rq), b = compare(dk, rk), c = compare(dv, rv);
   CHECK_FALSE(a.mismatch_nonfinite);
   CHECK_FALSE(b.mismatch_nonfinite);
@@ -88,8 +91,8 @@ bwd_result check_backward(shape s, wa::attention_options opt, std::uint64_t seed
 }  // namespace
 
 TEST_CASE("flash forward f64 equals the fp64 reference over the grid") {
-  std::vector<std::pair<std::int64_t, std::int64_t>> const lens{{1, 1}, {2, 2}, {7, 7}, {7, 13},
-                                                                {13, 7}, {130, 200}, {200, 130}};
+  std::vector<std::pair<std::int64_t, std::int64_t>> const lens{
+      {1, 1}, {2, 2}, {7, 7}, {7, 13}, {13, 7}, {130, 200}, {200, 130}};
   std::vector<std::pair<std::int64_t, std::int64_t>> const heads{{4, 4}, {4, 2}, {4, 1}};
   std::uint64_t seed = 10;
   for (auto c : {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
@@ -135,19 +138,23 @@ TEST_CASE("flash forward f32 and bf16 inputs accumulate in f32") {
 }
 
 TEST_CASE("flash forward at the reference lengths 3816 (f32, causal)") {
-  auto const r = check_forward<float>({1, 3816, 3816, 1, 1, 64}, {0.0, wa::causal_mode::top_left, 1}, 21);
+  auto const r =
+      check_forward<float>({1, 3816, 3816, 1, 1, 64}, {0.0, wa::causal_mode::top_left, 1}, 21);
   CHECK(r.o_err < 1e-5);
   CHECK(r.l_err < 2e-5);
 }
 
 TEST_SUITE("slow") {
   TEST_CASE("flash forward and backward at 3824 (f32) and 3816 (f64), both alignments") {
-    auto const r = check_forward<float>({1, 3824, 3824, 2, 1, 64}, {0.0, wa::causal_mode::none, 1}, 22);
+    auto const r =
+        check_forward<float>({1, 3824, 3824, 2, 1, 64}, {0.0, wa::causal_mode::none, 1}, 22);
     CHECK(r.o_err < 1e-5);
     CHECK(r.l_err < 2e-5);
-    auto const r2 = check_forward<double>({1, 3816, 3824, 1, 1, 128}, {0.0, wa::causal_mode::bottom_right, 1}, 23);
+    auto const r2 = check_forward<double>({1, 3816, 3824, 1, 1, 128},
+                                          {0.0, wa::causal_mode::bottom_right, 1}, 23);
     CHECK(r2.o_err < 1e-12);
-    auto const b = check_backward<double>({1, 3816, 3824, 2, 1, 64}, {0.0, wa::causal_mode::top_left, 1}, 24);
+    auto const b =
+        check_backward<double>({1, 3816, 3824, 2, 1, 64}, {0.0, wa::causal_mode::top_left, 1}, 24);
     CHECK(b.dq < 1e-11);
     CHECK(b.dk < 1e-11);
     CHECK(b.dv < 1e-11);
@@ -155,7 +162,8 @@ TEST_SUITE("slow") {
 }
 
 TEST_CASE("flash backward f64 equals the fp64 reference (which does not use D = rowsum(dO*O))") {
-  std::vector<std::pair<std::int64_t, std::int64_t>> const lens{{1, 1}, {7, 7}, {7, 13}, {13, 7}, {150, 270}, {270, 150}};
+  std::vector<std::pair<std::int64_t, std::int64_t>> const lens{{1, 1},  {7, 7},     {7, 13},
+                                                                {13, 7}, {150, 270}, {270, 150}};
   std::vector<std::pair<std::int64_t, std::int64_t>> const heads{{4, 4}, {4, 2}, {4, 1}};
   std::uint64_t seed = 100;
   for (auto c : {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
@@ -181,11 +189,13 @@ TEST_CASE("flash backward f64 equals the fp64 reference (which does not use D = 
 }
 
 TEST_CASE("flash backward f32 and bf16 gradients keep their input's type and accuracy") {
-  auto const f = check_backward<float>({2, 140, 200, 4, 2, 64}, {0.0, wa::causal_mode::bottom_right, 1}, 5);
+  auto const f =
+      check_backward<float>({2, 140, 200, 4, 2, 64}, {0.0, wa::causal_mode::bottom_right, 1}, 5);
   CHECK(f.dq < 1e-5);
   CHECK(f.dk < 1e-5);
   CHECK(f.dv < 1e-5);
-  auto const b = check_backward<weft::bf16>({1, 140, 200, 4, 1, 72}, {0.0, wa::causal_mode::none, 1}, 6);
+  auto const b =
+      check_backward<weft::bf16>({1, 140, 200, 4, 1, 72}, {0.0, wa::causal_mode::none, 1}, 6);
   CHECK(b.dq < 1.5e-2);  // output O rounded to bf16 feeds D, then each gradient rounds once
   CHECK(b.dk < 1.5e-2);
   CHECK(b.dv < 1.5e-2);
@@ -274,17 +284,21 @@ TEST_CASE("fully masked rows give O = 0 and L = -inf, and no NaN forward or back
         CHECK(std::isfinite(double(dv.data()[i])));
       }
     };
-    if (dtype == 0) run(double{});
-    else run(float{});
+    if (dtype == 0)
+      run(double{});
+    else
+      run(float{});
   }
 }
 
 TEST_CASE("q and k scaled x30: no overflow in exp or lse (f32)") {
   // Scores reach about 30*30*64/8 = 7200: far beyond exp's f32 range without the running max.
-  auto const r = check_forward<float>({1, 100, 120, 2, 1, 64}, {0.0, wa::causal_mode::none, 1}, 31, 30.0);
+  auto const r =
+      check_forward<float>({1, 100, 120, 2, 1, 64}, {0.0, wa::causal_mode::none, 1}, 31, 30.0);
   CHECK_FALSE(r.nonfinite);
   CHECK(r.o_err < 1e-4);  // near-one-hot rows: an f32 score error of ~1e-3 moves the weights
-  auto const b = check_backward<float>({1, 60, 70, 2, 1, 64}, {0.0, wa::causal_mode::top_left, 1}, 32, 30.0);
+  auto const b =
+      check_backward<float>({1, 60, 70, 2, 1, 64}, {0.0, wa::causal_mode::top_left, 1}, 32, 30.0);
   CHECK(b.dv < 1e-3);
 }
 
@@ -322,8 +336,13 @@ TEST_CASE("packed cu_seqlens equal per-document attention") {
       auto rk = make_owned<double>(1, len, hk, d);
       auto rv = make_owned<double>(1, len, hk, d);
       wa::reference_forward(qs.view(), ks.view(), vs.view(), os.view(), ls.view(), opt);
-      wa::reference_backward(qs.view(), ks.view(), vs.view(), gs.view(), rq.view(), rk.view(), rv.view(), opt);
-      auto ov = o.view(); auto lv = l.view(); auto dqv = dq.view(); auto dkv = dk.view(); auto dvv = dv.view();
+      wa::reference_backward(qs.view(), ks.view(), vs.view(), gs.view(), rq.view(), rk.view(),
+                             rv.view(), opt);
+      auto ov = o.view();
+      auto lv = l.view();
+      auto dqv = dq.view();
+      auto dkv = dk.view();
+      auto dvv = dv.view();
       for (std::int64_t i = 0; i < len; ++i)
         for (std::int64_t h = 0; h < hq; ++h) {
           worst = std::max(worst, std::abs(lv(0, h, a + i) - ls.view()(0, h, i)));
@@ -357,8 +376,9 @@ TEST_CASE("bad arguments throw naming the argument") {
   CHECK_THROWS_WITH_AS(wa::flash_forward(q.view(), k2.view(), k2.view(), o.view(), l2.view()),
                        doctest::Contains("argument `lse`"), weft::shape_error);
   std::vector<std::int64_t> const bad{0, 3, 7};
-  CHECK_THROWS_WITH_AS(wa::flash_forward_varlen(q.view(), k2.view(), k2.view(), o.view(), l.view(), bad, bad),
-                       doctest::Contains("cu_seqlens_q"), weft::invalid_argument_error);
+  CHECK_THROWS_WITH_AS(
+      wa::flash_forward_varlen(q.view(), k2.view(), k2.view(), o.view(), l.view(), bad, bad),
+      doctest::Contains("cu_seqlens_q"), weft::invalid_argument_error);
 }
 
 TEST_CASE("results are bitwise identical run after run and for 1 or 2 threads") {
@@ -375,10 +395,11 @@ TEST_CASE("results are bitwise identical run after run and for 1 or 2 threads") 
     auto dk = make_owned<float>(s.b, s.sk, s.hk, s.d);
     auto dv = make_owned<float>(s.b, s.sk, s.hk, s.d);
     wa::flash_forward(q.view(), k.view(), v.view(), o.view(), l.view(), opt);
-    wa::flash_backward(q.view(), k.view(), v.view(), o.view(), l.view(), g.view(), dq.view(), dk.view(),
-                       dv.view(), opt);
+    wa::flash_backward(q.view(), k.view(), v.view(), o.view(), l.view(), g.view(), dq.view(),
+                       dk.view(), dv.view(), opt);
     std::vector<float> all(o.buf);
-    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf}) all.insert(all.end(), t->begin(), t->end());
+    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf})
+      all.insert(all.end(), t->begin(), t->end());
     return all;
   };
   auto const a = run(1);
@@ -402,7 +423,8 @@ static_assert(wa::HostExecutor<user_loop>);
 static_assert(wa::HostExecutor<weft::exec::host>);
 }  // namespace
 
-TEST_CASE("the executor overloads equal the num_threads overloads bit for bit, on any host executor") {
+TEST_CASE(
+    "the executor overloads equal the num_threads overloads bit for bit, on any host executor") {
   shape const s{1, 200, 170, 4, 2, 64};
   auto q = random_tensor<float>(5, 1.0, s.b, s.sq, s.hq, s.d);
   auto k = random_tensor<float>(6, 1.0, s.b, s.sk, s.hk, s.d);
@@ -419,7 +441,8 @@ TEST_CASE("the executor overloads equal the num_threads overloads bit for bit, o
     wa::flash_backward(ex..., q.view(), k.view(), v.view(), o.view(), l.view(), g.view(), dq.view(),
                        dk.view(), dv.view(), opt);
     std::vector<float> all(o.buf);
-    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf}) all.insert(all.end(), t->begin(), t->end());
+    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf})
+      all.insert(all.end(), t->begin(), t->end());
     return all;
   };
   auto const a = run();
@@ -439,7 +462,8 @@ TEST_CASE("the executor overloads equal the num_threads overloads bit for bit, o
     wa::flash_backward_varlen(ex..., q.view(), k.view(), v.view(), o.view(), l.view(), g.view(),
                               dq.view(), dk.view(), dv.view(), cq, ck, opt);
     std::vector<float> all(o.buf);
-    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf}) all.insert(all.end(), t->begin(), t->end());
+    for (auto const* t : {&l.buf, &dq.buf, &dk.buf, &dv.buf})
+      all.insert(all.end(), t->begin(), t->end());
     return all;
   };
   auto const p = varlen();

@@ -17,8 +17,10 @@ struct qkvol {
   weft::tensor<float, 4> q, k, v, o;
   weft::tensor<float, 3> l;
   explicit qkvol(std::int64_t d = 8)
-      : q(weft::make_tensor<float>(1, 4, 2, d)), k(weft::make_tensor<float>(1, 4, 2, d)),
-        v(weft::make_tensor<float>(1, 4, 2, d)), o(weft::make_tensor<float>(1, 4, 2, d)),
+      : q(weft::make_tensor<float>(1, 4, 2, d)),
+        k(weft::make_tensor<float>(1, 4, 2, d)),
+        v(weft::make_tensor<float>(1, 4, 2, d)),
+        o(weft::make_tensor<float>(1, 4, 2, d)),
         l(weft::make_tensor<float>(1, 2, 4)) {
     for (std::size_t i = 0; i < q.size(); ++i) {
       q.data()[i] = 0.25f * float(int(i % 7) - 3);

@@ -38,7 +38,8 @@ struct event {
   int peer;
   std::size_t bytes;
   std::chrono::steady_clock::time_point at;
-  std::chrono::nanoseconds cpu;  // the logging thread's CPU time: immune to preemption on a busy host
+  std::chrono::nanoseconds
+      cpu;  // the logging thread's CPU time: immune to preemption on a busy host
 };
 
 inline std::chrono::nanoseconds thread_cpu_time() noexcept {
@@ -55,7 +56,7 @@ struct mailbox_world {
   std::mutex mu;
   std::condition_variable cv;
   std::vector<std::deque<std::vector<std::byte>>> boxes;  // index src * n + dst
-  std::vector<std::vector<event>> logs;                    // per rank, written by that rank only
+  std::vector<std::vector<event>> logs;                   // per rank, written by that rank only
   bool aborted = false;
 };
 
@@ -81,14 +82,16 @@ class mailbox_comm {
     return wc::work(std::make_shared<recv_state>(this, out, peer));
   }
 
-  // ---- Collective: each posts to all, takes from all, computes locally ---------------------------
+  // ---- Collective: each posts to all, takes from all, computes locally
+  // ---------------------------
   wc::work all_to_all(wc::buffer_view in, wc::buffer_view out, wc::op_options = {}) {
     std::size_t const n = std::size_t(w_->size);
     WEFT_EXPECTS(in.bytes() == out.bytes() && in.count % n == 0, "out", in.bytes(), out.bytes());
     std::vector<std::size_t> counts(n, in.count / n);
     return all_to_all_v(in, out, counts, counts);
   }
-  wc::work all_to_all_v(wc::buffer_view in, wc::buffer_view out, std::span<std::size_t const> send_counts,
+  wc::work all_to_all_v(wc::buffer_view in, wc::buffer_view out,
+                        std::span<std::size_t const> send_counts,
                         std::span<std::size_t const> recv_counts, wc::op_options = {}) {
     log(event_kind::collective, -1, in.bytes());
     std::size_t const e = weft::size_of(in.type);
@@ -105,12 +108,13 @@ class mailbox_comm {
     return {};
   }
   wc::work all_gather(wc::buffer_view in, wc::buffer_view out, wc::op_options = {}) {
-    WEFT_EXPECTS(out.bytes() == in.bytes() * std::size_t(w_->size), "out", in.bytes() * std::size_t(w_->size),
-                 out.bytes());
+    WEFT_EXPECTS(out.bytes() == in.bytes() * std::size_t(w_->size), "out",
+                 in.bytes() * std::size_t(w_->size), out.bytes());
     std::vector<std::size_t> counts(std::size_t(w_->size), in.count);
     return all_gather_v(in, out, counts);
   }
-  wc::work all_gather_v(wc::buffer_view in, wc::buffer_view out, std::span<std::size_t const>, wc::op_options = {}) {
+  wc::work all_gather_v(wc::buffer_view in, wc::buffer_view out, std::span<std::size_t const>,
+                        wc::op_options = {}) {
     concat(everyone(in), out);
     return {};
   }
@@ -129,21 +133,25 @@ class mailbox_comm {
     copy_out(all[std::size_t(root)].data(), out, std::size_t(rank_) * out.count, out.count);
     return {};
   }
-  wc::work all_reduce(wc::buffer_view in, wc::buffer_view out, wc::reduce_op op, wc::op_options = {}) {
+  wc::work all_reduce(wc::buffer_view in, wc::buffer_view out, wc::reduce_op op,
+                      wc::op_options = {}) {
     reduce_into(everyone(in), op, out, 0);
     return {};
   }
-  wc::work reduce(wc::buffer_view in, wc::buffer_view out, wc::reduce_op op, int root, wc::op_options = {}) {
+  wc::work reduce(wc::buffer_view in, wc::buffer_view out, wc::reduce_op op, int root,
+                  wc::op_options = {}) {
     auto all = everyone(in);
     if (rank_ == root) reduce_into(std::move(all), op, out, 0);
     return {};
   }
-  wc::work reduce_scatter(wc::buffer_view in, wc::buffer_view out, wc::reduce_op op, wc::op_options = {}) {
+  wc::work reduce_scatter(wc::buffer_view in, wc::buffer_view out, wc::reduce_op op,
+                          wc::op_options = {}) {
     reduce_into(everyone(in), op, out, std::size_t(rank_) * out.count);
     return {};
   }
-  wc::work reduce_scatter_v(wc::buffer_view in, wc::buffer_view out, std::span<std::size_t const> counts,
-                            wc::reduce_op op, wc::op_options = {}) {
+  wc::work reduce_scatter_v(wc::buffer_view in, wc::buffer_view out,
+                            std::span<std::size_t const> counts, wc::reduce_op op,
+                            wc::op_options = {}) {
     std::size_t offset = 0;
     for (int p = 0; p < rank_; ++p) offset += counts[std::size_t(p)];
     reduce_into(everyone(in), op, out, offset);
@@ -189,22 +197,25 @@ class mailbox_comm {
     }
   }
   // out = elements [first, first + count) of a contribution.
-  static void copy_out(std::byte const* from, wc::buffer_view out, std::size_t first, std::size_t count) {
+  static void copy_out(std::byte const* from, wc::buffer_view out, std::size_t first,
+                       std::size_t count) {
     std::size_t const e = weft::size_of(out.type);
     if (count) std::memcpy(out.data, from + first * e, count * e);
   }
   // out = elements [first, first + out.count) of the reduction over ranks (comm::reduce_reference).
-  static void reduce_into(std::vector<std::vector<std::byte>> all, wc::reduce_op op, wc::buffer_view out,
-                          std::size_t first) {
+  static void reduce_into(std::vector<std::vector<std::byte>> all, wc::reduce_op op,
+                          wc::buffer_view out, std::size_t first) {
     weft::dispatch(out.type, [&](auto type) {
       using T = typename decltype(type)::type;
       std::vector<T const*> inputs;
       for (auto const& m : all) inputs.push_back(reinterpret_cast<T const*>(m.data()) + first);
-      wc::reduce_reference<T>(std::span<T const* const>(inputs), op, std::span<T>(static_cast<T*>(out.data), out.count));
+      wc::reduce_reference<T>(std::span<T const* const>(inputs), op,
+                              std::span<T>(static_cast<T*>(out.data), out.count));
     });
   }
 
-  // Unlogged transport: a message into the (rank, peer) mailbox, and the next one out of (peer, rank).
+  // Unlogged transport: a message into the (rank, peer) mailbox, and the next one out of (peer,
+  // rank).
   void post(void const* data, std::size_t bytes, int peer) {
     std::vector<std::byte> msg(bytes);
     if (bytes) std::memcpy(msg.data(), data, bytes);

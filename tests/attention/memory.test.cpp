@@ -21,8 +21,7 @@ void note_alloc(void* p) {
   if (!p) return;
   long long const now = heap_now += static_cast<long long>(malloc_usable_size(p));
   long long peak = heap_peak.load();
-  while (now > peak && !heap_peak.compare_exchange_weak(peak, now)) {
-  }
+  while (now > peak && !heap_peak.compare_exchange_weak(peak, now)) {}
 }
 void note_free(void* p) {
   if (p) heap_now -= static_cast<long long>(malloc_usable_size(p));
@@ -49,18 +48,34 @@ void release(void* p) noexcept {
 void* operator new(std::size_t n) { return counted(n); }
 void* operator new[](std::size_t n) { return counted(n); }
 void* operator new(std::size_t n, std::nothrow_t const&) noexcept {
-  try { return counted(n); } catch (...) { return nullptr; }
+  try {
+    return counted(n);
+  } catch (...) {
+    return nullptr;
+  }
 }
 void* operator new[](std::size_t n, std::nothrow_t const&) noexcept {
-  try { return counted(n); } catch (...) { return nullptr; }
+  try {
+    return counted(n);
+  } catch (...) {
+    return nullptr;
+  }
 }
 void* operator new(std::size_t n, std::align_val_t a) { return counted_aligned(n, a); }
 void* operator new[](std::size_t n, std::align_val_t a) { return counted_aligned(n, a); }
 void* operator new(std::size_t n, std::align_val_t a, std::nothrow_t const&) noexcept {
-  try { return counted_aligned(n, a); } catch (...) { return nullptr; }
+  try {
+    return counted_aligned(n, a);
+  } catch (...) {
+    return nullptr;
+  }
 }
 void* operator new[](std::size_t n, std::align_val_t a, std::nothrow_t const&) noexcept {
-  try { return counted_aligned(n, a); } catch (...) { return nullptr; }
+  try {
+    return counted_aligned(n, a);
+  } catch (...) {
+    return nullptr;
+  }
 }
 void operator delete(void* p) noexcept { release(p); }
 void operator delete[](void* p) noexcept { release(p); }
@@ -92,8 +107,8 @@ long long peak_growth(std::int64_t s, wa::causal_mode causal) {
   long long const base = heap_now.load();
   heap_peak.store(base);
   wa::flash_forward(q.view(), k.view(), v.view(), o.view(), l.view(), opt);
-  wa::flash_backward(q.view(), k.view(), v.view(), o.view(), l.view(), g.view(), dq.view(), dk.view(),
-                     dv.view(), opt);
+  wa::flash_backward(q.view(), k.view(), v.view(), o.view(), l.view(), g.view(), dq.view(),
+                     dk.view(), dv.view(), opt);
   CHECK(std::isfinite(double(dq.data()[0])));
   return heap_peak.load() - base;
 }

@@ -122,7 +122,8 @@ void run(int n, F&& f) {
 namespace {
 
 template <class T>
-void run_ring(wa::seq_layout const& lay, global_problem<T> const& gp, wa::attention_options opt, double tol) {
+void run_ring(wa::seq_layout const& lay, global_problem<T> const& gp, wa::attention_options opt,
+              double tol) {
   dist_errors err;
   run_mailbox_ranks(lay.world(), [&](mailbox_comm& comm) {
     int const r = comm.rank();
@@ -154,7 +155,8 @@ wa::seq_layout make_layout(wa::layout_kind k, int n, std::int64_t s) {
 TEST_SUITE("threads") {
   TEST_CASE("ring attention equals single-device attention (f64, all layouts, N = 1..8)") {
     std::uint64_t seed = 1000;
-    for (auto kind : {wa::layout_kind::contiguous, wa::layout_kind::zigzag, wa::layout_kind::stripe})
+    for (auto kind :
+         {wa::layout_kind::contiguous, wa::layout_kind::zigzag, wa::layout_kind::stripe})
       for (bool causal : {true, false}) {
         if (!causal && kind != wa::layout_kind::contiguous) continue;
         for (int n : {1, 2, 3, 4, 8})
@@ -167,14 +169,16 @@ TEST_SUITE("threads") {
             CAPTURE(n);
             CAPTURE(hq);
             CAPTURE(hk);
-            wa::attention_options const opt{0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
+            wa::attention_options const opt{
+                0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
             global_problem<double> gp(2, s, hq, hk, 16, opt, seed++);
             run_ring(make_layout(kind, n, s), gp, opt, 1e-12);
           }
       }
   }
 
-  TEST_CASE("ring attention f32 within 1e-5 relative; minimum zigzag length; odd contiguous chunks") {
+  TEST_CASE(
+      "ring attention f32 within 1e-5 relative; minimum zigzag length; odd contiguous chunks") {
     wa::attention_options const causal{0.0, wa::causal_mode::top_left, 1};
     {
       global_problem<float> gp(1, 8 * 24, 4, 2, 64, causal, 77);
@@ -193,7 +197,8 @@ TEST_SUITE("threads") {
 
   TEST_CASE("ring attention with N = 1 is bit-identical to the local kernel") {
     for (bool causal : {true, false}) {
-      wa::attention_options const opt{0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
+      wa::attention_options const opt{
+          0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
       global_problem<float> gp(2, 70, 4, 2, 40, opt, 5);
       auto const lay = wa::seq_layout::contiguous(1, 70);
       run_mailbox_ranks(1, [&](mailbox_comm& comm) {
@@ -241,14 +246,16 @@ TEST_SUITE("threads") {
              o = gp.local(lay, r, gp.o), g = gp.local(lay, r, gp.g);
         auto l = gp.local(lay, r, gp.l, 2);
         auto dq = make_owned<weft::bf16>(b, s / n, hq, d);
-        auto dk = make_owned<weft::bf16>(b, s / n, hk, d), dv = make_owned<weft::bf16>(b, s / n, hk, d);
+        auto dk = make_owned<weft::bf16>(b, s / n, hk, d),
+             dv = make_owned<weft::bf16>(b, s / n, hk, d);
         wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), o.view(), l.view(), g.view(),
                           dq.view(), dk.view(), dv.view(), opt);
       });
       for (auto const& log : bwd_logs) {
         int kv = 0, dkv = 0, other = 0;
         for (auto const& e : log)
-          if (e.kind == event_kind::post_send) (e.bytes == kv_bytes ? kv : e.bytes == dkv_bytes ? dkv : other)++;
+          if (e.kind == event_kind::post_send)
+            (e.bytes == kv_bytes ? kv : e.bytes == dkv_bytes ? dkv : other)++;
         CHECK(kv == n - 1);
         CHECK(dkv == n);
         CHECK(other == 0);
@@ -263,7 +270,8 @@ TEST_SUITE("threads") {
     int const n = 4;
     std::int64_t const s = n * 256;
     wa::attention_options const opt{0.0, wa::causal_mode::none, 1};
-    auto q = random_tensor<float>(1, 1.0, 1, s, 2, 64), k = random_tensor<float>(2, 1.0, 1, s, 2, 64),
+    auto q = random_tensor<float>(1, 1.0, 1, s, 2, 64),
+         k = random_tensor<float>(2, 1.0, 1, s, 2, 64),
          v = random_tensor<float>(3, 1.0, 1, s, 2, 64);
     auto const lay = wa::seq_layout::contiguous(n, s);
     auto logs = run_mailbox_ranks(n, [&](mailbox_comm& comm) {
@@ -310,16 +318,18 @@ TEST_SUITE("threads") {
       auto l = make_owned<float>(1, 2, 4);
       CHECK_THROWS_WITH_AS(wa::ring_forward(comm, wa::seq_layout::zigzag(2, 8), q.view(), q.view(),
                                             q.view(), o.view(), l.view()),
-                           doctest::Contains("contiguous for non-causal"), weft::invalid_argument_error);
-      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, wa::seq_layout::contiguous(4, 16), q.view(), q.view(),
-                                            q.view(), o.view(), l.view()),
+                           doctest::Contains("contiguous for non-causal"),
+                           weft::invalid_argument_error);
+      CHECK_THROWS_WITH_AS(wa::ring_forward(comm, wa::seq_layout::contiguous(4, 16), q.view(),
+                                            q.view(), q.view(), o.view(), l.view()),
                            doctest::Contains("argument `layout`"), weft::invalid_argument_error);
     });
   }
 }
 
 TEST_SUITE("threads") {
-  TEST_CASE("a user's point-to-point communicator (rank, size, isend, irecv) drives ring attention") {
+  TEST_CASE(
+      "a user's point-to-point communicator (rank, size, isend, irecv) drives ring attention") {
     wa::attention_options const causal{0.0, wa::causal_mode::top_left, 1};
     std::int64_t const n = 4, s = 2 * n * 6;
     global_problem<double> gp(2, s, 4, 2, 16, causal, 4242);
@@ -330,12 +340,13 @@ TEST_SUITE("threads") {
       auto q = gp.local(lay, r, gp.q), k = gp.local(lay, r, gp.k), v = gp.local(lay, r, gp.v),
            g = gp.local(lay, r, gp.g);
       std::int64_t const c = lay.local_length();
-      rank_result<double> res{make_owned<double>(gp.b, c, gp.hq, gp.d), make_owned<double>(gp.b, c, gp.hq, gp.d),
-                              make_owned<double>(gp.b, c, gp.hk, gp.d), make_owned<double>(gp.b, c, gp.hk, gp.d),
-                              make_owned<wa::lse_t<double>>(gp.b, gp.hq, c)};
+      rank_result<double> res{
+          make_owned<double>(gp.b, c, gp.hq, gp.d), make_owned<double>(gp.b, c, gp.hq, gp.d),
+          make_owned<double>(gp.b, c, gp.hk, gp.d), make_owned<double>(gp.b, c, gp.hk, gp.d),
+          make_owned<wa::lse_t<double>>(gp.b, gp.hq, c)};
       wa::ring_forward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), causal);
-      wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), g.view(),
-                        res.dq.view(), res.dk.view(), res.dv.view(), causal);
+      wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(),
+                        g.view(), res.dq.view(), res.dk.view(), res.dv.view(), causal);
       err.add(gp, lay, r, res);
     });
     err.check(1e-12);

@@ -1,5 +1,6 @@
-// Tests of the sequence layouts: the index maps against hand-written tables (zigzag and stripe as in
-// ring-flash-attention's tests), bijectivity, extract_local/restore_global round trips, and errors.
+// Tests of the sequence layouts: the index maps against hand-written tables (zigzag and stripe as
+// in ring-flash-attention's tests), bijectivity, extract_local/restore_global round trips, and
+// errors.
 #include <weft/attention/sharding.hpp>
 
 #include "attention_testing.hpp"
@@ -76,7 +77,8 @@ TEST_CASE("layouts reject lengths they cannot split, and bad ranks") {
   CHECK_THROWS_AS(wa::seq_layout::stripe(3, 10), weft::invalid_argument_error);
   CHECK_THROWS_AS(wa::seq_layout::contiguous(0, 10), weft::invalid_argument_error);
   auto const z = wa::seq_layout::zigzag(2, 8);
-  CHECK_THROWS_WITH_AS((void)z.positions(2), doctest::Contains("argument `rank`"), weft::invalid_argument_error);
+  CHECK_THROWS_WITH_AS((void)z.positions(2), doctest::Contains("argument `rank`"),
+                       weft::invalid_argument_error);
   auto g = make_owned<float>(1, 8, 1, 1);
   auto l = make_owned<float>(1, 3, 1, 1);
   CHECK_THROWS_AS(wa::extract_local(z, 0, g.view(), l.view()), weft::shape_error);

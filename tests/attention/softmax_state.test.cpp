@@ -27,8 +27,8 @@ struct partial {
 };
 
 // Attention of q against keys [j0, j1) only (non-causal): one partial block result.
-partial block(owned<double, 4> const& q, owned<double, 4> const& k,
-              owned<double, 4> const& v, std::int64_t j0, std::int64_t j1) {
+partial block(owned<double, 4> const& q, owned<double, 4> const& k, owned<double, 4> const& v,
+              std::int64_t j0, std::int64_t j1) {
   auto const B = q.extent(0), S = q.extent(1), H = q.extent(2), D = q.extent(3);
   auto const Hk = k.extent(2);
   auto ks = make_owned<double>(B, j1 - j0, Hk, D);
@@ -71,7 +71,8 @@ TEST_CASE("lse_merge: K-partitions merged in any order and grouping equal the fu
 
   std::vector<std::int64_t> const cuts{0, 5, 6, 14, 23};
   std::vector<partial> parts;
-  for (std::size_t p = 0; p + 1 < cuts.size(); ++p) parts.push_back(block(q, k, v, cuts[p], cuts[p + 1]));
+  for (std::size_t p = 0; p + 1 < cuts.size(); ++p)
+    parts.push_back(block(q, k, v, cuts[p], cuts[p + 1]));
 
   SUBCASE("left to right, from the empty state") {
     auto acc = empty_like(B, S, H, D);
@@ -191,7 +192,9 @@ TEST_CASE("softmax_row_state: online updates equal the one-pass softmax; empty r
   CHECK(wa::recompute_probability(1.0f, -std::numeric_limits<float>::infinity()) == 0.0f);
 }
 
-TEST_CASE("exp_shifted (weft::exp_fn over a score row: blocks of eight, scalar tail) is within 2 ulp of libm; -inf gives 0") {
+TEST_CASE(
+    "exp_shifted (weft::exp_fn over a score row: blocks of eight, scalar tail) is within 2 ulp of "
+    "libm; -inf gives 0") {
   std::vector<float> xs;
   for (int i = 0; i <= 200000; ++i) xs.push_back(-90.0f * float(i) / 200000.0f);
   xs.push_back(-std::numeric_limits<float>::infinity());
@@ -212,7 +215,8 @@ TEST_CASE("exp_shifted (weft::exp_fn over a score row: blocks of eight, scalar t
       continue;
     }
     auto ulps = [&](float got) {
-      return std::abs(int(std::bit_cast<std::int32_t>(got)) - int(std::bit_cast<std::int32_t>(want)));
+      return std::abs(int(std::bit_cast<std::int32_t>(got)) -
+                      int(std::bit_cast<std::int32_t>(want)));
     };
     worst = std::max({worst, ulps(scalar), ulps(ys[i])});
     CHECK(ys[i] == scalar);  // the vectorised blocks do exactly the scalar steps

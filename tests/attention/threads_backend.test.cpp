@@ -39,40 +39,49 @@ rank_result<T> make_result(global_problem<T> const& gp, std::int64_t c) {
 }  // namespace
 
 TEST_SUITE("threads") {
-  TEST_CASE("ring (zigzag, contiguous) and Ulysses on the threads backend equal single-device attention") {
+  TEST_CASE(
+      "ring (zigzag, contiguous) and Ulysses on the threads backend equal single-device "
+      "attention") {
     for (int n : {2, 3, 4}) {
       for (bool causal : {true, false}) {
         CAPTURE(n);
         CAPTURE(causal);
-        wa::attention_options const opt{0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
+        wa::attention_options const opt{
+            0.0, causal ? wa::causal_mode::top_left : wa::causal_mode::none, 1};
         std::int64_t const s = 2 * n * 7;
         global_problem<double> gp(2, s, 6, n == 3 ? 3 : 2, 16, opt, std::uint64_t(40 + n));
         auto const lay = causal ? wa::seq_layout::zigzag(n, s) : wa::seq_layout::contiguous(n, s);
         auto const contiguous = wa::seq_layout::contiguous(n, s);
         dist_errors ring_err, uly_err;
         bool const heads_divide = 6 % n == 0;
-        wt::run(n, [&](wt::communicator& comm) {
-          int const r = comm.rank();
-          std::int64_t const c = lay.local_length();
-          {
-            auto q = gp.local(lay, r, gp.q), k = gp.local(lay, r, gp.k), v = gp.local(lay, r, gp.v),
-                 g = gp.local(lay, r, gp.g);
-            auto res = make_result(gp, c);
-            wa::ring_forward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), opt);
-            wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), g.view(),
-                              res.dq.view(), res.dk.view(), res.dv.view(), opt);
-            ring_err.add(gp, lay, r, res);
-          }
-          if (heads_divide) {
-            auto q = gp.local(contiguous, r, gp.q), k = gp.local(contiguous, r, gp.k),
-                 v = gp.local(contiguous, r, gp.v), g = gp.local(contiguous, r, gp.g);
-            auto res = make_result(gp, c);
-            wa::ulysses_forward(comm, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), opt);
-            wa::ulysses_backward(comm, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), g.view(),
-                                 res.dq.view(), res.dk.view(), res.dv.view(), opt);
-            uly_err.add(gp, contiguous, r, res);
-          }
-        }, bounded());
+        wt::run(
+            n,
+            [&](wt::communicator& comm) {
+              int const r = comm.rank();
+              std::int64_t const c = lay.local_length();
+              {
+                auto q = gp.local(lay, r, gp.q), k = gp.local(lay, r, gp.k),
+                     v = gp.local(lay, r, gp.v), g = gp.local(lay, r, gp.g);
+                auto res = make_result(gp, c);
+                wa::ring_forward(comm, lay, q.view(), k.view(), v.view(), res.o.view(),
+                                 res.l.view(), opt);
+                wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), res.o.view(),
+                                  res.l.view(), g.view(), res.dq.view(), res.dk.view(),
+                                  res.dv.view(), opt);
+                ring_err.add(gp, lay, r, res);
+              }
+              if (heads_divide) {
+                auto q = gp.local(contiguous, r, gp.q), k = gp.local(contiguous, r, gp.k),
+                     v = gp.local(contiguous, r, gp.v), g = gp.local(contiguous, r, gp.g);
+                auto res = make_result(gp, c);
+                wa::ulysses_forward(comm, q.view(), k.view(), v.view(), res.o.view(), res.l.view(),
+                                    opt);
+                wa::ulysses_backward(comm, q.view(), k.view(), v.view(), res.o.view(), res.l.view(),
+                                     g.view(), res.dq.view(), res.dk.view(), res.dv.view(), opt);
+                uly_err.add(gp, contiguous, r, res);
+              }
+            },
+            bounded());
         ring_err.check(1e-12);
         if (heads_divide) uly_err.check(1e-12);
       }
@@ -80,7 +89,10 @@ TEST_SUITE("threads") {
   }
 
   TEST_CASE("USP over a device_mesh (ring x ulysses axes) equals single-device attention") {
-    struct cfg { int r, u; std::int64_t hq, hk; };
+    struct cfg {
+      int r, u;
+      std::int64_t hq, hk;
+    };
     for (cfg const c : {cfg{2, 2, 4, 2}, cfg{2, 2, 4, 1}, cfg{4, 2, 4, 4}, cfg{2, 4, 8, 2}}) {
       CAPTURE(c.r);
       CAPTURE(c.u);
@@ -90,18 +102,24 @@ TEST_SUITE("threads") {
       global_problem<double> gp(1, s, c.hq, c.hk, 8, opt, 77);
       auto const lay = wa::seq_layout::usp(c.u, c.r, wa::layout_kind::zigzag, s);
       dist_errors err;
-      wt::run(c.r * c.u, [&](wt::communicator& world) {
-        weft::device_mesh<wt::communicator> mesh(world, {c.r, c.u}, {"ring", "uly"});
-        int const g = wa::usp_layout_rank(mesh, "uly", "ring");
-        CHECK(g == world.rank());  // ring axis slower, Ulysses axis fastest: g = rho*u + upsilon
-        auto q = gp.local(lay, g, gp.q), k = gp.local(lay, g, gp.k), v = gp.local(lay, g, gp.v),
-             dout = gp.local(lay, g, gp.g);
-        auto res = make_result(gp, lay.local_length());
-        wa::usp_forward(mesh, "uly", "ring", lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), opt);
-        wa::usp_backward(mesh, "uly", "ring", lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(),
-                         dout.view(), res.dq.view(), res.dk.view(), res.dv.view(), opt);
-        err.add(gp, lay, g, res);
-      }, bounded());
+      wt::run(
+          c.r * c.u,
+          [&](wt::communicator& world) {
+            weft::device_mesh<wt::communicator> mesh(world, {c.r, c.u}, {"ring", "uly"});
+            int const g = wa::usp_layout_rank(mesh, "uly", "ring");
+            CHECK(g ==
+                  world.rank());  // ring axis slower, Ulysses axis fastest: g = rho*u + upsilon
+            auto q = gp.local(lay, g, gp.q), k = gp.local(lay, g, gp.k), v = gp.local(lay, g, gp.v),
+                 dout = gp.local(lay, g, gp.g);
+            auto res = make_result(gp, lay.local_length());
+            wa::usp_forward(mesh, "uly", "ring", lay, q.view(), k.view(), v.view(), res.o.view(),
+                            res.l.view(), opt);
+            wa::usp_backward(mesh, "uly", "ring", lay, q.view(), k.view(), v.view(), res.o.view(),
+                             res.l.view(), dout.view(), res.dq.view(), res.dk.view(), res.dv.view(),
+                             opt);
+            err.add(gp, lay, g, res);
+          },
+          bounded());
       err.check(1e-12);
     }
   }
@@ -137,13 +155,15 @@ TEST_SUITE("threads") {
     auto ref_lse = weft::make_tensor<float>(1, H, S);
     wa::flash_forward(q.view(), k.view(), v.view(), ref.view(), ref_lse.view(), opt);
     float worst = 0.0f;
-    for (std::size_t i = 0; i < out.size(); ++i) worst = std::max(worst, std::abs(out.data()[i] - ref.data()[i]));
+    for (std::size_t i = 0; i < out.size(); ++i)
+      worst = std::max(worst, std::abs(out.data()[i] - ref.data()[i]));
     CHECK(worst < 1e-5f);
   }
 }
 
 TEST_SUITE("threads") {
-  TEST_CASE("protocol through counting_communicator: K/V sent N-1 times unreplicated, dK/dV N times") {
+  TEST_CASE(
+      "protocol through counting_communicator: K/V sent N-1 times unreplicated, dK/dV N times") {
     for (int n : {2, 3, 4}) {
       CAPTURE(n);
       std::int64_t const s = 2 * n * 4, b = 1, hq = 4, hk = 1, d = 8, c = s / n;
@@ -168,8 +188,8 @@ TEST_SUITE("threads") {
         CHECK(other == 0);
         CHECK(comm.count(weft::comm::op_kind::recv) == std::size_t(n - 1));
         comm.clear();
-        wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), g.view(),
-                          res.dq.view(), res.dk.view(), res.dv.view(), opt);
+        wa::ring_backward(comm, lay, q.view(), k.view(), v.view(), res.o.view(), res.l.view(),
+                          g.view(), res.dq.view(), res.dk.view(), res.dv.view(), opt);
         std::size_t dkv = 0;
         kv = other = 0;
         for (auto const& e : comm.events())
@@ -204,11 +224,13 @@ TEST_SUITE("threads") {
       auto res = make_result(gp, c);
       wa::ulysses_forward(comm, q.view(), k.view(), v.view(), res.o.view(), res.l.view(), opt);
       CHECK(comm.count(weft::comm::op_kind::all_to_all) == 5);
-      // q: Hq/N heads to each of N ranks; k, v: one replica per rank (N/Hkv = 2 copies of each head).
+      // q: Hq/N heads to each of N ranks; k, v: one replica per rank (N/Hkv = 2 copies of each
+      // head).
       std::size_t const q_bytes = std::size_t(b * c * hq * d) * sizeof(float);
       std::size_t const kv_bytes = std::size_t(b * c * 1 * d * n) * sizeof(float);
       auto const& ev = comm.events();
-      REQUIRE(ev.size() == 6);  // the entry's agreement check (one small all_gather), then 5 all-to-alls
+      REQUIRE(ev.size() ==
+              6);  // the entry's agreement check (one small all_gather), then 5 all-to-alls
       CHECK(ev[0].op == weft::comm::op_kind::all_gather);
       CHECK(ev[1].send_bytes == q_bytes);
       CHECK(ev[2].send_bytes == kv_bytes);

@@ -16,7 +16,9 @@ using weft::test::compare;
 using weft::test::tolerance;
 using weft::test::ulp_distance;
 
-bool has(std::string const& s, std::string const& part) { return s.find(part) != std::string::npos; }
+bool has(std::string const& s, std::string const& part) {
+  return s.find(part) != std::string::npos;
+}
 
 }  // namespace
 
@@ -52,7 +54,8 @@ TEST_CASE("approx: tolerances, NaN and infinities") {
   CHECK(weft::test::close(-0.0f, 0.0f, tolerance::within(0.0)));
 }
 
-TEST_CASE("approx: the report names the count and the first mismatches with index, expected, actual") {
+TEST_CASE(
+    "approx: the report names the count and the first mismatches with index, expected, actual") {
   std::vector<float> want(100, 1.0f);
   std::vector<float> got = want;
   for (std::size_t i : {3u, 17u, 18u, 40u, 41u, 42u, 99u}) got[i] = 2.0f;

@@ -164,9 +164,13 @@ static_assert(!comm::PointToPointIn<loopback, int>);  // not a MemorySpace
 // The typed functions ask for the weakest step: send/recv/isend/irecv for PointToPoint, the
 // collectives for Collective, synchronize for any Group.
 template <class C>
-concept typed_send = requires(C& c, std::vector<float>& v) { comm::send(c, v, 0); };
+concept typed_send = requires(C& c, std::vector<float>& v) {
+  comm::send(c, v, 0);
+};
 template <class C>
-concept typed_all_reduce = requires(C& c, std::vector<float>& v) { comm::all_reduce(c, v); };
+concept typed_all_reduce = requires(C& c, std::vector<float>& v) {
+  comm::all_reduce(c, v);
+};
 static_assert(typed_send<loopback>);
 static_assert(!typed_all_reduce<loopback>);
 static_assert(typed_send<threads_comm>);
@@ -183,11 +187,11 @@ struct pinned_space {
   static inline int live = 0;  // allocations not yet released
   static void* allocate(std::size_t bytes) {
     ++live;
-    return ::operator new(bytes, std::align_val_t{64});
+    return ::operator new (bytes, std::align_val_t{64});
   }
   static void deallocate(void* p, std::size_t) noexcept {
     --live;
-    ::operator delete(p, std::align_val_t{64});
+    ::operator delete (p, std::align_val_t{64});
   }
 };
 static_assert(weft::MemorySpace<pinned_space>);
@@ -224,7 +228,8 @@ TEST_CASE("work_state is a public extension point: work forwards wait, wait_for 
     int waits = 0;
     bool wait_until(std::chrono::steady_clock::time_point deadline) override {
       ++waits;
-      if (deadline != std::chrono::steady_clock::time_point::max() && polls_left-- > 0) return false;
+      if (deadline != std::chrono::steady_clock::time_point::max() && polls_left-- > 0)
+        return false;
       polls_left = 0;
       return true;
     }

@@ -41,66 +41,73 @@ conf::config suite_config() {
 }  // namespace
 
 TEST_SUITE("threads") {
-
-TEST_CASE_TEMPLATE("conformance: all_reduce, reduce, reduce_scatter(_v) equal the rank-ordered reference",
-                   T, f32, f64, bf16, f16, i32, i64, u8) {
-  auto const cfg = suite_config();
-  for (int n = 1; n <= max_world; ++n) {
-    CAPTURE(n);
-    weft::test::run_ranks(n, [&](communicator& c) { conf::reductions<T>(c, cfg); }, both_paths());
+  TEST_CASE_TEMPLATE(
+      "conformance: all_reduce, reduce, reduce_scatter(_v) equal the rank-ordered reference", T,
+      f32, f64, bf16, f16, i32, i64, u8) {
+    auto const cfg = suite_config();
+    for (int n = 1; n <= max_world; ++n) {
+      CAPTURE(n);
+      weft::test::run_ranks(
+          n, [&](communicator& c) { conf::reductions<T>(c, cfg); }, both_paths());
+    }
   }
-}
 
-TEST_CASE_TEMPLATE("conformance: broadcast, all_gather(_v), all_to_all(_v), gather, scatter",
-                   T, f32, f64, bf16, f16, i32, i64, u8) {
-  auto const cfg = suite_config();
-  for (int n = 1; n <= max_world; ++n) {
-    CAPTURE(n);
-    weft::test::run_ranks(n, [&](communicator& c) { conf::data_movement<T>(c, cfg); }, both_paths());
+  TEST_CASE_TEMPLATE("conformance: broadcast, all_gather(_v), all_to_all(_v), gather, scatter", T,
+                     f32, f64, bf16, f16, i32, i64, u8) {
+    auto const cfg = suite_config();
+    for (int n = 1; n <= max_world; ++n) {
+      CAPTURE(n);
+      weft::test::run_ranks(
+          n, [&](communicator& c) { conf::data_movement<T>(c, cfg); }, both_paths());
+    }
   }
-}
 
-TEST_CASE_TEMPLATE("conformance: send, recv, isend, irecv", T, f32, f64, bf16, f16, i32, i64, u8) {
-  auto const cfg = suite_config();
-  for (int n = 1; n <= max_world; ++n) {
-    CAPTURE(n);
-    weft::test::run_ranks(n, [&](communicator& c) { conf::point_to_point<T>(c, cfg); });
+  TEST_CASE_TEMPLATE("conformance: send, recv, isend, irecv", T, f32, f64, bf16, f16, i32, i64,
+                     u8) {
+    auto const cfg = suite_config();
+    for (int n = 1; n <= max_world; ++n) {
+      CAPTURE(n);
+      weft::test::run_ranks(n, [&](communicator& c) { conf::point_to_point<T>(c, cfg); });
+    }
   }
-}
 
-TEST_CASE("conformance: barrier waits for the last rank") {
-  for (int n : {1, 2, 3, 8}) {
-    CAPTURE(n);
-    weft::test::run_ranks(n, [](communicator& c) { conf::check_barrier(c); });
+  TEST_CASE("conformance: barrier waits for the last rank") {
+    for (int n : {1, 2, 3, 8}) {
+      CAPTURE(n);
+      weft::test::run_ranks(n, [](communicator& c) { conf::check_barrier(c); });
+    }
   }
-}
 
-TEST_CASE("conformance: exact inputs (the MPI backend's mode) also match bit for bit") {
-  conf::config cfg;
-  cfg.mode = conf::input_mode::exact;
-  cfg.counts = {0, 5, 100};
-  for (int n : {2, 3, 5}) {
-    CAPTURE(n);
-    weft::test::run_ranks(n, [&](communicator& c) {
-      conf::reductions<f32>(c, cfg);
-      conf::reductions<bf16>(c, cfg);
-      conf::reductions<f16>(c, cfg);
-    }, both_paths());
+  TEST_CASE("conformance: exact inputs (the MPI backend's mode) also match bit for bit") {
+    conf::config cfg;
+    cfg.mode = conf::input_mode::exact;
+    cfg.counts = {0, 5, 100};
+    for (int n : {2, 3, 5}) {
+      CAPTURE(n);
+      weft::test::run_ranks(
+          n,
+          [&](communicator& c) {
+            conf::reductions<f32>(c, cfg);
+            conf::reductions<bf16>(c, cfg);
+            conf::reductions<f16>(c, cfg);
+          },
+          both_paths());
+    }
   }
-}
 
-TEST_CASE("conformance: default options (staged all_reduce up to 64 KiB) and a multi-block size") {
-  // 40000 f32 = 160 KB: above the staging threshold and many reduction blocks per slice.
-  for (int n : {2, 3, 4}) {
-    CAPTURE(n);
-    weft::test::run_ranks(n, [](communicator& c) {
-      for (std::size_t count : {std::size_t{1000}, std::size_t{16384}, std::size_t{40000}})
-        for (auto kind : conf::all_reduce_kinds) {
-          conf::check_all_reduce<f32>(c, count, kind, false);
-          conf::check_all_reduce<bf16>(c, count, kind, true);
-        }
-    });
+  TEST_CASE(
+      "conformance: default options (staged all_reduce up to 64 KiB) and a multi-block size") {
+    // 40000 f32 = 160 KB: above the staging threshold and many reduction blocks per slice.
+    for (int n : {2, 3, 4}) {
+      CAPTURE(n);
+      weft::test::run_ranks(n, [](communicator& c) {
+        for (std::size_t count : {std::size_t{1000}, std::size_t{16384}, std::size_t{40000}})
+          for (auto kind : conf::all_reduce_kinds) {
+            conf::check_all_reduce<f32>(c, count, kind, false);
+            conf::check_all_reduce<bf16>(c, count, kind, true);
+          }
+      });
+    }
   }
-}
 
 }  // TEST_SUITE("threads")

@@ -36,77 +36,76 @@ struct threads_harness {
 }  // namespace
 
 TEST_SUITE("threads") {
-
-TEST_CASE("fault suite (threads): a rank that throws reaches every rank as an exception") {
-  threads_harness h;
-  for (int n : {2, 3, 4}) {
-    CAPTURE(n);
-    faults::thrown_rank(h, n);
+  TEST_CASE("fault suite (threads): a rank that throws reaches every rank as an exception") {
+    threads_harness h;
+    for (int n : {2, 3, 4}) {
+      CAPTURE(n);
+      faults::thrown_rank(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): a missing rank is a timeout_error naming it") {
-  threads_harness h;
-  for (int n : {2, 3, 4}) {
-    CAPTURE(n);
-    faults::missing_rank(h, n);
+  TEST_CASE("fault suite (threads): a missing rank is a timeout_error naming it") {
+    threads_harness h;
+    for (int n : {2, 3, 4}) {
+      CAPTURE(n);
+      faults::missing_rank(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): mismatched calls name both fingerprints; the fault poisons") {
-  threads_harness h;
-  for (int n : {2, 3, 4}) {
-    CAPTURE(n);
-    faults::mismatched_call(h, n);
+  TEST_CASE("fault suite (threads): mismatched calls name both fingerprints; the fault poisons") {
+    threads_harness h;
+    for (int n : {2, 3, 4}) {
+      CAPTURE(n);
+      faults::mismatched_call(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): after abort() every operation throws peer_aborted_error") {
-  threads_harness h;
-  for (int n : {1, 2, 3}) {
-    CAPTURE(n);
-    faults::abort_then_operate(h, n);
+  TEST_CASE("fault suite (threads): after abort() every operation throws peer_aborted_error") {
+    threads_harness h;
+    for (int n : {1, 2, 3}) {
+      CAPTURE(n);
+      faults::abort_then_operate(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): zero-count operations are recorded in the history") {
-  threads_harness h;
-  for (int n : {1, 2, 3}) {
-    CAPTURE(n);
-    faults::zero_counts_recorded(h, n);
+  TEST_CASE("fault suite (threads): zero-count operations are recorded in the history") {
+    threads_harness h;
+    for (int n : {1, 2, 3}) {
+      CAPTURE(n);
+      faults::zero_counts_recorded(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): in-place all_to_all") {
-  threads_harness h;
-  for (int n : {1, 2, 3, 4}) {
-    CAPTURE(n);
-    faults::in_place_all_to_all(h, n);
+  TEST_CASE("fault suite (threads): in-place all_to_all") {
+    threads_harness h;
+    for (int n : {1, 2, 3, 4}) {
+      CAPTURE(n);
+      faults::in_place_all_to_all(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): zero-length send and recv are local no-ops") {
-  threads_harness h;
-  for (int n : {2, 3}) {
-    CAPTURE(n);
-    faults::zero_length_p2p_is_local(h, n);
+  TEST_CASE("fault suite (threads): zero-length send and recv are local no-ops") {
+    threads_harness h;
+    for (int n : {2, 3}) {
+      CAPTURE(n);
+      faults::zero_length_p2p_is_local(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): messages to one's own rank follow the one rule") {
-  threads_harness h;
-  for (int n : {1, 2}) {
-    CAPTURE(n);
-    faults::self_message_rule(h, n);
+  TEST_CASE("fault suite (threads): messages to one's own rank follow the one rule") {
+    threads_harness h;
+    for (int n : {1, 2}) {
+      CAPTURE(n);
+      faults::self_message_rule(h, n);
+    }
   }
-}
 
-TEST_CASE("fault suite (threads): one message text per argument check") {
-  threads_harness h;
-  for (int n : {1, 2, 3}) {
-    CAPTURE(n);
-    faults::one_message_per_check(h, n);
+  TEST_CASE("fault suite (threads): one message text per argument check") {
+    threads_harness h;
+    for (int n : {1, 2, 3}) {
+      CAPTURE(n);
+      faults::one_message_per_check(h, n);
+    }
   }
-}
 
 }  // TEST_SUITE("threads")

@@ -23,7 +23,9 @@ using weft::comm::host_view;
 using weft::comm::threads::communicator;
 constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
 
-bool contains(std::string const& s, std::string const& part) { return s.find(part) != std::string::npos; }
+bool contains(std::string const& s, std::string const& part) {
+  return s.find(part) != std::string::npos;
+}
 
 // A view claiming `count` elements of f32 at a real (small) buffer: never read, since the
 // arguments are rejected first.
@@ -42,7 +44,8 @@ TEST_CASE("checked: add, mul, bytes and offsets throw invalid_argument_error nam
   CHECK_THROWS_AS(checked_add(size_max, 1, "a + b"), weft::invalid_argument_error);
   CHECK_THROWS_AS(checked_mul(size_max / 2 + 1, 2, "a * b"), weft::invalid_argument_error);
   CHECK(checked_bytes(size_max / 4, weft::dtype::f32, "n") == (size_max / 4) * 4);
-  CHECK_THROWS_AS(checked_bytes(size_max / 4 + 1, weft::dtype::f32, "n"), weft::invalid_argument_error);
+  CHECK_THROWS_AS(checked_bytes(size_max / 4 + 1, weft::dtype::f32, "n"),
+                  weft::invalid_argument_error);
   std::vector<std::size_t> const ok{1, 2, 3};
   CHECK(checked_offsets(ok, weft::dtype::f64, "counts") == std::vector<std::size_t>{0, 1, 3, 6});
   std::vector<std::size_t> const wraps{size_max, 1};  // sums to 0 unchecked
@@ -61,75 +64,74 @@ TEST_CASE("checked: add, mul, bytes and offsets throw invalid_argument_error nam
 }
 
 TEST_SUITE("threads") {
-
-TEST_CASE("threads: _v counts that overflow are rejected on every rank before communicating") {
-  // u8, so that every single count is a valid buffer size and only the sum overflows.
-  for (int n : {2, 3}) {
-    CAPTURE(n);
-    std::atomic<int> rejected{0};
-    weft::test::run_ranks(n, [&](communicator& c) {
-      auto const un = static_cast<std::size_t>(n);
-      unsigned char dummy[1] = {0};
-      auto fake8 = [&](std::size_t count) {
-        buffer_view b = host_view(std::span<unsigned char>(dummy, 1));
-        b.count = count;
-        return b;
-      };
-      // counts {SIZE_MAX, 1, 0, ...}: the unchecked sum is 0.
-      std::vector<std::size_t> counts(un, 0);
-      counts[0] = size_max;
-      counts[1] = 1;
-      auto const mine = counts[static_cast<std::size_t>(c.rank())];
-      auto expect_counts_error = [&](auto&& f, char const* arg) {
-        try {
-          f();
-          FAIL_CHECK("accepted overflowing " << arg);
-        } catch (weft::invalid_argument_error const& e) {
-          CHECK(contains(e.what(), std::string("argument `") + arg + "`"));
-          CHECK(contains(e.what(), "overflows"));
-          ++rejected;
-        }
-      };
-      expect_counts_error([&] { c.all_gather_v(fake8(mine), fake8(0), counts); }, "counts");
-      expect_counts_error([&] { c.reduce_scatter_v(fake8(0), fake8(mine), counts); }, "counts");
-      expect_counts_error([&] { c.all_to_all_v(fake8(0), fake8(0), counts, counts); },
-                          "send_counts");
-      CHECK(c.state() == weft::comm::comm_state::healthy);
-      // The communicator is still usable: the checks communicated nothing.
-      std::vector<float> v(4, 1.0f);
-      c.all_reduce(host_view(std::span<float>(v)), host_view(std::span<float>(v)));
-      CHECK(v[0] == static_cast<float>(n));
-    });
-    CHECK(rejected.load() == 3 * n);
+  TEST_CASE("threads: _v counts that overflow are rejected on every rank before communicating") {
+    // u8, so that every single count is a valid buffer size and only the sum overflows.
+    for (int n : {2, 3}) {
+      CAPTURE(n);
+      std::atomic<int> rejected{0};
+      weft::test::run_ranks(n, [&](communicator& c) {
+        auto const un = static_cast<std::size_t>(n);
+        unsigned char dummy[1] = {0};
+        auto fake8 = [&](std::size_t count) {
+          buffer_view b = host_view(std::span<unsigned char>(dummy, 1));
+          b.count = count;
+          return b;
+        };
+        // counts {SIZE_MAX, 1, 0, ...}: the unchecked sum is 0.
+        std::vector<std::size_t> counts(un, 0);
+        counts[0] = size_max;
+        counts[1] = 1;
+        auto const mine = counts[static_cast<std::size_t>(c.rank())];
+        auto expect_counts_error = [&](auto&& f, char const* arg) {
+          try {
+            f();
+            FAIL_CHECK("accepted overflowing " << arg);
+          } catch (weft::invalid_argument_error const& e) {
+            CHECK(contains(e.what(), std::string("argument `") + arg + "`"));
+            CHECK(contains(e.what(), "overflows"));
+            ++rejected;
+          }
+        };
+        expect_counts_error([&] { c.all_gather_v(fake8(mine), fake8(0), counts); }, "counts");
+        expect_counts_error([&] { c.reduce_scatter_v(fake8(0), fake8(mine), counts); }, "counts");
+        expect_counts_error([&] { c.all_to_all_v(fake8(0), fake8(0), counts, counts); },
+                            "send_counts");
+        CHECK(c.state() == weft::comm::comm_state::healthy);
+        // The communicator is still usable: the checks communicated nothing.
+        std::vector<float> v(4, 1.0f);
+        c.all_reduce(host_view(std::span<float>(v)), host_view(std::span<float>(v)));
+        CHECK(v[0] == static_cast<float>(n));
+      });
+      CHECK(rejected.load() == 3 * n);
+    }
   }
-}
 
-TEST_CASE("threads: size() * count that wraps around is rejected, not taken as a match") {
-  // 4 * 2^62 == 0 (mod 2^64); u8 so that the count alone is a valid buffer size.
-  weft::test::run_ranks(4, [&](communicator& c) {
-    unsigned char dummy[1] = {0};
-    buffer_view in = host_view(std::span<unsigned char>(dummy, 1));
-    in.count = std::size_t{1} << 62;
-    buffer_view out = host_view(std::span<unsigned char>(dummy, 1));
-    out.count = 0;
-    CHECK_THROWS_AS(c.all_gather(in, out), weft::invalid_argument_error);
-    CHECK_THROWS_AS(c.reduce_scatter(out, in), weft::invalid_argument_error);
-    // gather checks `out` on the root only (it is ignored elsewhere).
-    if (c.rank() == 0) CHECK_THROWS_AS(c.gather(in, out, 0), weft::invalid_argument_error);
-    CHECK(c.state() == weft::comm::comm_state::healthy);
-    c.barrier();
-  });
-}
+  TEST_CASE("threads: size() * count that wraps around is rejected, not taken as a match") {
+    // 4 * 2^62 == 0 (mod 2^64); u8 so that the count alone is a valid buffer size.
+    weft::test::run_ranks(4, [&](communicator& c) {
+      unsigned char dummy[1] = {0};
+      buffer_view in = host_view(std::span<unsigned char>(dummy, 1));
+      in.count = std::size_t{1} << 62;
+      buffer_view out = host_view(std::span<unsigned char>(dummy, 1));
+      out.count = 0;
+      CHECK_THROWS_AS(c.all_gather(in, out), weft::invalid_argument_error);
+      CHECK_THROWS_AS(c.reduce_scatter(out, in), weft::invalid_argument_error);
+      // gather checks `out` on the root only (it is ignored elsewhere).
+      if (c.rank() == 0) CHECK_THROWS_AS(c.gather(in, out, 0), weft::invalid_argument_error);
+      CHECK(c.state() == weft::comm::comm_state::healthy);
+      c.barrier();
+    });
+  }
 
-TEST_CASE("threads: a buffer whose bytes do not fit in std::size_t is rejected") {
-  weft::test::run_ranks(2, [&](communicator& c) {
-    float dummy[1] = {0.0f};
-    auto const b = fake(dummy, size_max / 2);  // * 4 bytes wraps
-    CHECK_THROWS_AS(c.all_reduce(b, b), weft::invalid_argument_error);
-    CHECK_THROWS_AS(c.broadcast(b, b, 0), weft::invalid_argument_error);
-    CHECK(c.state() == weft::comm::comm_state::healthy);
-    c.barrier();
-  });
-}
+  TEST_CASE("threads: a buffer whose bytes do not fit in std::size_t is rejected") {
+    weft::test::run_ranks(2, [&](communicator& c) {
+      float dummy[1] = {0.0f};
+      auto const b = fake(dummy, size_max / 2);  // * 4 bytes wraps
+      CHECK_THROWS_AS(c.all_reduce(b, b), weft::invalid_argument_error);
+      CHECK_THROWS_AS(c.broadcast(b, b, 0), weft::invalid_argument_error);
+      CHECK(c.state() == weft::comm::comm_state::healthy);
+      c.barrier();
+    });
+  }
 
 }  // TEST_SUITE("threads")

@@ -50,7 +50,7 @@ TEST_CASE("reference: bf16 and f16 accumulate in f32 and round once") {
   // accumulator holds 1 + 2^-7 exactly, which bf16 represents.
   float const e8 = std::ldexp(1.0f, -8);
   bf16 const b = fold<bf16>({bf16(1.0f), bf16(e8), bf16(e8)}, reduce_kind::sum);
-  CHECK(b.bits() == 0x3f81);  // 1.0078125
+  CHECK(b.bits() == 0x3f81);                                   // 1.0078125
   CHECK((bf16(1.0f) + bf16(e8) + bf16(e8)).bits() == 0x3f80);  // what a naive fold would give
   float const e11 = std::ldexp(1.0f, -11);
   f16 const h = fold<f16>({f16(1.0f), f16(e11), f16(e11)}, reduce_kind::sum);
@@ -86,10 +86,11 @@ TEST_CASE("reference: min and max propagate NaN; ties keep the earlier rank's va
   CHECK(std::isnan(fold<float>({nan, 1.0f}, reduce_kind::min)));
   CHECK(std::isnan(fold<float>({1.0f, nan}, reduce_kind::min)));
   CHECK(fold<float>({1.0f, -2.0f, 3.0f}, reduce_kind::min) == -2.0f);
-  CHECK(std::signbit(fold<float>({-0.0f, 0.0f}, reduce_kind::min)));   // equal: the first wins
+  CHECK(std::signbit(fold<float>({-0.0f, 0.0f}, reduce_kind::min)));  // equal: the first wins
   CHECK(!std::signbit(fold<float>({0.0f, -0.0f}, reduce_kind::max)));
   CHECK(fold<bf16>({bf16(2.0f), bf16(-1.0f)}, reduce_kind::min).bits() == bf16(-1.0f).bits());
-  CHECK(isnan(fold<f16>({f16(1.0f), f16(std::numeric_limits<float>::quiet_NaN())}, reduce_kind::max)));
+  CHECK(isnan(
+      fold<f16>({f16(1.0f), f16(std::numeric_limits<float>::quiet_NaN())}, reduce_kind::max)));
 }
 
 TEST_CASE("reference: premul_sum scales each rank's input by that rank's scalar") {
@@ -114,12 +115,14 @@ TEST_CASE("reference: validate_reduce_op rejects what no backend can apply") {
                   weft::invalid_argument_error);
   CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(-1.0), dtype::u8),
                   weft::invalid_argument_error);
-  CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(std::ldexp(1.0, 63)), dtype::i64),
-                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(
+      weft::comm::validate_reduce_op(reduce_op::premul(std::ldexp(1.0, 63)), dtype::i64),
+      weft::invalid_argument_error);
   CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(NAN), dtype::i32),
                   weft::invalid_argument_error);
-  CHECK_THROWS_WITH_AS(weft::comm::validate_reduce_op(reduce_op{static_cast<reduce_kind>(9)}, dtype::f32),
-                       doctest::Contains("op.kind"), weft::invalid_argument_error);
+  CHECK_THROWS_WITH_AS(
+      weft::comm::validate_reduce_op(reduce_op{static_cast<reduce_kind>(9)}, dtype::f32),
+      doctest::Contains("op.kind"), weft::invalid_argument_error);
   std::vector<float> const a{1.0f};
   std::vector<float const*> ptrs{a.data(), a.data()};
   std::vector<reduce_op> ops{reduce_kind::sum, reduce_kind::max};
@@ -130,12 +133,14 @@ TEST_CASE("reference: validate_reduce_op rejects what no backend can apply") {
                   weft::invalid_argument_error);
 }
 
-TEST_CASE("reference: a premul_sum scale must be finite in the accumulator type (NaN, inf rejected)") {
+TEST_CASE(
+    "reference: a premul_sum scale must be finite in the accumulator type (NaN, inf rejected)") {
   using weft::dtype;
   for (dtype t : {dtype::f32, dtype::f64, dtype::bf16, dtype::f16}) {
     CAPTURE(t);
     CHECK_THROWS_WITH_AS(weft::comm::validate_reduce_op(reduce_op::premul(NAN), t),
-                         doctest::Contains("a finite premul_sum scale"), weft::invalid_argument_error);
+                         doctest::Contains("a finite premul_sum scale"),
+                         weft::invalid_argument_error);
     CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(INFINITY), t),
                     weft::invalid_argument_error);
     CHECK_THROWS_AS(weft::comm::validate_reduce_op(reduce_op::premul(-INFINITY), t),
@@ -150,17 +155,18 @@ TEST_CASE("reference: a premul_sum scale must be finite in the accumulator type 
   std::vector<float> const a{1.0f};
   std::vector<float const*> ptrs{a.data()};
   float out = 7.0f;
-  CHECK_THROWS_AS(weft::comm::reduce_reference<float>(std::span<float const* const>(ptrs),
-                                                      reduce_op::premul(NAN), std::span<float>(&out, 1)),
-                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(
+      weft::comm::reduce_reference<float>(std::span<float const* const>(ptrs),
+                                          reduce_op::premul(NAN), std::span<float>(&out, 1)),
+      weft::invalid_argument_error);
   CHECK(out == 7.0f);
   weft::test::run_ranks(2, [](weft::comm::threads::communicator& c) {
     std::vector<float> in(4, 1.0f);
     std::vector<float> res(4, 7.0f);
-    CHECK_THROWS_WITH_AS(c.all_reduce(weft::comm::host_view(std::span<float>(in)),
-                                      weft::comm::host_view(std::span<float>(res)),
-                                      reduce_op::premul(NAN)),
-                         doctest::Contains("op.scalar"), weft::invalid_argument_error);
+    CHECK_THROWS_WITH_AS(
+        c.all_reduce(weft::comm::host_view(std::span<float>(in)),
+                     weft::comm::host_view(std::span<float>(res)), reduce_op::premul(NAN)),
+        doctest::Contains("op.scalar"), weft::invalid_argument_error);
     CHECK(res == std::vector<float>(4, 7.0f));
     CHECK(c.state() == weft::comm::comm_state::healthy);
   });
@@ -169,7 +175,8 @@ TEST_CASE("reference: a premul_sum scale must be finite in the accumulator type 
 TEST_CASE("reference: the threads backend's blocked kernel equals the element-wise fold") {
   // Many ranks (the heap path above 64), counts across block boundaries, every kind.
   for (int n : {1, 3, 70}) {
-    for (std::size_t count : {std::size_t{1}, std::size_t{511}, std::size_t{513}, std::size_t{1500}}) {
+    for (std::size_t count :
+         {std::size_t{1}, std::size_t{511}, std::size_t{513}, std::size_t{1500}}) {
       for (auto kind : {reduce_kind::sum, reduce_kind::prod, reduce_kind::min, reduce_kind::max,
                         reduce_kind::avg, reduce_kind::premul_sum}) {
         CAPTURE(n);
@@ -207,13 +214,15 @@ TEST_CASE("reference: the threads backend's blocked kernel equals the element-wi
 
 TEST_CASE("reference: balanced_part splits any count over any rank count") {
   using weft::comm::threads::detail::balanced_part;
-  for (std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{7919}}) {
+  for (std::size_t count :
+       {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{8}, std::size_t{7919}}) {
     for (int n = 1; n <= 9; ++n) {
       std::size_t next = 0;
       for (int r = 0; r < n; ++r) {
         auto const p = balanced_part(count, n, r);
         CHECK(p.offset == next);
-        CHECK(p.count + 1 >= (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n));
+        CHECK(p.count + 1 >=
+              (count + static_cast<std::size_t>(n) - 1) / static_cast<std::size_t>(n));
         next += p.count;
       }
       CHECK(next == count);

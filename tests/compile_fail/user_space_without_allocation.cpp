@@ -17,9 +17,9 @@ struct tag_only_space {
 };
 struct pinned_space : tag_only_space {
   friend constexpr bool operator==(pinned_space, pinned_space) noexcept = default;
-  static void* allocate(std::size_t bytes) { return ::operator new(bytes, std::align_val_t{64}); }
+  static void* allocate(std::size_t bytes) { return ::operator new (bytes, std::align_val_t{64}); }
   static void deallocate(void* p, std::size_t) noexcept {
-    ::operator delete(p, std::align_val_t{64});
+    ::operator delete (p, std::align_val_t{64});
   }
 };
 

@@ -23,8 +23,8 @@
 #include <vector>
 
 #if defined(__linux__)
-#  include <sys/syscall.h>
-#  include <unistd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace {
@@ -46,7 +46,8 @@ std::vector<T> naive_gemm(bool ta, bool tb, i64 m, i64 n, i64 k, T alpha, std::v
         s += x * y;
       }
       auto& cij = c[std::size_t(i * ldc + j)];
-      cij = static_cast<T>(static_cast<long double>(alpha) * s + static_cast<long double>(beta) * cij);
+      cij = static_cast<T>(static_cast<long double>(alpha) * s +
+                           static_cast<long double>(beta) * cij);
     }
   return c;
 }
@@ -66,7 +67,8 @@ void check_gemm(double tol) {
       weft::blas::gemm<T>(ta ? weft::blas::op::transpose : weft::blas::op::none,
                           tb ? weft::blas::op::transpose : weft::blas::op::none, m, n, k, T(0.5),
                           a.data(), lda, b.data(), ldb, T(-2), c.data(), ldc);
-      for (std::size_t i = 0; i < c.size(); ++i) CHECK(double(c[i]) == doctest::Approx(double(want[i])).epsilon(tol));
+      for (std::size_t i = 0; i < c.size(); ++i)
+        CHECK(double(c[i]) == doctest::Approx(double(want[i])).epsilon(tol));
     }
 }
 #endif
@@ -181,8 +183,8 @@ TEST_CASE("blas: weft::blas::gemm matches the naive product in every transpose, 
   check_gemm<float>(1e-5);
   check_gemm<double>(1e-12);
   std::vector<float> x(4);
-  CHECK_THROWS_AS(weft::blas::gemm<float>(weft::blas::op::none, weft::blas::op::none, i64(1) << 31, 1,
-                                          1, 1.0f, x.data(), 1, x.data(), 1, 0.0f, x.data(), 1),
+  CHECK_THROWS_AS(weft::blas::gemm<float>(weft::blas::op::none, weft::blas::op::none, i64(1) << 31,
+                                          1, 1, 1.0f, x.data(), 1, x.data(), 1, 0.0f, x.data(), 1),
                   weft::invalid_argument_error);
 #else
   MESSAGE("built without BLAS (WEFT_HAS_BLAS = 0): weft's tiles use their own loops");
@@ -190,7 +192,8 @@ TEST_CASE("blas: weft::blas::gemm matches the naive product in every transpose, 
 #endif
 }
 
-TEST_CASE("blas: serial_scope makes calls single-threaded, nests, and restores the count it found") {
+TEST_CASE(
+    "blas: serial_scope makes calls single-threaded, nests, and restores the count it found") {
 #if WEFT_BLAS_IS_OPENBLAS
   openblas_threads const user(3);
   int const configured = weft::blas::threads_per_call();  // 3, or 1 for a sequential OpenBLAS

@@ -66,7 +66,9 @@ struct bf16_format {
   static float cuda_to_float(std::uint16_t b) { return __bfloat162float(cuda_bf16(b)); }
   static int cuda_to_int_rz(std::uint16_t b) { return __bfloat162int_rz(cuda_bf16(b)); }
   static long long cuda_to_ll_rz(std::uint16_t b) { return __bfloat162ll_rz(cuda_bf16(b)); }
-  static unsigned char cuda_to_uchar_rz(std::uint16_t b) { return __bfloat162uchar_rz(cuda_bf16(b)); }
+  static unsigned char cuda_to_uchar_rz(std::uint16_t b) {
+    return __bfloat162uchar_rz(cuda_bf16(b));
+  }
 };
 
 struct f16_format {
@@ -265,11 +267,12 @@ void check_double_conversion() {
   std::uniform_real_distribution<double> unit(-1.0, 1.0);
   std::uniform_int_distribution<int> scale(-140, 130);
   for (int i = 0; i < 200000; ++i) xs.push_back(std::ldexp(unit(rng), scale(rng)));
-  for (double x : {0.0, -0.0, 1e300, -1e300, 1e-300, -1e-300,
-                   std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity(),
-                   std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::quiet_NaN(),
-                   std::numeric_limits<double>::denorm_min(), double{std::numeric_limits<float>::max()},
-                   std::nextafter(double{std::numeric_limits<float>::max()}, 1e300)}) {
+  for (double x :
+       {0.0, -0.0, 1e300, -1e300, 1e-300, -1e-300, std::numeric_limits<double>::infinity(),
+        -std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN(),
+        -std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::denorm_min(),
+        double{std::numeric_limits<float>::max()},
+        std::nextafter(double{std::numeric_limits<float>::max()}, 1e300)}) {
     xs.push_back(x);
   }
 
@@ -311,8 +314,16 @@ void check_integer_conversion() {
   std::vector<std::int64_t> wide = {std::numeric_limits<std::int64_t>::min(),
                                     std::numeric_limits<std::int64_t>::max(),
                                     std::numeric_limits<std::int64_t>::min() + 1,
-                                    0, 1, -1, 65504, 65519, 65520, -65520, (1LL << 24) + 1,
-                                    (1LL << 53) + 1, (1LL << 62) + (1LL << 54) + 1};
+                                    0,
+                                    1,
+                                    -1,
+                                    65504,
+                                    65519,
+                                    65520,
+                                    -65520,
+                                    (1LL << 24) + 1,
+                                    (1LL << 53) + 1,
+                                    (1LL << 62) + (1LL << 54) + 1};
   for (int i = 0; i < 300000; ++i) {
     // Random magnitudes with every bit width, so that all exponents get rounded.
     std::int64_t const v = static_cast<std::int64_t>(rng() >> (rng() % 64));
@@ -345,7 +356,8 @@ void check_to_integer_all() {
     // CUDA's host __half2ll_rz / __bfloat162ll_rz return INT64_MIN for NaN (the x86 answer)
     // while their int and uchar versions and every device cvt.rzi return 0; weft says 0 always.
     long long const want_l = nan ? 0 : Format::cuda_to_ll_rz(h);
-    bool const ok = i == Format::cuda_to_int_rz(h) && l == want_l && u == Format::cuda_to_uchar_rz(h);
+    bool const ok =
+        i == Format::cuda_to_int_rz(h) && l == want_l && u == Format::cuda_to_uchar_rz(h);
     if (!ok && ++mismatches <= 5) {
       INFO(Format::name, " bits ", hex(b), ": weft ", i, " / ", l, " / ", int{u});
       CHECK(i == Format::cuda_to_int_rz(h));
@@ -368,7 +380,8 @@ void check_arithmetic() {
   while (checked < 200000) {
     auto const ab = static_cast<std::uint16_t>(any_bits(rng));
     auto const bb = static_cast<std::uint16_t>(any_bits(rng));
-    if ((ab & exp_mask<Format>) == exp_mask<Format> || (bb & exp_mask<Format>) == exp_mask<Format>) {
+    if ((ab & exp_mask<Format>) == exp_mask<Format> ||
+        (bb & exp_mask<Format>) == exp_mask<Format>) {
       continue;
     }
     int const ea = (ab & exp_mask<Format>) >> Format::frac_bits;
@@ -402,7 +415,7 @@ void check_all_floats() {
   std::int64_t mismatches = 0;
   std::int64_t first = std::int64_t{1} << 32;
 #if defined(_OPENMP)
-#  pragma omp parallel for schedule(static) reduction(+ : mismatches) reduction(min : first)
+#pragma omp parallel for schedule(static) reduction(+ : mismatches) reduction(min : first)
 #endif
   for (std::int64_t i = 0; i < (std::int64_t{1} << 32); ++i) {
     float const x = float_from_bits(static_cast<std::uint32_t>(i));
@@ -509,32 +522,27 @@ TEST_CASE("dtype: float -> bf16 golden values") {
     std::uint16_t out;
   };
   golden const cases[] = {
-      {0x3f800000, 0x3f80},  // 1
-      {0xc0000000, 0xc000},  // -2
-      {0x3dcccccd, 0x3dcd},  // 0.1f: remainder 0xcccd > half, up
-      {0x3f808000, 0x3f80},  // 1 + 2^-8: tie, 0x3f80 is even, down
-      {0x3f818000, 0x3f82},  // tie next to odd 0x3f81, up to even
-      {0x3f808001, 0x3f81},  // just above the tie
-      {0x3f817fff, 0x3f81},  // just below the tie
-      {0x7f7f7fff, 0x7f7f},  // just below max + ulp/2: max
-      {0x7f7f8000, 0x7f80},  // the overflow tie goes to infinity
-      {0x7f7fffff, 0x7f80},  // FLT_MAX overflows
-      {0xff7fffff, 0xff80},
-      {0x00000001, 0x0000},  // float denorm_min underflows
-      {0x00008000, 0x0000},  // half of bf16 denorm_min: tie to even zero
-      {0x00008001, 0x0001},
-      {0x00018000, 0x0002},  // tie next to odd 1, up
-      {0x00800000, 0x0080},  // smallest normal
-      {0x80000000, 0x8000},  // -0
+      {0x3f800000, 0x3f80},                        // 1
+      {0xc0000000, 0xc000},                        // -2
+      {0x3dcccccd, 0x3dcd},                        // 0.1f: remainder 0xcccd > half, up
+      {0x3f808000, 0x3f80},                        // 1 + 2^-8: tie, 0x3f80 is even, down
+      {0x3f818000, 0x3f82},                        // tie next to odd 0x3f81, up to even
+      {0x3f808001, 0x3f81},                        // just above the tie
+      {0x3f817fff, 0x3f81},                        // just below the tie
+      {0x7f7f7fff, 0x7f7f},                        // just below max + ulp/2: max
+      {0x7f7f8000, 0x7f80},                        // the overflow tie goes to infinity
+      {0x7f7fffff, 0x7f80},                        // FLT_MAX overflows
+      {0xff7fffff, 0xff80}, {0x00000001, 0x0000},  // float denorm_min underflows
+      {0x00008000, 0x0000},                        // half of bf16 denorm_min: tie to even zero
+      {0x00008001, 0x0001}, {0x00018000, 0x0002},  // tie next to odd 1, up
+      {0x00800000, 0x0080},                        // smallest normal
+      {0x80000000, 0x8000},                        // -0
       {0x807fffff, 0x8080},  // largest negative subnormal float rounds up into the normals
       {0x7f800000, 0x7f80},  // inf
       {0xff800000, 0xff80},  // -inf
       {0x7fc00000, 0x7fff},  // NaNs of any sign and payload: canonical
-      {0xffc00000, 0x7fff},
-      {0x7f800001, 0x7fff},  // truncating would give inf
-      {0x7fbfffff, 0x7fff},
-      {0xffffffff, 0x7fff},
-      {0x7fff8000, 0x7fff},
+      {0xffc00000, 0x7fff}, {0x7f800001, 0x7fff},  // truncating would give inf
+      {0x7fbfffff, 0x7fff}, {0xffffffff, 0x7fff}, {0x7fff8000, 0x7fff},
   };
   for (auto const& c : cases) {
     INFO("float bits ", hex(c.in));
@@ -560,16 +568,16 @@ TEST_CASE("dtype: float -> f16 golden values") {
       {65520.0f, 0x7c00},  // max + ulp/2: tie to even is infinity
       {-65520.0f, 0xfc00},
       {1e6f, 0x7c00},
-      {0x1p-14f, 0x0400},                     // smallest normal
-      {1023.5f * 0x1p-24f, 0x0400},           // tie between largest subnormal (odd) and it
+      {0x1p-14f, 0x0400},            // smallest normal
+      {1023.5f * 0x1p-24f, 0x0400},  // tie between largest subnormal (odd) and it
       {1023.25f * 0x1p-24f, 0x03ff},
-      {0x1p-24f, 0x0001},                     // smallest subnormal
+      {0x1p-24f, 0x0001},  // smallest subnormal
       {-0x1p-24f, 0x8001},
-      {0x1p-25f, 0x0000},                     // half of it: tie to even zero
+      {0x1p-25f, 0x0000},  // half of it: tie to even zero
       {-0x1p-25f, 0x8000},
       {std::nextafter(0x1p-25f, 1.0f), 0x0001},
-      {3 * 0x1p-25f, 0x0002},                 // 1.5 units: tie, up to even 2
-      {5 * 0x1p-25f, 0x0002},                 // 2.5 units: tie, down to even 2
+      {3 * 0x1p-25f, 0x0002},  // 1.5 units: tie, up to even 2
+      {5 * 0x1p-25f, 0x0002},  // 2.5 units: tie, down to even 2
       {0x1p-26f, 0x0000},
       {0x1p-149f, 0x0000},
       {-0.0f, 0x8000},
@@ -725,9 +733,9 @@ TEST_CASE("dtype: compound assignment, negation and mixed expressions") {
   auto const mixed = bf16(1.0f) + 0x1p-20f;
   static_assert(std::is_same_v<decltype(mixed), float const>);
   CHECK(mixed == 1.0f + 0x1p-20f);
-  CHECK((bf16(65504.0f) * bf16(2.0f)).bits() == 0x4800);            // bf16's range is float's
-  CHECK((f16(65504.0f) + f16(16.0f)).bits() == 0x7c00);             // 65520: overflow tie
-  CHECK((f16(0x1p-24f) * f16(0.5f)).bits() == 0x0000);              // underflow tie to even
+  CHECK((bf16(65504.0f) * bf16(2.0f)).bits() == 0x4800);  // bf16's range is float's
+  CHECK((f16(65504.0f) + f16(16.0f)).bits() == 0x7c00);   // 65520: overflow tie
+  CHECK((f16(0x1p-24f) * f16(0.5f)).bits() == 0x0000);    // underflow tie to even
   CHECK(isnan(f16(0.0f) / f16(0.0f)));
   CHECK((f16(0.0f) / f16(0.0f)).bits() == 0x7fff);
   CHECK((f16(1.0f) / f16(3.0f)).bits() == 0x3555);
@@ -888,7 +896,5 @@ TEST_SUITE("slow") {
     check_all_floats<bf16_format>();
   }
 
-  TEST_CASE("dtype: all 2^32 floats -> f16 equal __float2half") {
-    check_all_floats<f16_format>();
-  }
+  TEST_CASE("dtype: all 2^32 floats -> f16 equal __float2half") { check_all_floats<f16_format>(); }
 }

@@ -88,11 +88,13 @@ TEST_CASE("error: WEFT_THROW streams its arguments") {
 
 TEST_CASE("error: what() ends with a short location, not a whole template signature") {
   try {
-    holder<std::vector<double>>{}.check(-1, [](int) {}, std::string("x"));
+    holder<std::vector<double>>{}.check(
+        -1, [](int) {}, std::string("x"));
     FAIL("expected an exception");
   } catch (weft::invalid_argument_error const& e) {
     std::string const what = e.what();
-    std::string const expected = "[at error.test.cpp:" + std::to_string(e.where().line()) + " in holder::check]";
+    std::string const expected =
+        "[at error.test.cpp:" + std::to_string(e.where().line()) + " in holder::check]";
     CHECK(what.size() >= expected.size());
     CHECK(what.substr(what.size() - expected.size()) == expected);
     CHECK(what.find("with ") == std::string::npos);
@@ -110,12 +112,13 @@ TEST_CASE("error: what() ends with a short location, not a whole template signat
   CHECK(weft::error::short_file("/usr/local/include/weft/comm/threads/communicator.hpp") ==
         "weft/comm/threads/communicator.hpp");
   CHECK(weft::error::short_file("/src/app/train.cpp") == "train.cpp");
+  CHECK(
+      weft::error::short_function(
+          "void weft::comm::threads::communicator::run(call&, P&&, B&&) [with P = std::nullptr_t; "
+          "B = weft::comm::threads::communicator::all_reduce(buffer_view, buffer_view, reduce_op, "
+          "op_options)::<lambda(uint64_t)>]") == "communicator::run");
   CHECK(weft::error::short_function(
-            "void weft::comm::threads::communicator::run(call&, P&&, B&&) [with P = std::nullptr_t; "
-            "B = weft::comm::threads::communicator::all_reduce(buffer_view, buffer_view, reduce_op, "
-            "op_options)::<lambda(uint64_t)>]") == "communicator::run");
-  CHECK(weft::error::short_function("std::vector<int> const& weft::a::b<T>::c(int) const [T = int]") ==
-        "b::c");
+            "std::vector<int> const& weft::a::b<T>::c(int) const [T = int]") == "b::c");
   CHECK(weft::error::short_function("bool weft::x::operator()(int) const") == "x::operator()");
   CHECK(weft::error::short_function("needs_positive") == "needs_positive");
   CHECK(weft::error::short_function("operator()") == "operator()");

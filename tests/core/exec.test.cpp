@@ -17,7 +17,7 @@
 #include <vector>
 
 #if defined(_OPENMP)
-#  include <omp.h>
+#include <omp.h>
 #endif
 
 namespace {
@@ -76,7 +76,9 @@ static_assert(std::is_same_v<weft::memory_space_t<weft::exec::cuda>, weft::cuda_
 
 // Whether fill(exec, view, value) accepts a view: only views in the executor's memory space.
 template <class E, class V>
-concept can_fill_with = requires(E const& e, V const& v) { weft::fill(e, v, 1.0f); };
+concept can_fill_with = requires(E const& e, V const& v) {
+  weft::fill(e, v, 1.0f);
+};
 static_assert(can_fill_with<weft::exec::host, weft::tensor_view<float, 2>>);
 static_assert(can_fill_with<weft::exec::host, weft::strided_view<float, 3>>);
 static_assert(!can_fill_with<weft::exec::host, weft::tensor_view<float, 2, weft::cuda_space>>);
@@ -215,15 +217,17 @@ TEST_CASE("exec: for_each_chunk runs every item once with a per-worker state") {
   CHECK(made.load() == n);
   // Empty: no state is made; a negative count or thread count throws before anything runs.
   made = 0;
-  weft::for_each_chunk(weft::exec::host{3}, 0, make_scratch{&made}, chunk_item{out.data(), &shared});
+  weft::for_each_chunk(weft::exec::host{3}, 0, make_scratch{&made},
+                       chunk_item{out.data(), &shared});
   weft::for_each_chunk(user_loop{}, 0, make_scratch{&made}, chunk_item{out.data(), &shared});
   CHECK(made.load() == 0);
-  CHECK_THROWS_WITH_AS(
-      weft::for_each_chunk(weft::exec::host{}, -1, make_scratch{&made}, chunk_item{out.data(), &shared}),
-      doctest::Contains("`n`: expected >= 0, actual -1"), weft::invalid_argument_error);
-  CHECK_THROWS_AS(
-      weft::for_each_chunk(weft::exec::host{-2}, 4, make_scratch{&made}, chunk_item{out.data(), &shared}),
-      weft::invalid_argument_error);
+  CHECK_THROWS_WITH_AS(weft::for_each_chunk(weft::exec::host{}, -1, make_scratch{&made},
+                                            chunk_item{out.data(), &shared}),
+                       doctest::Contains("`n`: expected >= 0, actual -1"),
+                       weft::invalid_argument_error);
+  CHECK_THROWS_AS(weft::for_each_chunk(weft::exec::host{-2}, 4, make_scratch{&made},
+                                       chunk_item{out.data(), &shared}),
+                  weft::invalid_argument_error);
   CHECK(made.load() == 0);
 }
 

@@ -183,8 +183,8 @@ TEST_CASE("log_add_exp: accurate, commutative, -inf is the identity, huge gaps a
   for (int i = 0; i < 2000; ++i) {
     double const a = u(gen), b = u(gen);
     long double const hi = a > b ? a : b;
-    long double const want =
-        hi + std::log(std::exp(static_cast<long double>(a) - hi) + std::exp(static_cast<long double>(b) - hi));
+    long double const want = hi + std::log(std::exp(static_cast<long double>(a) - hi) +
+                                           std::exp(static_cast<long double>(b) - hi));
     CHECK(weft::log_add_exp(a, b) == doctest::Approx(static_cast<double>(want)).epsilon(2e-15));
     CHECK(same_bits(weft::log_add_exp(a, b), weft::log_add_exp(b, a)));
     auto const af = static_cast<float>(a), bf = static_cast<float>(b);

@@ -20,15 +20,15 @@
 #include <vector>
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
-#  include <weft/core/cuda/random.cuh>
+#include <weft/core/cuda/random.cuh>
 #endif
 
 #if defined(__CUDACC__) && __has_include(<curand_kernel.h>)
 // cuRAND's Philox4_32_10 is an independent implementation of the same counter layout: its device
 // functions are plain C, so redefining their qualifiers lets the host call them.
-#  define QUALIFIERS static inline __host__ __device__
-#  include <curand_kernel.h>
-#  define WEFT_TEST_HAS_CURAND 1
+#define QUALIFIERS static inline __host__ __device__
+#include <curand_kernel.h>
+#define WEFT_TEST_HAS_CURAND 1
 #endif
 
 // A user's executor (house_style.md probe A.3): it opts in with the tag, names its memory space,
@@ -731,16 +731,20 @@ static_assert(weft::Executor<mine::pool>);
 
 // fill_uniform(ex, view, ...) accepts a view only in the executor's memory space.
 template <class E, class V>
-concept can_fill_uniform_with =
-    requires(E const& e, V const& v) { weft::fill_uniform(e, v, weft::rng{1, 0}, 0.0, 1.0); };
+concept can_fill_uniform_with = requires(E const& e, V const& v) {
+  weft::fill_uniform(e, v, weft::rng{1, 0}, 0.0, 1.0);
+};
 static_assert(can_fill_uniform_with<mine::pool, weft::tensor_view<float, 2>>);
 static_assert(can_fill_uniform_with<weft::exec::host, weft::strided_view<double, 3>>);
 static_assert(!can_fill_uniform_with<mine::pool, weft::tensor_view<float, 2, weft::cuda_space>>);
-static_assert(!can_fill_uniform_with<weft::exec::host, weft::tensor_view<float, 2, weft::cuda_space>>);
+static_assert(
+    !can_fill_uniform_with<weft::exec::host, weft::tensor_view<float, 2, weft::cuda_space>>);
 static_assert(!can_fill_uniform_with<mine::pool, weft::tensor_view<float const, 2>>);
 static_assert(!can_fill_uniform_with<int, weft::tensor_view<float, 2>>);
 
-TEST_CASE("random: a user's executor (ADL for_each_index) drives fill_uniform and fill_normal like exec::host") {
+TEST_CASE(
+    "random: a user's executor (ADL for_each_index) drives fill_uniform and fill_normal like "
+    "exec::host") {
   weft::rng const g(21, 3);
   int calls = 0;
   mine::pool const pool{&calls};

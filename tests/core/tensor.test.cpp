@@ -1,6 +1,7 @@
-// Tests for weft/core/tensor.hpp (tensor/{view,owning,subview,print}.hpp, algorithm/{copy,fill}.hpp)
-// and weft/core/memory.hpp: concepts, owning tensors, sub-view offsets and strides (checked
-// against offsets written out by hand), copies, fills, shape errors and the printer's exact output.
+// Tests for weft/core/tensor.hpp (tensor/{view,owning,subview,print}.hpp,
+// algorithm/{copy,fill}.hpp) and weft/core/memory.hpp: concepts, owning tensors, sub-view offsets
+// and strides (checked against offsets written out by hand), copies, fills, shape errors and the
+// printer's exact output.
 #include <weft/core/algorithm/copy.hpp>
 #include <weft/core/algorithm/fill.hpp>
 #include <weft/core/dtype.hpp>
@@ -512,15 +513,16 @@ TEST_CASE("tensor: copy between overlapping host views reads all of src before w
 TEST_CASE("tensor: fill writes exactly the viewed elements") {
   auto t = weft::make_tensor<int>(3, 4);
   weft::fill(t.view(), 0);
-  weft::fill(weft::select(t.view(), 1, 2), 5);  // column 2
+  weft::fill(weft::select(t.view(), 1, 2), 5);                        // column 2
   weft::fill(weft::slice(weft::select(t.view(), 0, 0), 0, 0, 2), 9);  // row 0, columns 0..1
-  int const expected[12] = {9, 9, 5, 0,  //
-                            0, 0, 5, 0,  //
+  int const expected[12] = {9, 9, 5, 0,                               //
+                            0, 0, 5, 0,                               //
                             0, 0, 5, 0};
   for (int i = 0; i < 12; ++i) CHECK(t.data()[i] == expected[i]);
 }
 
-TEST_CASE("tensor: both halves of copy and of fill keep one contract (algorithm/copy.hpp, fill.hpp)") {
+TEST_CASE(
+    "tensor: both halves of copy and of fill keep one contract (algorithm/copy.hpp, fill.hpp)") {
   // The host-thread half and the executor half must write the same elements with the same
   // values, leave everything outside dst untouched, and refuse a shape mismatch before writing.
   auto src = iota_234();

@@ -371,8 +371,10 @@ TEST_SUITE("threads") {
         for (int i = 0; i < 500 && !rank2_done; ++i) std::this_thread::sleep_for(10ms);
       if (world.rank() < 2) {
         try {
-          if (world.rank() == 0) tp.all_reduce(in, in, {}, {}).wait();
-          else tp.all_gather(in, weft::comm::host_view(std::span<float>(all)), {}).wait();
+          if (world.rank() == 0)
+            tp.all_reduce(in, in, {}, {}).wait();
+          else
+            tp.all_gather(in, weft::comm::host_view(std::span<float>(all)), {}).wait();
         } catch (weft::mismatch_error const& e) {
           mismatch_what[r] = e.what();
         }

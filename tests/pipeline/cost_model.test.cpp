@@ -46,8 +46,8 @@ TEST_CASE("cost_model: partitions cover every layer once") {
       CHECK(*std::max_element(u.begin(), u.end()) - *std::min_element(u.begin(), u.end()) <= 1);
     }
   CHECK_THROWS_AS(partition_uniform(8, 0), weft::schedule_error);
-  CHECK_THROWS_WITH_AS(partition_redistribute(8, 4, 9), doctest::Contains("argument `last_stage_layers`"),
-                       weft::schedule_error);
+  CHECK_THROWS_WITH_AS(partition_redistribute(8, 4, 9),
+                       doctest::Contains("argument `last_stage_layers`"), weft::schedule_error);
 }
 
 TEST_CASE("cost_model: the default model, term by term") {
@@ -69,7 +69,8 @@ TEST_CASE("cost_model: the default model, term by term") {
     CHECK(c.p2p_bytes == doctest::Approx(2 * s * h));
     // Peak memory of rank 0 = parameters + 8 in-flight microbatches of its activations.
     auto const sim = simulate(sched, c);
-    CHECK(sim.peak_memory_bytes[0] == doctest::Approx(c.parameter_bytes[0] + 8 * c.activation_bytes[0]));
+    CHECK(sim.peak_memory_bytes[0] ==
+          doctest::Approx(c.parameter_bytes[0] + 8 * c.activation_bytes[0]));
   }
   SUBCASE("vocabulary parallelism: S and T split 3E over the ranks, the embeddings are sharded") {
     schedule const one(8, 8, 16, placement::loop, vocab_variant::one_barrier);
@@ -90,10 +91,10 @@ TEST_CASE("cost_model: the default model, term by term") {
   }
   SUBCASE("bad input") {
     auto const sched = one_f_one_b(4, 8);
-    CHECK_THROWS_WITH_AS(make_cost_model(sched, shape, {8, 8, 8}), doctest::Contains("layers_per_stage.size()"),
-                         weft::schedule_error);
-    CHECK_THROWS_WITH_AS(make_cost_model(sched, shape, {8, 8, 8, 7}), doctest::Contains("actual 31"),
-                         weft::schedule_error);
+    CHECK_THROWS_WITH_AS(make_cost_model(sched, shape, {8, 8, 8}),
+                         doctest::Contains("layers_per_stage.size()"), weft::schedule_error);
+    CHECK_THROWS_WITH_AS(make_cost_model(sched, shape, {8, 8, 8, 7}),
+                         doctest::Contains("actual 31"), weft::schedule_error);
     auto costs = unit_costs(sched);
     costs.forward.pop_back();
     CHECK_THROWS_AS(simulate(sched, costs), weft::schedule_error);

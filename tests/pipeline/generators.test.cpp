@@ -54,8 +54,13 @@ TEST_CASE("generators: golden unit-cost makespans and peaks (note §2.1)") {
       {"interleaved p4 m8 v4", interleaved_one_f_one_b(4, 8, 4), 26.25, 0.09375, {19, 17, 15, 13}},
       {"1F1B p4 m16", one_f_one_b(4, 16), 57.0, 0.1875, {4, 3, 2, 1}},
       {"1F1B p8 m32", one_f_one_b(8, 32), 117.0, 0.21875, descending(8, 1, 1)},
-      {"interleaved p8 m32 v2", interleaved_one_f_one_b(8, 32, 2), 106.5, 0.109375, descending(23, 9, 2)},
-      {"interleaved p4 m10 v2 g5", interleaved_one_f_one_b(4, 10, 2, {5, false}), 34.5, 0.15, {12, 10, 8, 6}},
+      {"interleaved p8 m32 v2", interleaved_one_f_one_b(8, 32, 2), 106.5, 0.109375,
+       descending(23, 9, 2)},
+      {"interleaved p4 m10 v2 g5",
+       interleaved_one_f_one_b(4, 10, 2, {5, false}),
+       34.5,
+       0.15,
+       {12, 10, 8, 6}},
   };
   for (auto const& g : table) {
     CAPTURE(g.name);
@@ -80,8 +85,10 @@ TEST_CASE("generators: GPipe and 1F1B makespan is (m+p-1)(F+B) over the grid") {
         auto const s = one_f_one_b(p, m);
         auto const sim = simulate(s, note_costs(s, f, i, w));
         CHECK(sim.makespan == doctest::Approx(want));
-        for (int r = 0; r < p; ++r) CHECK(sim.peak_in_flight[static_cast<std::size_t>(r)] == std::min(p - r, m));
-        for (int r = 0; r < p; ++r) CHECK(simulate_note(g).peak_in_flight[static_cast<std::size_t>(r)] == m);
+        for (int r = 0; r < p; ++r)
+          CHECK(sim.peak_in_flight[static_cast<std::size_t>(r)] == std::min(p - r, m));
+        for (int r = 0; r < p; ++r)
+          CHECK(simulate_note(g).peak_in_flight[static_cast<std::size_t>(r)] == m);
       }
     }
 }
@@ -109,20 +116,26 @@ TEST_CASE("generators: interleaved makespan is m(F+B) + (p-1)(F+B)/v for every l
         }
   CHECK(legal > 100);
   // Rank 0 holds p + (p-1)/v stage-microbatches at g = p: 5.5 for p=4, v=2 (11 chunks of 1/2).
-  CHECK(simulate_note(interleaved_one_f_one_b(4, 8, 2)).peak_activation_bytes[0] == doctest::Approx(5.5));
-  CHECK(simulate_note(interleaved_one_f_one_b(4, 8, 4)).peak_activation_bytes[0] == doctest::Approx(4.75));
+  CHECK(simulate_note(interleaved_one_f_one_b(4, 8, 2)).peak_activation_bytes[0] ==
+        doctest::Approx(5.5));
+  CHECK(simulate_note(interleaved_one_f_one_b(4, 8, 4)).peak_activation_bytes[0] ==
+        doctest::Approx(4.75));
 }
 
 TEST_CASE("generators: configurations Megatron and PyTorch reject are rejected") {
-  CHECK_THROWS_WITH_AS(one_f_one_b(4, 3), doctest::Contains("argument `m`: expected >= p (4), actual 3"),
+  CHECK_THROWS_WITH_AS(one_f_one_b(4, 3),
+                       doctest::Contains("argument `m`: expected >= p (4), actual 3"),
                        weft::schedule_error);
   CHECK_THROWS_WITH_AS(interleaved_one_f_one_b(4, 8, 2, {3, false}),
-                       doctest::Contains("argument `group`: expected >= p (4), actual 3"), weft::schedule_error);
+                       doctest::Contains("argument `group`: expected >= p (4), actual 3"),
+                       weft::schedule_error);
   CHECK_THROWS_WITH_AS(interleaved_one_f_one_b(4, 8, 2, {9, false}),
-                       doctest::Contains("argument `group`: expected <= m (8), actual 9"), weft::schedule_error);
+                       doctest::Contains("argument `group`: expected <= m (8), actual 9"),
+                       weft::schedule_error);
   CHECK_THROWS_WITH_AS(interleaved_one_f_one_b(4, 9, 2), doctest::Contains("argument `m % group`"),
                        weft::schedule_error);
-  CHECK_THROWS_WITH_AS(interleaved_one_f_one_b(4, 9, 2), doctest::Contains("actual 1"), weft::schedule_error);
+  CHECK_THROWS_WITH_AS(interleaved_one_f_one_b(4, 9, 2), doctest::Contains("actual 1"),
+                       weft::schedule_error);
   CHECK_THROWS_AS(interleaved_one_f_one_b(8, 16, 2, {9, false}), weft::schedule_error);
   CHECK_THROWS_AS(interleaved_one_f_one_b(4, 8, 0), weft::schedule_error);
   CHECK_THROWS_AS(gpipe(0, 8), weft::schedule_error);
@@ -133,8 +146,10 @@ TEST_CASE("generators: configurations Megatron and PyTorch reject are rejected")
       bool const ok = m % g == 0 || m % g >= 4;
       CAPTURE(m);
       CAPTURE(g);
-      if (ok) CHECK_NOTHROW(interleaved_one_f_one_b(4, m, 2, {g, false}));
-      else CHECK_THROWS_AS(interleaved_one_f_one_b(4, m, 2, {g, false}), weft::schedule_error);
+      if (ok)
+        CHECK_NOTHROW(interleaved_one_f_one_b(4, m, 2, {g, false}));
+      else
+        CHECK_THROWS_AS(interleaved_one_f_one_b(4, m, 2, {g, false}), weft::schedule_error);
     }
 }
 

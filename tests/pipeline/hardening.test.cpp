@@ -23,7 +23,8 @@ using namespace weft::pipeline;
 
 namespace {
 
-std::string const header1 = "weft-schedule ranks=1 stages=1 microbatches=1 placement=loop vocab=none\n";
+std::string const header1 =
+    "weft-schedule ranks=1 stages=1 microbatches=1 placement=loop vocab=none\n";
 
 std::vector<std::filesystem::path> files_under(std::filesystem::path const& dir) {
   std::vector<std::filesystem::path> out;
@@ -42,11 +43,14 @@ std::string read_bytes(std::filesystem::path const& p) {
 
 TEST_CASE("hardening: a header asking for 2^31 ranks is rejected before anything is sized by it") {
   // 95 bytes that made the old parser build a schedule of INT_MAX rank programs (51 GB).
-  std::string const text = "weft-schedule ranks=2147483647 stages=2147483647 microbatches=1 placement=loop vocab=none\n0:";
+  std::string const text =
+      "weft-schedule ranks=2147483647 stages=2147483647 microbatches=1 placement=loop "
+      "vocab=none\n0:";
   CHECK_THROWS_WITH_AS(parse_schedule(text), doctest::Contains("rank lines"), weft::schedule_error);
 }
 
-TEST_CASE("hardening: validate, simulate and lower size their index by the actions, not the header") {
+TEST_CASE(
+    "hardening: validate, simulate and lower size their index by the actions, not the header") {
   // 10 bytes of CSV: one forward of microbatch 99999999 implies 10^8 microbatches; the old
   // index asked for 13 x 10^8 slots.
   auto const csv = parse_csv("0F99999999");
@@ -58,8 +62,10 @@ TEST_CASE("hardening: validate, simulate and lower size their index by the actio
   CHECK_THROWS_AS((void)lower(csv), weft::schedule_error);
   // The text form: a header of 10^9 stages over one action.
   auto const big = parse_schedule(
-      "weft-schedule ranks=1 stages=1000000000 microbatches=1000 placement=loop vocab=none\n0: 0F0\n");
-  CHECK_THROWS_WITH_AS(validate(big), doctest::Contains("stages x microbatches"), weft::schedule_error);
+      "weft-schedule ranks=1 stages=1000000000 microbatches=1000 placement=loop vocab=none\n0: "
+      "0F0\n");
+  CHECK_THROWS_WITH_AS(validate(big), doctest::Contains("stages x microbatches"),
+                       weft::schedule_error);
   CHECK_THROWS_AS((void)simulate(big), weft::schedule_error);
   CHECK_THROWS_AS((void)lower(big), weft::schedule_error);
 }
@@ -76,7 +82,8 @@ TEST_CASE("hardening: indices near INT_MAX neither overflow nor pass") {
   CHECK_THROWS_AS((void)parse_schedule(header1 + "0: 2147483648F0\n"), weft::schedule_error);
 }
 
-TEST_CASE("hardening: simulate on an invalid parsed schedule throws schedule_error, never out_of_range") {
+TEST_CASE(
+    "hardening: simulate on an invalid parsed schedule throws schedule_error, never out_of_range") {
   auto const s = parse_schedule(header1 + "0: 5F0 5B0\n");  // stage 5 of a 1-stage schedule
   CHECK_THROWS_WITH_AS((void)simulate(s), doctest::Contains("simulate: invalid schedule"),
                        weft::schedule_error);
@@ -85,7 +92,8 @@ TEST_CASE("hardening: simulate on an invalid parsed schedule throws schedule_err
   // Stage 1 of a 1-stage schedule runs after 0F0: the old simulator looked its cost up with
   // vector::at and threw std::out_of_range.
   auto const t = parse_schedule(header1 + "0: 0F0 1F0\n");
-  CHECK_THROWS_WITH_AS((void)simulate(t), doctest::Contains("rule `mapping`"), weft::schedule_error);
+  CHECK_THROWS_WITH_AS((void)simulate(t), doctest::Contains("rule `mapping`"),
+                       weft::schedule_error);
   CHECK_THROWS_AS((void)simulate(t, note_costs(t)), weft::schedule_error);
   // Microbatch 1 of a 1-microbatch schedule: the old simulator timed it without a word.
   auto const u = parse_schedule(header1 + "0: 0F0 0B0 0F1\n");
@@ -118,13 +126,15 @@ TEST_CASE("hardening: CSV enum overrides are checked, so the round trip holds") 
 
 TEST_CASE("hardening: schedule::push and actions with a bad rank throw schedule_error") {
   schedule s(2, 2, 1);
-  CHECK_THROWS_WITH_AS(s.push(2, s.make(op::forward, 0, 0)), doctest::Contains("rank"), weft::schedule_error);
+  CHECK_THROWS_WITH_AS(s.push(2, s.make(op::forward, 0, 0)), doctest::Contains("rank"),
+                       weft::schedule_error);
   CHECK_THROWS_AS(s.push(-1, s.make(op::forward, 0, 0)), weft::schedule_error);
   CHECK_THROWS_AS((void)std::as_const(s).actions(5), weft::schedule_error);
   CHECK(s.total_actions() == 0);  // nothing half-written
 }
 
-TEST_CASE("hardening: every fuzz corpus and regression input gives a schedule or a schedule_error") {
+TEST_CASE(
+    "hardening: every fuzz corpus and regression input gives a schedule or a schedule_error") {
   auto const root = std::filesystem::path(__FILE__).parent_path() / "fuzz";
   auto const inputs = files_under(root / "regressions");
   auto const corpus = files_under(root / "corpus");
@@ -139,12 +149,13 @@ TEST_CASE("hardening: every fuzz corpus and regression input gives a schedule or
   MESSAGE(inputs.size() << " regression inputs, " << corpus.size() << " corpus inputs replayed");
 }
 
-TEST_CASE("hardening: unit costs give the vocabulary passes and the output layer a cost (item 14)") {
+TEST_CASE(
+    "hardening: unit costs give the vocabulary passes and the output layer a cost (item 14)") {
   int const p = 4, m = 16;
   auto const base = one_f_one_b(p, m);
   auto const vp = vocab_one_f_one_b(p, m, vocab_variant::one_barrier);
   auto const vc = unit_costs(vp);
-  CHECK(vc.vocab_forward == doctest::Approx(2.0 / p));  // the output layer's F + I over p ranks
+  CHECK(vc.vocab_forward == doctest::Approx(2.0 / p));   // the output layer's F + I over p ranks
   CHECK(vc.vocab_backward == doctest::Approx(1.0 / p));  // its W
   auto const v2 = unit_costs(vocab_one_f_one_b(p, m, vocab_variant::two_barrier));
   CHECK(v2.vocab_forward == doctest::Approx(1.0 / p));
@@ -163,18 +174,21 @@ TEST_CASE("hardening: unit costs give the vocabulary passes and the output layer
   for (int r = 0; r < p; ++r) {
     auto const& prog = vp.actions(r);
     for (std::size_t i = 0; i < prog.size(); ++i)
-      if (is_vocab_compute(prog[i].kind) && (prog[i].kind == op::vocab_forward || prog[i].kind == op::vocab_backward)) {
+      if (is_vocab_compute(prog[i].kind) &&
+          (prog[i].kind == op::vocab_forward || prog[i].kind == op::vocab_backward)) {
         auto const& t = sim.times[static_cast<std::size_t>(r)][i];
         CHECK(t.finish - t.start > 0.0);
         ++seen;
       }
   }
   CHECK(seen == 2 * p * m);
-  // Every S and T box of the drawing spans time and is wider than the 0.5 px a zero-length box gets.
+  // Every S and T box of the drawing spans time and is wider than the 0.5 px a zero-length box
+  // gets.
   auto const svg = render_svg(vp, sim);
   std::regex const box(R"re(width="([0-9.eE+-]+)"[^\n]*<title>\d+[ST]\d+ \[([^,]+), ([^\]]+)\])re");
   int boxes = 0;
-  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), box); it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(svg.begin(), svg.end(), box); it != std::sregex_iterator();
+       ++it) {
     CAPTURE((*it)[0].str());
     CHECK(std::stod((*it)[1].str()) > 0.5);
     CHECK(std::stod((*it)[3].str()) > std::stod((*it)[2].str()));

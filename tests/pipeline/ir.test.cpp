@@ -41,11 +41,13 @@ TEST_CASE("ir: action text follows PyTorch's letters plus S, T, IF, IB and colle
 }
 
 TEST_CASE("ir: malformed action text throws a schedule_error naming the text") {
-  for (std::string t : {"", "F0", "2F", "2X0", "2F-1", "*C2:1", "*C0", "*C0:x", "2SEND_X1", "2f0"}) {
+  for (std::string t :
+       {"", "F0", "2F", "2X0", "2F-1", "*C2:1", "*C0", "*C0:x", "2SEND_X1", "2f0"}) {
     CAPTURE(t);
     CHECK_THROWS_AS(parse_action(t), weft::schedule_error);
   }
-  CHECK_THROWS_WITH_AS(parse_action("2Q0"), doctest::Contains("actual `2Q0`"), weft::schedule_error);
+  CHECK_THROWS_WITH_AS(parse_action("2Q0"), doctest::Contains("actual `2Q0`"),
+                       weft::schedule_error);
 }
 
 TEST_CASE("ir: derived fields come from the stage mapping") {
@@ -89,8 +91,8 @@ TEST_CASE("ir: text and CSV round-trip exactly, including derived fields") {
 
   // A hand-written V-shaped schedule with vocabulary passes and collectives.
   schedule v(2, 4, 1, placement::v, vocab_variant::two_barrier);
-  for (auto t : {"0IF0", "*RE:0", "0F0", "0SEND_F0", "3RECV_F0", "3F0", "3B0", "*BX:0", "0S0", "*C0:0",
-                 "*BX:1", "0T0", "*C1:0"}) {
+  for (auto t : {"0IF0", "*RE:0", "0F0", "0SEND_F0", "3RECV_F0", "3F0", "3B0", "*BX:0", "0S0",
+                 "*C0:0", "*BX:1", "0T0", "*C1:0"}) {
     auto a = parse_action(t);
     v.resolve(a);
     v.push(0, a);
@@ -118,6 +120,8 @@ TEST_CASE("ir: reads PyTorch-style CSV with idle cells and infers the mapping") 
   // A schedule whose stages fit neither mapping is rejected.
   CHECK_THROWS_AS(parse_csv("0F0,1F0\n2F0\n"), weft::schedule_error);
   CHECK_THROWS_AS(parse_schedule("ranks=2"), weft::schedule_error);
-  CHECK_THROWS_AS(parse_schedule("weft-schedule ranks=2 stages=2 microbatches=1 placement=loop vocab=none\n0: 0F0\n"),
-                  weft::schedule_error);
+  CHECK_THROWS_AS(
+      parse_schedule(
+          "weft-schedule ranks=2 stages=2 microbatches=1 placement=loop vocab=none\n0: 0F0\n"),
+      weft::schedule_error);
 }

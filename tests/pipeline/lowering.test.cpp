@@ -45,7 +45,8 @@ std::vector<std::pair<std::string, schedule>> generators_p4_m8() {
 TEST_CASE("lowering: generated schedules lower to valid programs with the same timing") {
   for (int p : {2, 3, 4, 8})
     for (int m : {p, 2 * p + 1, 4 * p}) {
-      std::vector<schedule> all = {gpipe(p, m), one_f_one_b(p, m), interleaved_one_f_one_b(p, m, 2, {m, false})};
+      std::vector<schedule> all = {gpipe(p, m), one_f_one_b(p, m),
+                                   interleaved_one_f_one_b(p, m, 2, {m, false})};
       if (m % p == 0) all.push_back(interleaved_one_f_one_b(p, m, 4));
       for (auto const& s : all) {
         CAPTURE(to_text(s));
@@ -59,7 +60,8 @@ TEST_CASE("lowering: generated schedules lower to valid programs with the same t
         CHECK(parse_schedule(to_text(low)) == low);
         CHECK(parse_csv(to_csv(low)) == low);
         // Stripping the point-to-point ops gives back the compute-only schedule.
-        schedule stripped(low.num_ranks(), low.num_stages(), low.num_microbatches(), low.style(), low.vocab());
+        schedule stripped(low.num_ranks(), low.num_stages(), low.num_microbatches(), low.style(),
+                          low.vocab());
         for (int r = 0; r < p; ++r)
           for (auto const& a : low.actions(r))
             if (!is_p2p(a.kind)) stripped.push(r, a);
@@ -86,8 +88,10 @@ TEST_CASE("lowering: the validator names the rank, the action and the rule") {
     std::size_t a = 0, b = 0;
     for (std::size_t i = 0; i < prog.size(); ++i)
       if (is_recv(prog[i].kind)) {
-        if (a == 0) a = i;
-        else if (b == 0 && prog[i].kind == op::recv_forward) b = i;
+        if (a == 0)
+          a = i;
+        else if (b == 0 && prog[i].kind == op::recv_forward)
+          b = i;
       }
     std::swap(prog[a], prog[b]);
     auto const v = check(bad);
@@ -113,7 +117,8 @@ TEST_CASE("lowering: the validator names the rank, the action and the rule") {
     CHECK(v.issue.rule == "fifo");
     CHECK(v.issue.rank == 0);
     CHECK(v.issue.index == 2);
-    CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("rank 0, action 2, rule `fifo`"), weft::schedule_error);
+    CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("rank 0, action 2, rule `fifo`"),
+                         weft::schedule_error);
   }
   {
     auto bad = good;  // SEND before its producer on rank 0

@@ -30,10 +30,13 @@ struct reference_replay {
   schedule const& s;
   std::vector<std::set<fact>> facts;
 
-  explicit reference_replay(schedule const& sched) : s(sched), facts(static_cast<std::size_t>(sched.num_ranks())) {}
+  explicit reference_replay(schedule const& sched)
+      : s(sched), facts(static_cast<std::size_t>(sched.num_ranks())) {}
 
   bool has(int r, fact x) const { return facts[static_cast<std::size_t>(r)].count(x) > 0; }
-  bool coll(int r, collective_kind t, int mb) const { return has(r, f(passed, -1, mb, static_cast<int>(t))); }
+  bool coll(int r, collective_kind t, int mb) const {
+    return has(r, f(passed, -1, mb, static_cast<int>(t)));
+  }
 
   // What a compute op needs on its rank, spelled out from the rules docs/pipeline.md states.
   bool enabled(int r, action const& a) const {
@@ -47,8 +50,10 @@ struct reference_replay {
       case op::backward_input:
         if (!has(r, f(out_of, a.stage, a.microbatch))) return false;
         if (a.stage < last) return has(r, f(grad_into, a.stage + 1, a.microbatch));
-        if (s.vocab() == vocab_variant::one_barrier) return coll(r, collective_kind::c0, a.microbatch);
-        if (s.vocab() == vocab_variant::two_barrier) return coll(r, collective_kind::c1, a.microbatch);
+        if (s.vocab() == vocab_variant::one_barrier)
+          return coll(r, collective_kind::c0, a.microbatch);
+        if (s.vocab() == vocab_variant::two_barrier)
+          return coll(r, collective_kind::c1, a.microbatch);
         return true;
       case op::backward_weight: return has(r, f(input_grad_done, a.stage, a.microbatch));
       case op::vocab_forward: return coll(r, collective_kind::broadcast_output, a.microbatch);
@@ -57,7 +62,8 @@ struct reference_replay {
                coll(r, collective_kind::broadcast_output, a.microbatch + 1);
       case op::input_forward: return true;
       case op::input_backward:
-        return has(r, f(if_done, r, a.microbatch)) && coll(r, collective_kind::broadcast_input, a.microbatch);
+        return has(r, f(if_done, r, a.microbatch)) &&
+               coll(r, collective_kind::broadcast_input, a.microbatch);
       case op::send_forward: return has(r, f(out_of, a.stage, a.microbatch));
       case op::send_backward: return has(r, f(grad_into, a.stage, a.microbatch));
       default: return true;
@@ -69,7 +75,8 @@ struct reference_replay {
     switch (a.tag) {
       case collective_kind::broadcast_output:
         if (r != s.stage_to_rank(last)) return true;
-        if (a.microbatch < s.num_microbatches() && !has(r, f(out_of, last, a.microbatch))) return false;
+        if (a.microbatch < s.num_microbatches() && !has(r, f(out_of, last, a.microbatch)))
+          return false;
         return a.microbatch == 0 || coll(r, collective_kind::c0, a.microbatch - 1);
       case collective_kind::c0: return has(r, f(s_done, r, a.microbatch));
       case collective_kind::c1: return has(r, f(t_done, r, a.microbatch));
@@ -105,7 +112,8 @@ struct reference_replay {
     std::vector<std::size_t> pc(static_cast<std::size_t>(p), 0);
     auto head = [&](int r) -> action const* {
       auto const& prog = s.actions(r);
-      return pc[static_cast<std::size_t>(r)] < prog.size() ? &prog[pc[static_cast<std::size_t>(r)]] : nullptr;
+      return pc[static_cast<std::size_t>(r)] < prog.size() ? &prog[pc[static_cast<std::size_t>(r)]]
+                                                           : nullptr;
     };
     for (bool fired = true; fired;) {
       fired = false;
@@ -125,7 +133,8 @@ struct reference_replay {
           int const q = s.stage_to_rank(to_stage);
           action const* b = q == r ? nullptr : head(q);
           op const want = a->kind == op::send_forward ? op::recv_forward : op::recv_backward;
-          if (b != nullptr && b->kind == want && b->stage == to_stage && b->microbatch == a->microbatch) {
+          if (b != nullptr && b->kind == want && b->stage == to_stage &&
+              b->microbatch == a->microbatch) {
             apply(q, *b);
             ++pc[static_cast<std::size_t>(r)];
             ++pc[static_cast<std::size_t>(q)];
@@ -135,8 +144,8 @@ struct reference_replay {
           bool all = true;
           for (int q = 0; q < p && all; ++q) {
             action const* b = head(q);
-            all = b != nullptr && b->kind == op::collective && b->tag == a->tag && b->microbatch == a->microbatch &&
-                  collective_enabled(q, *b);
+            all = b != nullptr && b->kind == op::collective && b->tag == a->tag &&
+                  b->microbatch == a->microbatch && collective_enabled(q, *b);
           }
           if (all) {
             for (int q = 0; q < p; ++q) {
@@ -176,13 +185,15 @@ struct reference_replay {
     for (int st = 0; st < s.num_stages(); ++st)
       for (int mb = 0; mb < s.num_microbatches(); ++mb) {
         if (n(op::forward, st, mb) != 1) return false;
-        int const b = n(op::backward, st, mb), i = n(op::backward_input, st, mb), w = n(op::backward_weight, st, mb);
+        int const b = n(op::backward, st, mb), i = n(op::backward_input, st, mb),
+                  w = n(op::backward_weight, st, mb);
         if (!((b == 1 && i == 0 && w == 0) || (b == 0 && i == 1 && w == 1))) return false;
       }
     if (s.vocab() != vocab_variant::none)
       for (int r = 0; r < s.num_ranks(); ++r)
         for (int mb = 0; mb < s.num_microbatches(); ++mb)
-          for (op k : {op::vocab_forward, op::vocab_backward, op::input_forward, op::input_backward})
+          for (op k :
+               {op::vocab_forward, op::vocab_backward, op::input_forward, op::input_backward})
             if (n(k, r, mb) != 1) return false;
     return true;
   }

@@ -46,7 +46,8 @@ TEST_CASE("render: the SVG has one box per compute action where the simulation p
   CHECK(count(svg, "<title>") == 64);  // 4 ranks x 8 microbatches x (F, B)
   CHECK(svg.find("1F1B &lt;p=4&gt;: makespan 33, bubble 37.5%") != std::string::npos);
   // Rank 3's B0 runs [4, 6]: x = 56 + 40, width 20, row 3 at y = 40 + 3*26 + 2.
-  CHECK(svg.find("<rect x=\"96\" y=\"120\" width=\"20\" height=\"22\" fill=\"#ff9800\"") != std::string::npos);
+  CHECK(svg.find("<rect x=\"96\" y=\"120\" width=\"20\" height=\"22\" fill=\"#ff9800\"") !=
+        std::string::npos);
   CHECK(svg.find("<title>3B0 [4, 6]</title>") != std::string::npos);
   // Axis ticks every 5 units up to 30.
   CHECK(svg.find(">30</text>") != std::string::npos);

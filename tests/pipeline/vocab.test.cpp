@@ -53,7 +53,8 @@ TEST_CASE("vocab: peak in-flight is p-r+1 with one barrier and p-r+2 with two") 
       }
   // The paper's numbers at p = 8: p+1 = 9 and p+2 = 10 on rank 0.
   CHECK(simulate_note(vocab_one_f_one_b(8, 32, vocab_variant::one_barrier)).peak_in_flight[0] == 9);
-  CHECK(simulate_note(vocab_one_f_one_b(8, 32, vocab_variant::two_barrier)).peak_in_flight[0] == 10);
+  CHECK(simulate_note(vocab_one_f_one_b(8, 32, vocab_variant::two_barrier)).peak_in_flight[0] ==
+        10);
 }
 
 TEST_CASE("vocab: every pass once, one collective order, valid and deadlock-free") {
@@ -73,14 +74,17 @@ TEST_CASE("vocab: every pass once, one collective order, valid and deadlock-free
           for (auto const& a : s.actions(r)) {
             if (is_vocab_compute(a.kind)) {
               CHECK(a.stage == r);
-              ++seen[static_cast<std::size_t>(static_cast<int>(a.kind) - static_cast<int>(op::vocab_forward)) *
-                         static_cast<std::size_t>(m) + static_cast<std::size_t>(a.microbatch)];
+              ++seen[static_cast<std::size_t>(static_cast<int>(a.kind) -
+                                              static_cast<int>(op::vocab_forward)) *
+                         static_cast<std::size_t>(m) +
+                     static_cast<std::size_t>(a.microbatch)];
             }
             if (a.kind == op::collective) colls.push_back(a);
           }
           CHECK(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
-          std::size_t const want = static_cast<std::size_t>(m + 1 + 3 * m) +
-                                   (variant == vocab_variant::two_barrier ? static_cast<std::size_t>(m) : 0u);
+          std::size_t const want =
+              static_cast<std::size_t>(m + 1 + 3 * m) +
+              (variant == vocab_variant::two_barrier ? static_cast<std::size_t>(m) : 0u);
           CHECK(colls.size() == want);
           if (r == 0) ref = colls;
           CHECK(colls == ref);
@@ -155,7 +159,8 @@ TEST_CASE("vocab: the paper artifact's configuration under the default cost mode
   auto const s_vp = simulate(vp, c_vp);
   double const ratio = s_redis.makespan / s_vp.makespan;
   double const artifact = 51.20 / 38.21;
-  MESSAGE("throughput 1-barrier VP / redistribution = " << ratio << " (artifact " << artifact << ")");
+  MESSAGE("throughput 1-barrier VP / redistribution = " << ratio << " (artifact " << artifact
+                                                        << ")");
   MESSAGE("peak memory GB: VP " << max_of(s_vp.peak_memory_bytes) / 1e9 << ", redistribution "
                                 << max_of(s_redis.peak_memory_bytes) / 1e9 << ", baseline "
                                 << max_of(s_base.peak_memory_bytes) / 1e9);
@@ -169,17 +174,19 @@ TEST_CASE("vocab: the paper artifact's configuration under the default cost mode
   cost_options slow;
   slow.collective_latency = 1.0;
   auto const c_vp_slow = make_cost_model(shape_of_vp, shape, partition_uniform(32, p), slow);
-  auto const vp_slow = vocab_one_f_one_b(p, m, vocab_variant::one_barrier, {plan_costs(c_vp_slow), false});
+  auto const vp_slow =
+      vocab_one_f_one_b(p, m, vocab_variant::one_barrier, {plan_costs(c_vp_slow), false});
   CHECK(s_redis.makespan / simulate(vp_slow, c_vp_slow).makespan >= artifact * 0.85);
 }
 
 TEST_CASE("vocab: configuration rules") {
-  CHECK_THROWS_WITH_AS(vocab_one_f_one_b(1, 4, vocab_variant::one_barrier), doctest::Contains("argument `p`"),
-                       weft::schedule_error);
+  CHECK_THROWS_WITH_AS(vocab_one_f_one_b(1, 4, vocab_variant::one_barrier),
+                       doctest::Contains("argument `p`"), weft::schedule_error);
   CHECK_THROWS_WITH_AS(vocab_one_f_one_b(4, 3, vocab_variant::one_barrier),
-                       doctest::Contains("argument `m`: expected >= p (4), actual 3"), weft::schedule_error);
-  CHECK_THROWS_WITH_AS(vocab_one_f_one_b(4, 8, vocab_variant::none), doctest::Contains("argument `barriers`"),
+                       doctest::Contains("argument `m`: expected >= p (4), actual 3"),
                        weft::schedule_error);
+  CHECK_THROWS_WITH_AS(vocab_one_f_one_b(4, 8, vocab_variant::none),
+                       doctest::Contains("argument `barriers`"), weft::schedule_error);
   auto const small = vocab_one_f_one_b(4, 2, vocab_variant::two_barrier, {{}, true});
   CHECK(check(small).ok);
   CHECK(check(lower(small)).ok);
@@ -187,8 +194,8 @@ TEST_CASE("vocab: configuration rules") {
   schedule const vp(8, 8, 8, placement::loop, vocab_variant::one_barrier);
   model_shape odd{};
   odd.vocab = 256001;
-  CHECK_THROWS_WITH_AS(make_cost_model(vp, odd, partition_uniform(32, 8)), doctest::Contains("shape.vocab"),
-                       weft::schedule_error);
+  CHECK_THROWS_WITH_AS(make_cost_model(vp, odd, partition_uniform(32, 8)),
+                       doctest::Contains("shape.vocab"), weft::schedule_error);
 }
 
 TEST_CASE("vocab: a collective moved past a point-to-point op on rank p-2 is caught") {

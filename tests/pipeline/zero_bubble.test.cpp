@@ -32,7 +32,8 @@ TEST_CASE("zero_bubble: ZB-H1 golden value p=4, m=8: 27 against 1F1B's 33") {
   CHECK(sim.makespan == doctest::Approx(27.0));
   CHECK(sim.peak_in_flight == std::vector<int>{4, 4, 4, 4});
   // Bubble 3 per rank against 1F1B's 9: a third.
-  for (int r = 0; r < 4; ++r) CHECK(sim.makespan - sim.busy[static_cast<std::size_t>(r)] == doctest::Approx(3.0));
+  for (int r = 0; r < 4; ++r)
+    CHECK(sim.makespan - sim.busy[static_cast<std::size_t>(r)] == doctest::Approx(3.0));
 }
 
 TEST_CASE("zero_bubble: ZB-H1 closed form and memory over the grid") {
@@ -50,7 +51,8 @@ TEST_CASE("zero_bubble: ZB-H1 closed form and memory over the grid") {
       CHECK(parse_csv(to_csv(low)) == low);
       CHECK(parse_schedule(to_text(s)) == s);
     }
-  CHECK_THROWS_WITH_AS(zero_bubble_h1(4, 3), doctest::Contains("argument `m`: expected >= p (4), actual 3"),
+  CHECK_THROWS_WITH_AS(zero_bubble_h1(4, 3),
+                       doctest::Contains("argument `m`: expected >= p (4), actual 3"),
                        weft::schedule_error);
   CHECK(check(lower(zero_bubble_h1(4, 3, {true}))).ok);
 }
@@ -94,6 +96,7 @@ TEST_CASE("zero_bubble: ZBV has zero bubble inside each rank's window") {
       for (auto const& a : low.actions(p - 1))
         if (is_p2p(a.kind)) CHECK(a.peer != p - 1);
     }
-  CHECK_THROWS_WITH_AS(zero_bubble_v(4, 8, {3, false}), doctest::Contains("argument `chunks`: expected 2, actual 3"),
+  CHECK_THROWS_WITH_AS(zero_bubble_v(4, 8, {3, false}),
+                       doctest::Contains("argument `chunks`: expected 2, actual 3"),
                        weft::schedule_error);
 }

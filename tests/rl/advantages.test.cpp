@@ -17,16 +17,21 @@ using weft::rl::kl_kind;
 using weft::rl::token_layout;
 using u8 = std::uint8_t;
 template <class T>
-std::span<T const> cs(std::vector<T> const& v) { return std::span<T const>(v); }
+std::span<T const> cs(std::vector<T> const& v) {
+  return std::span<T const>(v);
+}
 template <class T>
-std::span<T> ms(std::vector<T>& v) { return std::span<T>(v); }
+std::span<T> ms(std::vector<T>& v) {
+  return std::span<T>(v);
+}
 }  // namespace
 
 TEST_CASE("GRPO, Dr. GRPO, RLOO and OPO golden vectors") {
   std::vector<double> out(4);
   std::vector<double> const binary = {1, 0, 0, 1};
   weft::rl::grpo_advantages(cs(binary), group_layout::fixed(4), ms(out));
-  for (int i = 0; i < 4; ++i) CHECK(out[i] == doctest::Approx(binary[i] > 0 ? 0.866025 : -0.866025).epsilon(1e-6));
+  for (int i = 0; i < 4; ++i)
+    CHECK(out[i] == doctest::Approx(binary[i] > 0 ? 0.866025 : -0.866025).epsilon(1e-6));
   std::vector<double> const one_right = {1, -1, -1, -1};
   weft::rl::grpo_advantages(cs(one_right), group_layout::fixed(4), ms(out));
   CHECK(out[0] == doctest::Approx(1.5).epsilon(1e-5));
@@ -59,10 +64,12 @@ TEST_CASE("GRPO, Dr. GRPO, RLOO and OPO golden vectors") {
   CHECK(o1[0] == 0.0);
   weft::rl::rloo_advantages(cs(single), group_layout::fixed(1), ms(o1));
   CHECK(o1[0] == 0.0);
-  weft::rl::grpo_advantages(cs(single), group_layout::fixed(1), ms(o1),
-                            weft::rl::grpo_options{true, 1e-6, weft::rl::singleton_group::keep_score});
+  weft::rl::grpo_advantages(
+      cs(single), group_layout::fixed(1), ms(o1),
+      weft::rl::grpo_options{true, 1e-6, weft::rl::singleton_group::keep_score});
   CHECK(o1[0] == doctest::Approx(5.0 / (1 + 1e-6)));
-  weft::rl::rloo_advantages(cs(single), group_layout::fixed(1), ms(o1), weft::rl::singleton_group::keep_score);
+  weft::rl::rloo_advantages(cs(single), group_layout::fixed(1), ms(o1),
+                            weft::rl::singleton_group::keep_score);
   CHECK(o1[0] == 5.0);
 
   // OPO: b = sum L R / sum L = (10 + 100) / 160 = 0.6875.
@@ -71,9 +78,11 @@ TEST_CASE("GRPO, Dr. GRPO, RLOO and OPO golden vectors") {
   CHECK(out[0] == doctest::Approx(1 - 0.6875));
   CHECK(out[1] == doctest::Approx(-0.6875));
 
-  CHECK_THROWS_AS(weft::rl::grpo_advantages(cs(binary), group_layout::fixed(3), ms(out)), weft::shape_error);
+  CHECK_THROWS_AS(weft::rl::grpo_advantages(cs(binary), group_layout::fixed(3), ms(out)),
+                  weft::shape_error);
   std::vector<double> short_out(3);
-  CHECK_THROWS_AS(weft::rl::grpo_advantages(cs(binary), group_layout::fixed(4), ms(short_out)), weft::shape_error);
+  CHECK_THROWS_AS(weft::rl::grpo_advantages(cs(binary), group_layout::fixed(4), ms(short_out)),
+                  weft::shape_error);
 }
 
 TEST_CASE("GAE golden vectors; values at masked positions never matter") {
@@ -95,7 +104,9 @@ TEST_CASE("GAE golden vectors; values at masked positions never matter") {
   std::vector<u8> const m5 = {1, 1, 0, 1, 1, 1, 0, 1, 1, 0};
   std::vector<double> va = {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0};
   std::vector<double> vb = va;
-  vb[2] = 99; vb[6] = -50; vb[9] = 1e6;
+  vb[2] = 99;
+  vb[6] = -50;
+  vb[9] = 1e6;
   std::vector<double> a1(10), t1(10), a2(10), t2(10);
   weft::rl::gae_advantages(l2, cs(r5), cs(va), cs(m5), ms(a1), ms(t1), {0.9, 0.8, true});
   weft::rl::gae_advantages(l2, cs(r5), cs(vb), cs(m5), ms(a2), ms(t2), {0.9, 0.8, true});
@@ -104,7 +115,12 @@ TEST_CASE("GAE golden vectors; values at masked positions never matter") {
   for (int k : {2, 6, 9}) CHECK(a1[k] == 0.0);
   // Whitened: zero mean and unit unbiased variance over valid tokens.
   double s = 0, ss = 0, n = 0;
-  for (std::size_t k = 0; k < 10; ++k) if (m5[k]) { s += a1[k]; ss += a1[k] * a1[k]; n += 1; }
+  for (std::size_t k = 0; k < 10; ++k)
+    if (m5[k]) {
+      s += a1[k];
+      ss += a1[k] * a1[k];
+      n += 1;
+    }
   CHECK(s / n == doctest::Approx(0.0).epsilon(1e-12));
   CHECK(ss / (n - 1) == doctest::Approx(1.0).epsilon(1e-6));
 }
@@ -139,12 +155,15 @@ TEST_CASE("REINFORCE++ returns reset after EOS; baseline form is masked after wh
   std::vector<double> const base = {0.5, 1.0};
   std::vector<u8> const mm = {1, 1, 1, 1, 1, 0};
   std::vector<double> adv(6), ret(6);
-  weft::rl::remax_advantages(token_layout::padded(2, 3), cs(rr), cs(base), cs(mm), ms(adv), ms(ret));
+  weft::rl::remax_advantages(token_layout::padded(2, 3), cs(rr), cs(base), cs(mm), ms(adv),
+                             ms(ret));
   CHECK(ret == std::vector<double>{1, 1, 1, 2, 2, 0});
   CHECK(adv == std::vector<double>{0.5, 0.5, 0.5, 1, 1, 0});
 }
 
-TEST_CASE("masked whitening: unbiased variance, valid tokens only, masked exactly 0, NaN padding ignored") {
+TEST_CASE(
+    "masked whitening: unbiased variance, valid tokens only, masked exactly 0, NaN padding "
+    "ignored") {
   std::vector<double> v = {1, 2, 3, 4, std::nan("")};
   std::vector<u8> const m = {1, 1, 1, 1, 0};
   std::vector<double> out(5);
@@ -161,7 +180,8 @@ TEST_CASE("masked whitening: unbiased variance, valid tokens only, masked exactl
 }
 
 TEST_CASE("KL estimators: golden values, gradients, clamps") {
-  weft::rl::kl_token<double> k1{kl_kind::k1}, k2{kl_kind::k2}, k3{kl_kind::k3}, k3p{kl_kind::k3_plus}, k1p{kl_kind::k1_plus};
+  weft::rl::kl_token<double> k1{kl_kind::k1}, k2{kl_kind::k2}, k3{kl_kind::k3},
+      k3p{kl_kind::k3_plus}, k1p{kl_kind::k1_plus};
   CHECK(k1(0.2, 0.1).value == doctest::Approx(0.1));
   CHECK(k2(0.2, 0.1).value == doctest::Approx(0.005));
   CHECK(k3(0.2, 0.1).value == doctest::Approx(0.0048374).epsilon(1e-6));
@@ -206,7 +226,9 @@ TEST_CASE("KL estimators: golden values, gradients, clamps") {
   CHECK(rewards[2] == 1.0);
 }
 
-TEST_CASE("KL gradients in expectation: k2 -> reverse KL, k3 -> forward KL, r*k3 -> reverse KL off-policy") {
+TEST_CASE(
+    "KL gradients in expectation: k2 -> reverse KL, k3 -> forward KL, r*k3 -> reverse KL "
+    "off-policy") {
   // Categorical pi(theta) = softmax(theta), ref fixed; d l(y) / d theta_j = 1[y=j] - pi_j.
   std::vector<double> const theta = {0.3, -0.2, 0.5, -0.6}, ref_logits = {0.0, 0.4, -0.3, 0.1};
   std::vector<double> const old_theta = {0.1, 0.0, 0.4, -0.3};
@@ -237,8 +259,10 @@ TEST_CASE("KL gradients in expectation: k2 -> reverse KL, k3 -> forward KL, r*k3
     fwd[j] = pi[j] - ref[j];
   }
   weft::rl::kl_token<double> const k2{kl_kind::k2}, k3{kl_kind::k3};
-  auto const g2 = expect(pi, [&](std::size_t y) { return k2(std::log(pi[y]), std::log(ref[y])).grad; });
-  auto const g3 = expect(pi, [&](std::size_t y) { return k3(std::log(pi[y]), std::log(ref[y])).grad; });
+  auto const g2 =
+      expect(pi, [&](std::size_t y) { return k2(std::log(pi[y]), std::log(ref[y])).grad; });
+  auto const g3 =
+      expect(pi, [&](std::size_t y) { return k3(std::log(pi[y]), std::log(ref[y])).grad; });
   // Off-policy samples from pi_old: gradient of r*k3 is r*(l - l_ref).
   auto const g3c = expect(pold, [&](std::size_t y) {
     double const r = pi[y] / pold[y];
@@ -250,14 +274,17 @@ TEST_CASE("KL gradients in expectation: k2 -> reverse KL, k3 -> forward KL, r*k3
     CHECK(g3c[j] == doctest::Approx(rev[j]).epsilon(1e-12));
   }
   // kl_is_corrected_loss writes exactly r*(l - l_ref) per token (weights 1, coef 1).
-  std::vector<double> l = {std::log(pi[1])}, lo = {std::log(pold[1])}, lr = {std::log(ref[1])}, w = {1.0}, d = {0.0};
+  std::vector<double> l = {std::log(pi[1])}, lo = {std::log(pold[1])}, lr = {std::log(ref[1])},
+                      w = {1.0}, d = {0.0};
   std::vector<u8> const m = {1};
   (void)weft::rl::kl_is_corrected_loss(1.0, cs(l), cs(lo), cs(lr), cs(m), cs(w), ms(d));
   CHECK(d[0] == doctest::Approx(pi[1] / pold[1] * (l[0] - lr[0])).epsilon(1e-12));
 }
 
-TEST_CASE("value loss: half the max of clipped and unclipped errors; zero gradient when clipped wins") {
-  std::vector<double> v = {1.0, 3.0, 0.2}, vold = {1.2, 1.0, 0.0}, ret = {2.0, 0.0, 0.25}, w = {1, 1, 1}, dv(3);
+TEST_CASE(
+    "value loss: half the max of clipped and unclipped errors; zero gradient when clipped wins") {
+  std::vector<double> v = {1.0, 3.0, 0.2}, vold = {1.2, 1.0, 0.0}, ret = {2.0, 0.0, 0.25},
+                      w = {1, 1, 1}, dv(3);
   std::vector<u8> const m = {1, 1, 1};
   auto const r = weft::rl::value_loss(0.5, cs(v), cs(vold), cs(ret), cs(m), cs(w), ms(dv));
   // token 0: vclip = 1.0 (inside), errors 1 and 1 -> 0.5, grad v - R = -1

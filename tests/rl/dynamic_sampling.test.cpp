@@ -1,6 +1,7 @@
-// Tests of weft/rl/dynamic_sampling.hpp: soft overlong punishment points (§12 item 21), overlong filtering,
-// the dynamic-sampling builder (item 22: zero-variance groups dropped, singletons kept, rounds
-// until full, surplus truncated, error after max rounds, next-request sizing) and the presets.
+// Tests of weft/rl/dynamic_sampling.hpp: soft overlong punishment points (§12 item 21), overlong
+// filtering, the dynamic-sampling builder (item 22: zero-variance groups dropped, singletons kept,
+// rounds until full, surplus truncated, error after max rounds, next-request sizing) and the
+// presets.
 #include <weft/rl/dynamic_sampling.hpp>
 
 #include <doctest/doctest.h>
@@ -24,8 +25,10 @@ TEST_CASE("soft overlong punishment: Eq. 13 points") {
   s.apply(std::span<int const>(len), std::span<double>(r));
   CHECK(r[0] == 1.0);
   CHECK(r[1] == doctest::Approx(-1.5));
-  CHECK_THROWS_AS((void)(weft::rl::overlong_shaping{100, 0, 1.0}.penalty(5)), weft::invalid_argument_error);
-  CHECK_THROWS_AS((void)(weft::rl::overlong_shaping{100, 200, 1.0}.penalty(5)), weft::invalid_argument_error);
+  CHECK_THROWS_AS((void)(weft::rl::overlong_shaping{100, 0, 1.0}.penalty(5)),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS((void)(weft::rl::overlong_shaping{100, 200, 1.0}.penalty(5)),
+                  weft::invalid_argument_error);
 }
 
 TEST_CASE("overlong filtering masks truncated rows") {
@@ -33,7 +36,8 @@ TEST_CASE("overlong filtering masks truncated rows") {
   std::vector<std::uint8_t> mask = {1, 1, 1, 0, 1, 1};
   std::vector<bool> const tr_b = {false, true, false};
   std::vector<std::uint8_t> const truncated = {0, 1, 1};
-  weft::rl::mask_truncated(layout, std::span<std::uint8_t const>(truncated), std::span<std::uint8_t>(mask));
+  weft::rl::mask_truncated(layout, std::span<std::uint8_t const>(truncated),
+                           std::span<std::uint8_t>(mask));
   CHECK(mask == std::vector<std::uint8_t>{1, 1, 0, 0, 0, 0});
   (void)tr_b;
 }
@@ -70,16 +74,19 @@ TEST_CASE("dynamic sampling: filter, accumulate, truncate, count rounds, throw a
   CHECK(hard.add_round(std::span<std::int64_t const>(ids), std::span<double const>(zeros)) == 0);
   CHECK(hard.next_request() == 2);  // nothing kept yet: repeat the previous request size
   CHECK(hard.add_round(std::span<std::int64_t const>(ids), std::span<double const>(zeros)) == 0);
-  CHECK_THROWS_AS(hard.add_round(std::span<std::int64_t const>(ids), std::span<double const>(zeros)),
-                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(
+      hard.add_round(std::span<std::int64_t const>(ids), std::span<double const>(zeros)),
+      weft::invalid_argument_error);
   // max_rounds <= 0: unlimited.
   weft::rl::dynamic_sampler unlimited({1, 0, 0, 1.0, 0});
   for (int i = 0; i < 50; ++i)
-    CHECK(unlimited.add_round(std::span<std::int64_t const>(ids), std::span<double const>(zeros)) == 0);
+    CHECK(unlimited.add_round(std::span<std::int64_t const>(ids), std::span<double const>(zeros)) ==
+          0);
   CHECK(unlimited.rounds() == 50);
 }
 
-TEST_CASE("next_request sizes rounds from the keep rate: fewer samples than regenerating whole batches") {
+TEST_CASE(
+    "next_request sizes rounds from the keep rate: fewer samples than regenerating whole batches") {
   // A task where a fraction q of prompts have mixed outcomes. verl's recipe requests the full
   // batch each round; weft requests missing / q * margin. Count prompts generated to fill a batch.
   index_t const target = 64;
@@ -96,8 +103,10 @@ TEST_CASE("next_request sizes rounds from the keep rate: fewer samples than rege
       for (index_t p = 0; p < n; ++p) {
         state = state * 6364136223846793005ull + 1442695040888963407ull;
         bool const mixed = static_cast<double>(state >> 11) / 9007199254740992.0 < q;
-        ids.push_back(next_id); ids.push_back(next_id);
-        acc.push_back(1.0); acc.push_back(mixed ? 0.0 : 1.0);
+        ids.push_back(next_id);
+        ids.push_back(next_id);
+        acc.push_back(1.0);
+        acc.push_back(mixed ? 0.0 : 1.0);
         ++next_id;
       }
       generated += n;
@@ -106,8 +115,8 @@ TEST_CASE("next_request sizes rounds from the keep rate: fewer samples than rege
     return generated;
   };
   index_t const fixed = simulate(false), adaptive = simulate(true);
-  MESSAGE("prompts generated to fill ", target, " groups at keep rate ", q, ": whole-batch rounds ", fixed,
-          ", keep-rate sized rounds ", adaptive);
+  MESSAGE("prompts generated to fill ", target, " groups at keep rate ", q, ": whole-batch rounds ",
+          fixed, ", keep-rate sized rounds ", adaptive);
   CHECK(adaptive < fixed);
 }
 

@@ -22,10 +22,15 @@ struct ref_out {
 
 // Naive two-pass softmax in long double.
 template <class L>
-ref_out reference(std::vector<L> const& z, index_t V, std::vector<std::int64_t> const& tgt, double tau) {
+ref_out reference(std::vector<L> const& z, index_t V, std::vector<std::int64_t> const& tgt,
+                  double tau) {
   ref_out r;
   for (std::size_t k = 0; k < tgt.size(); ++k) {
-    if (tgt[k] < 0) { r.logp.push_back(0); r.entropy.push_back(0); continue; }
+    if (tgt[k] < 0) {
+      r.logp.push_back(0);
+      r.entropy.push_back(0);
+      continue;
+    }
     long double mx = -INFINITY;
     for (index_t v = 0; v < V; ++v) mx = std::max(mx, (long double)(double)z[k * V + v] / tau);
     long double s = 0;
@@ -90,8 +95,9 @@ TEST_CASE("log-probs and entropy equal a naive two-pass softmax (f64 and f32, te
     auto const zd = random_logits<double>(1, tgt.size() * V, 3.0);
     auto const ref = reference(zd, V, tgt, tau);
     std::vector<double> lp(tgt.size()), h(tgt.size()), lse(tgt.size());
-    weft::rl::log_prob_forward(std::span<double const>(zd), V, std::span<std::int64_t const>(tgt), {tau, -100},
-                               std::span<double>(lp), std::span<double>(h), std::span<double>(lse));
+    weft::rl::log_prob_forward(std::span<double const>(zd), V, std::span<std::int64_t const>(tgt),
+                               {tau, -100}, std::span<double>(lp), std::span<double>(h),
+                               std::span<double>(lse));
     for (std::size_t k = 0; k < tgt.size(); ++k) {
       CHECK(lp[k] == doctest::Approx(ref.logp[k]).epsilon(1e-13));
       CHECK(h[k] == doctest::Approx(ref.entropy[k]).epsilon(1e-13));
@@ -101,8 +107,8 @@ TEST_CASE("log-probs and entropy equal a naive two-pass softmax (f64 and f32, te
     auto const zf = random_logits<float>(2, tgt.size() * V, 3.0);
     auto const reff = reference(zf, V, tgt, tau);
     std::vector<float> lpf(tgt.size()), hf(tgt.size());
-    weft::rl::log_prob_forward(std::span<float const>(zf), V, std::span<std::int64_t const>(tgt), {tau, -100},
-                               std::span<float>(lpf), std::span<float>(hf));
+    weft::rl::log_prob_forward(std::span<float const>(zf), V, std::span<std::int64_t const>(tgt),
+                               {tau, -100}, std::span<float>(lpf), std::span<float>(hf));
     for (std::size_t k = 0; k < tgt.size(); ++k) {
       CHECK(lpf[k] == doctest::Approx(reff.logp[k]).epsilon(2e-6));
       CHECK(hf[k] == doctest::Approx(reff.entropy[k]).epsilon(2e-6));
@@ -120,8 +126,8 @@ TEST_CASE("dlogits match central finite differences in f64 (log-prob and entropy
   logprob_options const opt{tau, -100};
   auto objective = [&](std::vector<double> const& zz) {
     std::vector<double> lp(tgt.size()), h(tgt.size());
-    weft::rl::log_prob_forward(std::span<double const>(zz), V, std::span<std::int64_t const>(tgt), opt,
-                               std::span<double>(lp), std::span<double>(h));
+    weft::rl::log_prob_forward(std::span<double const>(zz), V, std::span<std::int64_t const>(tgt),
+                               opt, std::span<double>(lp), std::span<double>(h));
     double f = 0;
     for (std::size_t k = 0; k < tgt.size(); ++k) f += a[k] * lp[k] + b[k] * h[k];
     return f;
@@ -129,13 +135,17 @@ TEST_CASE("dlogits match central finite differences in f64 (log-prob and entropy
   std::vector<double> lp(tgt.size()), h(tgt.size()), lse(tgt.size()), dz(z.size());
   weft::rl::log_prob_forward(std::span<double const>(z), V, std::span<std::int64_t const>(tgt), opt,
                              std::span<double>(lp), std::span<double>(h), std::span<double>(lse));
-  weft::rl::log_prob_backward(std::span<double const>(z), V, std::span<std::int64_t const>(tgt), opt,
-                              std::span<double const>(lse), std::span<double const>(h), std::span<double const>(a),
-                              std::span<double const>(b), std::span<double>(dz));
+  weft::rl::log_prob_backward(std::span<double const>(z), V, std::span<std::int64_t const>(tgt),
+                              opt, std::span<double const>(lse), std::span<double const>(h),
+                              std::span<double const>(a), std::span<double const>(b),
+                              std::span<double>(dz));
   // Five-point central differences: truncation O(h^4) and rounding 1e-16/h both near 1e-12.
   double const eps = 1e-3;
   for (std::size_t j = 0; j < z.size(); ++j) {
-    if (std::isinf(z[j])) { CHECK(dz[j] == 0.0); continue; }
+    if (std::isinf(z[j])) {
+      CHECK(dz[j] == 0.0);
+      continue;
+    }
     auto at = [&](double delta) {
       auto zz = z;
       zz[j] += delta;
@@ -155,12 +165,14 @@ TEST_CASE("dlogits match central finite differences in f64 (log-prob and entropy
 
   SUBCASE("fused forward+backward gives the same bits as forward then backward") {
     std::vector<double> lp2(tgt.size()), h2(tgt.size()), dz2(z.size());
-    weft::rl::log_prob_fused(std::span<double const>(z), V, std::span<std::int64_t const>(tgt), opt,
-                             std::span<double>(lp2), std::span<double>(h2),
-                             [&](index_t k, double, double) {
-                               return weft::rl::logprob_grads{a[static_cast<std::size_t>(k)], b[static_cast<std::size_t>(k)]};
-                             },
-                             std::span<double>(dz2));
+    weft::rl::log_prob_fused(
+        std::span<double const>(z), V, std::span<std::int64_t const>(tgt), opt,
+        std::span<double>(lp2), std::span<double>(h2),
+        [&](index_t k, double, double) {
+          return weft::rl::logprob_grads{a[static_cast<std::size_t>(k)],
+                                         b[static_cast<std::size_t>(k)]};
+        },
+        std::span<double>(dz2));
     CHECK(lp2 == lp);
     CHECK(h2 == h);
     CHECK(dz2 == dz);
@@ -182,22 +194,26 @@ TEST_CASE("numerically safe at extremes: +-1e4 logits, -inf logits, all -inf row
                              std::span<float>(lp), std::span<float>(h), std::span<float>(lse));
   CHECK(lp[0] == doctest::Approx(-std::log(150.0)).epsilon(1e-6));
   CHECK(h[0] == doctest::Approx(std::log(150.0)).epsilon(1e-6));
-  CHECK(lp[1] == 0.0f);   // the only finite logit has probability 1
+  CHECK(lp[1] == 0.0f);  // the only finite logit has probability 1
   CHECK(h[1] == 0.0f);
-  CHECK(h[2] == 0.0f);    // empty distribution: entropy 0, log-prob -inf, zero gradient
+  CHECK(h[2] == 0.0f);  // empty distribution: entropy 0, log-prob -inf, zero gradient
   CHECK(std::isinf(lp[2]));
   std::vector<float> const g = {1.0f, 1.0f, 1.0f};
   weft::rl::log_prob_backward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt,
-                              std::span<float const>(lse), std::span<float const>(h), std::span<float const>(g),
-                              std::span<float const>(g), std::span<float>(dz));
+                              std::span<float const>(lse), std::span<float const>(h),
+                              std::span<float const>(g), std::span<float const>(g),
+                              std::span<float>(dz));
   for (float x : dz) CHECK(std::isfinite(x));
   CHECK(dz[0] == 0.0f);
-  CHECK(dz[1] == doctest::Approx(1.0 - 1.0 / 150 - (1.0 / 150) * (std::log(1.0 / 150) + std::log(150.0))).epsilon(1e-5));
+  CHECK(dz[1] ==
+        doctest::Approx(1.0 - 1.0 / 150 - (1.0 / 150) * (std::log(1.0 / 150) + std::log(150.0)))
+            .epsilon(1e-5));
   for (index_t v = 0; v < V; ++v) CHECK(dz[V + v] == 0.0f);
   for (index_t v = 0; v < V; ++v) CHECK(dz[2 * V + v] == 0.0f);
 }
 
-TEST_CASE("bf16 logits: the same answers as the f32 logits they read as, bf16 dlogits rounded once") {
+TEST_CASE(
+    "bf16 logits: the same answers as the f32 logits they read as, bf16 dlogits rounded once") {
   index_t const V = 4099;
   auto const zf0 = random_logits<float>(9, 3 * V, 2.0);
   std::vector<weft::bf16> zb(zf0.size());
@@ -208,42 +224,49 @@ TEST_CASE("bf16 logits: the same answers as the f32 logits they read as, bf16 dl
   }
   std::vector<std::int64_t> const tgt = {4, 4098, 100};
   std::vector<float> lp1(3), h1(3), l1(3), lp2(3), h2(3), l2(3);
-  weft::rl::log_prob_forward(std::span<weft::bf16 const>(zb), V, std::span<std::int64_t const>(tgt), {}, std::span<float>(lp1),
-                             std::span<float>(h1), std::span<float>(l1));
-  weft::rl::log_prob_forward(std::span<float const>(zf), V, std::span<std::int64_t const>(tgt), {}, std::span<float>(lp2),
-                             std::span<float>(h2), std::span<float>(l2));
+  weft::rl::log_prob_forward(std::span<weft::bf16 const>(zb), V, std::span<std::int64_t const>(tgt),
+                             {}, std::span<float>(lp1), std::span<float>(h1), std::span<float>(l1));
+  weft::rl::log_prob_forward(std::span<float const>(zf), V, std::span<std::int64_t const>(tgt), {},
+                             std::span<float>(lp2), std::span<float>(h2), std::span<float>(l2));
   CHECK(lp1 == lp2);
   CHECK(h1 == h2);
   std::vector<float> const g = {0.5f, -1.0f, 2.0f}, ge = {0.1f, 0.2f, -0.3f};
   std::vector<weft::bf16> db(zb.size());
   std::vector<float> df(zf.size());
-  weft::rl::log_prob_backward(std::span<weft::bf16 const>(zb), V, std::span<std::int64_t const>(tgt), {},
-                              std::span<float const>(l1), std::span<float const>(h1), std::span<float const>(g),
+  weft::rl::log_prob_backward(std::span<weft::bf16 const>(zb), V,
+                              std::span<std::int64_t const>(tgt), {}, std::span<float const>(l1),
+                              std::span<float const>(h1), std::span<float const>(g),
                               std::span<float const>(ge), std::span<weft::bf16>(db));
   weft::rl::log_prob_backward(std::span<float const>(zf), V, std::span<std::int64_t const>(tgt), {},
-                              std::span<float const>(l2), std::span<float const>(h2), std::span<float const>(g),
-                              std::span<float const>(ge), std::span<float>(df));
+                              std::span<float const>(l2), std::span<float const>(h2),
+                              std::span<float const>(g), std::span<float const>(ge),
+                              std::span<float>(df));
   for (std::size_t i = 0; i < df.size(); ++i) CHECK(db[i].bits() == weft::bf16(df[i]).bits());
 }
 
 TEST_CASE("bad arguments throw before anything is written") {
   std::vector<float> z(10, 0.0f), lp(2, 7.0f), h(2, 7.0f);
   std::vector<std::int64_t> bad = {1, 5};
-  CHECK_THROWS_AS(weft::rl::log_prob_forward(std::span<float const>(z), 5, std::span<std::int64_t const>(bad), {},
-                                             std::span<float>(lp), std::span<float>(h)),
-                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(
+      weft::rl::log_prob_forward(std::span<float const>(z), 5, std::span<std::int64_t const>(bad),
+                                 {}, std::span<float>(lp), std::span<float>(h)),
+      weft::invalid_argument_error);
   CHECK(lp[0] == 7.0f);
   std::vector<std::int64_t> ok = {1, 2, 3};
-  CHECK_THROWS_AS(weft::rl::log_prob_forward(std::span<float const>(z), 5, std::span<std::int64_t const>(ok), {},
-                                             std::span<float>(lp), std::span<float>(h)),
-                  weft::shape_error);
+  CHECK_THROWS_AS(
+      weft::rl::log_prob_forward(std::span<float const>(z), 5, std::span<std::int64_t const>(ok),
+                                 {}, std::span<float>(lp), std::span<float>(h)),
+      weft::shape_error);
   std::vector<std::int64_t> two = {1, 2};
-  CHECK_THROWS_AS(weft::rl::log_prob_forward(std::span<float const>(z), 5, std::span<std::int64_t const>(two), {0.0, -100},
-                                             std::span<float>(lp), std::span<float>(h)),
-                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(
+      weft::rl::log_prob_forward(std::span<float const>(z), 5, std::span<std::int64_t const>(two),
+                                 {0.0, -100}, std::span<float>(lp), std::span<float>(h)),
+      weft::invalid_argument_error);
 }
 
-TEST_CASE("the per-thread functors of the CUDA kernels (softmax_push, softmax_merge) agree with the CPU row reduction") {
+TEST_CASE(
+    "the per-thread functors of the CUDA kernels (softmax_push, softmax_merge) agree with the CPU "
+    "row reduction") {
   index_t const V = 3001;
   auto z = random_logits<float>(21, static_cast<std::size_t>(V), 4.0);
   z[0] = -std::numeric_limits<float>::infinity();
@@ -252,7 +275,8 @@ TEST_CASE("the per-thread functors of the CUDA kernels (softmax_push, softmax_me
   auto const cpu = weft::rl::detail::row_stats(z.data(), V, inv_tau);
   // Three "threads" with strided columns, each pushing one logit at a time, then merged.
   weft::softmax_stats<float> part[3];
-  for (index_t v = 0; v < V; ++v) part[v % 3] = weft::softmax_push{}(part[v % 3], z[static_cast<std::size_t>(v)] * inv_tau);
+  for (index_t v = 0; v < V; ++v)
+    part[v % 3] = weft::softmax_push{}(part[v % 3], z[static_cast<std::size_t>(v)] * inv_tau);
   auto const merged = weft::softmax_merge{}(weft::softmax_merge{}(part[0], part[1]), part[2]);
   weft::softmax_finish const fin;
   CHECK(fin.lse(merged) == doctest::Approx(fin.lse(cpu)).epsilon(1e-6));
@@ -267,9 +291,9 @@ TEST_CASE("the per-thread functors of the CUDA kernels (softmax_push, softmax_me
 }
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
-#  include <weft/rl/cuda/logprobs.cuh>
+#include <weft/rl/cuda/logprobs.cuh>
 
-#  include <cuda_runtime_api.h>
+#include <cuda_runtime_api.h>
 
 namespace {
 template <class T>
@@ -300,12 +324,14 @@ TEST_CASE("CUDA kernels give the CPU log-probs, entropy and dlogits (f32 and bf1
   std::size_t const n = tgt.size();
   logprob_options const opt{0.8, -100};
   std::vector<float> lp(n), h(n), lse(n), dz(z.size());
-  std::vector<float> const g = {0.5f, -1.0f, 2.0f, 1.0f, 0.25f, -0.5f}, ge = {0.1f, 0.2f, -0.3f, 0.0f, 0.05f, 0.0f};
-  weft::rl::log_prob_forward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt, std::span<float>(lp),
-                             std::span<float>(h), std::span<float>(lse));
+  std::vector<float> const g = {0.5f, -1.0f, 2.0f, 1.0f, 0.25f, -0.5f},
+                           ge = {0.1f, 0.2f, -0.3f, 0.0f, 0.05f, 0.0f};
+  weft::rl::log_prob_forward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt,
+                             std::span<float>(lp), std::span<float>(h), std::span<float>(lse));
   weft::rl::log_prob_backward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt,
-                              std::span<float const>(lse), std::span<float const>(h), std::span<float const>(g),
-                              std::span<float const>(ge), std::span<float>(dz));
+                              std::span<float const>(lse), std::span<float const>(h),
+                              std::span<float const>(g), std::span<float const>(ge),
+                              std::span<float>(dz));
   float* dzl = to_device(z);
   std::int64_t* dt = to_device(tgt);
   float* dg = to_device(g);
@@ -315,8 +341,10 @@ TEST_CASE("CUDA kernels give the CPU log-probs, entropy and dlogits (f32 and bf1
   float* dh = to_device(zeros);
   float* dlse = to_device(zeros);
   float* ddz = to_device(zz);
-  weft::rl::kernels::log_prob_forward(nullptr, dzl, V, dt, static_cast<std::int64_t>(n), opt, dlp, dh, dlse);
-  weft::rl::kernels::log_prob_backward(nullptr, dzl, V, dt, static_cast<std::int64_t>(n), opt, dlse, dh, dg, dge, ddz);
+  weft::rl::kernels::log_prob_forward(nullptr, dzl, V, dt, static_cast<std::int64_t>(n), opt, dlp,
+                                      dh, dlse);
+  weft::rl::kernels::log_prob_backward(nullptr, dzl, V, dt, static_cast<std::int64_t>(n), opt, dlse,
+                                       dh, dg, dge, ddz);
   WEFT_CUDA_TRY(cudaDeviceSynchronize());
   auto const glp = to_host(dlp, n), gh = to_host(dh, n);
   auto const gdz = to_host(ddz, z.size());
@@ -327,10 +355,12 @@ TEST_CASE("CUDA kernels give the CPU log-probs, entropy and dlogits (f32 and bf1
   for (std::size_t k = 0; k < n; ++k) {
     float row_max = 0;
     for (index_t v = 0; v < V; ++v) row_max = std::max(row_max, std::abs(dz[k * V + v]));
-    for (index_t v = 0; v < V; ++v) CHECK(std::abs(gdz[k * V + v] - dz[k * V + v]) <= 1e-5f * row_max + 1e-30f);
+    for (index_t v = 0; v < V; ++v)
+      CHECK(std::abs(gdz[k * V + v] - dz[k * V + v]) <= 1e-5f * row_max + 1e-30f);
   }
-  for (void* p : {static_cast<void*>(dzl), static_cast<void*>(dt), static_cast<void*>(dg), static_cast<void*>(dge),
-                  static_cast<void*>(dlp), static_cast<void*>(dh), static_cast<void*>(dlse), static_cast<void*>(ddz)})
+  for (void* p : {static_cast<void*>(dzl), static_cast<void*>(dt), static_cast<void*>(dg),
+                  static_cast<void*>(dge), static_cast<void*>(dlp), static_cast<void*>(dh),
+                  static_cast<void*>(dlse), static_cast<void*>(ddz)})
     WEFT_CUDA_TRY(cudaFree(p));
 }
 #endif

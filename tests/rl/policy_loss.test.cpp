@@ -27,8 +27,8 @@ struct batch {
   std::vector<u8> mask;
   weft::rl::policy_inputs<double, u8> inputs() const {
     namespace arg = weft::rl::arg;
-    return {arg::new_logp{logp}, arg::old_logp{old_logp}, arg::advantages{adv}, arg::mask{mask}, arg::weights{w},
-            arg::rollout_is_weights{isw}};
+    return {arg::new_logp{logp}, arg::old_logp{old_logp}, arg::advantages{adv},
+            arg::mask{mask},     arg::weights{w},         arg::rollout_is_weights{isw}};
   }
 };
 
@@ -37,7 +37,8 @@ double loss_of(policy_loss_config const& cfg, batch const& b) {
   return weft::rl::policy_loss(cfg, b.layout, b.inputs(), std::span<double>(g)).loss;
 }
 
-std::vector<double> grad_of(policy_loss_config const& cfg, batch const& b, weft::rl::policy_loss_result* r = nullptr) {
+std::vector<double> grad_of(policy_loss_config const& cfg, batch const& b,
+                            weft::rl::policy_loss_result* r = nullptr) {
   std::vector<double> g(b.logp.size());
   auto res = weft::rl::policy_loss(cfg, b.layout, b.inputs(), std::span<double>(g));
   if (r) *r = res;
@@ -55,7 +56,11 @@ batch random_batch(std::uint64_t seed, index_t B, index_t T, double span, bool p
   batch b;
   b.layout = token_layout::padded(B, T);
   auto const n = static_cast<std::size_t>(B * T);
-  b.logp.resize(n); b.old_logp.resize(n); b.adv.resize(n); b.mask.resize(n); b.w.resize(n);
+  b.logp.resize(n);
+  b.old_logp.resize(n);
+  b.adv.resize(n);
+  b.mask.resize(n);
+  b.w.resize(n);
   for (index_t i = 0; i < B; ++i) {
     double const a_row = nrm(gen);
     for (index_t t = 0; t < T; ++t) {
@@ -67,7 +72,8 @@ batch random_batch(std::uint64_t seed, index_t B, index_t T, double span, bool p
     }
   }
   auto const counts = weft::rl::count_tokens(b.layout, std::span<u8 const>(b.mask));
-  weft::rl::aggregation_weights(agg, b.layout, std::span<u8 const>(b.mask), counts, std::span<double>(b.w), double(T));
+  weft::rl::aggregation_weights(agg, b.layout, std::span<u8 const>(b.mask), counts,
+                                std::span<double>(b.w), double(T));
   return b;
 }
 
@@ -190,9 +196,12 @@ TEST_CASE("ppo clip gradient is -A r k and exactly zero on the documented token 
   policy_loss_config cfg;  // 0.2 / 0.28, c = 3
   auto b = random_batch(7, 6, 40, 3.0, true);
   // Plant the special cases.
-  b.adv[0] = 0.0;                                  // A = 0
-  b.old_logp[1] = -30; b.logp[1] = -5; b.mask[1] = 1;   // |delta| > 20
-  b.mask[2] = 0; b.logp[2] = std::numeric_limits<double>::quiet_NaN();  // masked NaN
+  b.adv[0] = 0.0;  // A = 0
+  b.old_logp[1] = -30;
+  b.logp[1] = -5;
+  b.mask[1] = 1;  // |delta| > 20
+  b.mask[2] = 0;
+  b.logp[2] = std::numeric_limits<double>::quiet_NaN();  // masked NaN
   weft::rl::policy_loss_result res;
   auto const g = grad_of(cfg, b, &res);
   CHECK(g[0] == 0.0);
@@ -202,7 +211,10 @@ TEST_CASE("ppo clip gradient is -A r k and exactly zero on the documented token 
   CHECK(res.metrics.log_ratio_clamped >= 1);
   int zero_high = 0, zero_low = 0, zero_dual = 0, kept = 0;
   for (std::size_t k = 3; k < b.logp.size(); ++k) {
-    if (!b.mask[k]) { CHECK(g[k] == 0.0); continue; }
+    if (!b.mask[k]) {
+      CHECK(g[k] == 0.0);
+      continue;
+    }
     double const r = std::exp(b.logp[k] - b.old_logp[k]);
     double const A = b.adv[k];
     bool const zero = (A > 0 && r > 1.28) || (A < 0 && r < 0.8) || (A < 0 && r > 3.0);
@@ -225,10 +237,11 @@ TEST_CASE("ppo clip gradient is -A r k and exactly zero on the documented token 
         zero_high + zero_low + zero_dual);
 }
 
-TEST_CASE("boundary convention: closed intervals pass the full gradient at 1-eps_low, 1+eps_high, c") {
+TEST_CASE(
+    "boundary convention: closed intervals pass the full gradient at 1-eps_low, 1+eps_high, c") {
   // Bounds taken from the very ratios exp(log(.)) produces, so r lands exactly on each boundary.
-  weft::rl::ppo_clip_token<double> const t2{1.0 - std::exp(std::log(0.75)), std::exp(std::log(1.5)) - 1.0,
-                                            std::exp(std::log(4.0)), 20.0};
+  weft::rl::ppo_clip_token<double> const t2{
+      1.0 - std::exp(std::log(0.75)), std::exp(std::log(1.5)) - 1.0, std::exp(std::log(4.0)), 20.0};
   auto const hi2 = t2(std::log(1.5), 0.0, 2.0);
   auto const lo2 = t2(std::log(0.75), 0.0, -2.0);
   auto const c2 = t2(std::log(4.0), 0.0, -2.0);
@@ -248,7 +261,10 @@ TEST_CASE("on-policy: value -sum w A and gradient -w A") {
   auto const g = grad_of(cfg, b, &res);
   double v = 0;
   for (std::size_t k = 0; k < g.size(); ++k) {
-    if (!b.mask[k]) { CHECK(g[k] == 0.0); continue; }
+    if (!b.mask[k]) {
+      CHECK(g[k] == 0.0);
+      continue;
+    }
     v += -b.w[k] * b.adv[k];
     CHECK(g[k] == doctest::Approx(-b.w[k] * b.adv[k]).epsilon(1e-15));
   }
@@ -296,7 +312,8 @@ TEST_CASE("clip metrics count the crafted sets; dual clip applies to A < 0 only"
   CHECK(res.metrics.clipped_low == 1);   // token 1
   CHECK(res.metrics.dual_clipped == 1);  // token 2; token 5 has A > 0: no dual clip
   CHECK(res.metrics.clip_frac() == doctest::Approx(0.5));
-  CHECK(res.metrics.approx_kl() == doctest::Approx(-(std::log(2.0) + 2 * std::log(0.5) + 2 * std::log(5.0)) / 6));
+  CHECK(res.metrics.approx_kl() ==
+        doctest::Approx(-(std::log(2.0) + 2 * std::log(0.5) + 2 * std::log(5.0)) / 6));
   CHECK(g[5] == 0.0);
   CHECK(res.loss == doctest::Approx(-1.28 + 0.8 + 3.0 - 1.0 - 0.5 - 1.28));
 
@@ -325,8 +342,8 @@ TEST_CASE("gspo: sequence ratio exp(mean delta), gradient -A s / (L B) or 0 for 
   b.mask = {1, 1, 1, 1, 1, 0};
   b.w.resize(6);
   auto const counts = weft::rl::count_tokens(b.layout, std::span<u8 const>(b.mask));
-  weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, b.layout, std::span<u8 const>(b.mask), counts,
-                                std::span<double>(b.w));
+  weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, b.layout,
+                                std::span<u8 const>(b.mask), counts, std::span<double>(b.w));
   weft::rl::policy_loss_result res;
   auto const g = grad_of(cfg, b, &res);
   for (int k = 0; k < 3; ++k) CHECK(g[k] == doctest::Approx(-2.0 * 1.0 / (3 * 2)).epsilon(1e-9));
@@ -343,7 +360,8 @@ TEST_CASE("rollout IS weights multiply the per-token loss and gradient") {
   b.isw.assign(b.logp.size(), 0.5);
   auto const g1 = grad_of(cfg, b);
   CHECK(loss_of(cfg, b) == doctest::Approx(0.5 * l0).epsilon(1e-14));
-  for (std::size_t k = 0; k < g0.size(); ++k) CHECK(g1[k] == doctest::Approx(0.5 * g0[k]).epsilon(1e-14));
+  for (std::size_t k = 0; k < g0.size(); ++k)
+    CHECK(g1[k] == doctest::Approx(0.5 * g0[k]).epsilon(1e-14));
 }
 
 TEST_CASE("aggregation modes on the OpenRLHF matrix") {
@@ -355,7 +373,8 @@ TEST_CASE("aggregation modes on the OpenRLHF matrix") {
   CHECK(counts.sequences == 3);
   std::vector<double> w(9);
   auto value = [&](loss_agg mode, double lmax = 0) {
-    weft::rl::aggregation_weights(mode, layout, std::span<u8 const>(mask), counts, std::span<double>(w), lmax);
+    weft::rl::aggregation_weights(mode, layout, std::span<u8 const>(mask), counts,
+                                  std::span<double>(w), lmax);
     return weft::rl::weighted_sum(std::span<double const>(loss), std::span<double const>(w));
   };
   CHECK(value(loss_agg::token_mean) == doctest::Approx(22.0 / 6));
@@ -371,14 +390,18 @@ TEST_CASE("aggregation modes on the OpenRLHF matrix") {
     auto const c = weft::rl::count_tokens(l2, std::span<u8 const>(m));
     CHECK(c.sequences == 1);
     std::vector<double> w2(4);
-    weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, l2, std::span<u8 const>(m), c, std::span<double>(w2));
-    CHECK(weft::rl::weighted_sum(std::span<double const>(v), std::span<double const>(w2)) == doctest::Approx(2.0));
+    weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, l2, std::span<u8 const>(m), c,
+                                  std::span<double>(w2));
+    CHECK(weft::rl::weighted_sum(std::span<double const>(v), std::span<double const>(w2)) ==
+          doctest::Approx(2.0));
   }
   SUBCASE("all-masked batch: zero weights, zero loss, no NaN") {
     std::vector<u8> const none(9, 0);
     auto const c = weft::rl::count_tokens(layout, std::span<u8 const>(none));
-    for (auto mode : {loss_agg::token_mean, loss_agg::seq_mean_token_mean, loss_agg::seq_mean_token_sum}) {
-      weft::rl::aggregation_weights(mode, layout, std::span<u8 const>(none), c, std::span<double>(w));
+    for (auto mode :
+         {loss_agg::token_mean, loss_agg::seq_mean_token_mean, loss_agg::seq_mean_token_sum}) {
+      weft::rl::aggregation_weights(mode, layout, std::span<u8 const>(none), c,
+                                    std::span<double>(w));
       for (double x : w) CHECK(x == 0.0);
     }
     batch b = random_batch(3, 3, 3, 0.5, true);
@@ -392,11 +415,15 @@ TEST_CASE("aggregation modes on the OpenRLHF matrix") {
   }
 }
 
-TEST_CASE("micro-batch invariance: any row partition with global counts gives the whole-batch loss and gradient") {
-  for (auto mode : {loss_agg::token_mean, loss_agg::seq_mean_token_mean, loss_agg::seq_mean_token_sum,
-                    loss_agg::dr_grpo_norm, loss_agg::verl_token_sum_norm}) {
+TEST_CASE(
+    "micro-batch invariance: any row partition with global counts gives the whole-batch loss and "
+    "gradient") {
+  for (auto mode :
+       {loss_agg::token_mean, loss_agg::seq_mean_token_mean, loss_agg::seq_mean_token_sum,
+        loss_agg::dr_grpo_norm, loss_agg::verl_token_sum_norm}) {
     CAPTURE(weft::rl::to_string(mode));
-    for (auto kind : {policy_loss_kind::ppo_clip, policy_loss_kind::gspo, policy_loss_kind::cispo}) {
+    for (auto kind :
+         {policy_loss_kind::ppo_clip, policy_loss_kind::gspo, policy_loss_kind::cispo}) {
       policy_loss_config cfg;
       cfg.kind = kind;
       auto const whole = random_batch(23, 7, 11, 0.4, false, mode);
@@ -413,13 +440,15 @@ TEST_CASE("micro-batch invariance: any row partition with global counts gives th
       for (index_t rows : {3, 1, 3}) {
         batch mb;
         mb.layout = token_layout::padded(rows, T);
-        auto const b0 = static_cast<std::size_t>(row * T), e0 = static_cast<std::size_t>((row + rows) * T);
+        auto const b0 = static_cast<std::size_t>(row * T),
+                   e0 = static_cast<std::size_t>((row + rows) * T);
         mb.logp.assign(whole.logp.begin() + b0, whole.logp.begin() + e0);
         mb.old_logp.assign(whole.old_logp.begin() + b0, whole.old_logp.begin() + e0);
         mb.adv.assign(whole.adv.begin() + b0, whole.adv.begin() + e0);
         mb.mask.assign(whole.mask.begin() + b0, whole.mask.begin() + e0);
         mb.w.resize(mb.logp.size());
-        weft::rl::aggregation_weights(mode, mb.layout, std::span<u8 const>(mb.mask), global, std::span<double>(mb.w), double(T));
+        weft::rl::aggregation_weights(mode, mb.layout, std::span<u8 const>(mb.mask), global,
+                                      std::span<double>(mb.w), double(T));
         weft::rl::policy_loss_result r;
         auto const gm = grad_of(cfg, mb, &r);
         loss += r.loss;
@@ -431,7 +460,8 @@ TEST_CASE("micro-batch invariance: any row partition with global counts gives th
       CHECK(m.tokens == rw.metrics.tokens);
       CHECK(m.clipped_high == rw.metrics.clipped_high);
       CHECK(m.neg_log_ratio_sum == doctest::Approx(rw.metrics.neg_log_ratio_sum).epsilon(1e-12));
-      for (std::size_t k = 0; k < g.size(); ++k) CHECK(g[k] == doctest::Approx(gw[k]).epsilon(1e-12));
+      for (std::size_t k = 0; k < g.size(); ++k)
+        CHECK(g[k] == doctest::Approx(gw[k]).epsilon(1e-12));
     }
   }
 }
@@ -454,11 +484,13 @@ TEST_CASE("packed cu_seqlens inputs give the padded losses and gradients") {
     std::vector<std::int64_t> cu = {0};
     for (index_t i = 0; i < B; ++i) {
       index_t const len = 1 + static_cast<index_t>(gen() % T);
-      for (index_t t = 0; t < T; ++t) padded.mask[static_cast<std::size_t>(i * T + t)] = t < len ? 1 : 0;
+      for (index_t t = 0; t < T; ++t)
+        padded.mask[static_cast<std::size_t>(i * T + t)] = t < len ? 1 : 0;
       cu.push_back(cu.back() + len);
     }
     auto const gcount = weft::rl::count_tokens(padded.layout, std::span<u8 const>(padded.mask));
-    weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, padded.layout, std::span<u8 const>(padded.mask), gcount,
+    weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, padded.layout,
+                                  std::span<u8 const>(padded.mask), gcount,
                                   std::span<double>(padded.w));
     batch packed;
     packed.layout = token_layout::packed(std::span<std::int64_t const>(cu));
@@ -474,7 +506,8 @@ TEST_CASE("packed cu_seqlens inputs give the padded losses and gradients") {
     packed.w.resize(packed.logp.size());
     auto const pcount = weft::rl::count_tokens(packed.layout, std::span<u8 const>(packed.mask));
     CHECK(pcount == gcount);
-    weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, packed.layout, std::span<u8 const>(packed.mask), pcount,
+    weft::rl::aggregation_weights(loss_agg::seq_mean_token_mean, packed.layout,
+                                  std::span<u8 const>(packed.mask), pcount,
                                   std::span<double>(packed.w));
     weft::rl::policy_loss_result rp, rq;
     auto const gp = grad_of(cfg, padded, &rp);
@@ -503,7 +536,9 @@ TEST_CASE("bad shapes throw shape_error naming the argument") {
   CHECK_THROWS_AS(token_layout::packed(std::span<std::int64_t const>(bad_cu2)), weft::shape_error);
 }
 
-TEST_CASE("tensor views: flat() accepts contiguous host views and rejects strided ones; padded_layout from [B, T]") {
+TEST_CASE(
+    "tensor views: flat() accepts contiguous host views and rejects strided ones; padded_layout "
+    "from [B, T]") {
   auto logp = weft::make_tensor<double>(2, 3);
   auto view = logp.view();
   auto const s = weft::rl::flat(view, "logp");
@@ -522,9 +557,9 @@ TEST_CASE("tensor views: flat() accepts contiguous host views and rejects stride
 }
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
-#  include <weft/rl/cuda/policy_loss.cuh>
+#include <weft/rl/cuda/policy_loss.cuh>
 
-#  include <cuda_runtime_api.h>
+#include <cuda_runtime_api.h>
 
 TEST_CASE("CUDA per-token policy loss equals the host loss and gradient") {
   int devices = 0;
@@ -549,13 +584,14 @@ TEST_CASE("CUDA per-token policy loss equals the host loss and gradient") {
   std::vector<double> zeros(n, 0.0);
   double* lt = up(zeros);
   double* dl = up(zeros);
-  for (auto kind : {policy_loss_kind::ppo_clip, policy_loss_kind::cispo, policy_loss_kind::reinforce}) {
+  for (auto kind :
+       {policy_loss_kind::ppo_clip, policy_loss_kind::cispo, policy_loss_kind::reinforce}) {
     policy_loss_config cfg;
     cfg.kind = kind;
     weft::rl::policy_loss_result host;
     auto const g = grad_of(cfg, b, &host);
-    weft::rl::kernels::policy_loss_tokens(nullptr, cfg, static_cast<std::int64_t>(n), lp, ol, ad, mk, w,
-                                          static_cast<double const*>(nullptr), lt, dl);
+    weft::rl::kernels::policy_loss_tokens(nullptr, cfg, static_cast<std::int64_t>(n), lp, ol, ad,
+                                          mk, w, static_cast<double const*>(nullptr), lt, dl);
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
     std::vector<double> loss_tok(n), grad(n);
     WEFT_CUDA_TRY(cudaMemcpy(loss_tok.data(), lt, n * sizeof(double), cudaMemcpyDeviceToHost));
@@ -565,8 +601,9 @@ TEST_CASE("CUDA per-token policy loss equals the host loss and gradient") {
     CHECK(sum == doctest::Approx(host.loss).epsilon(1e-12));
     for (std::size_t k = 0; k < n; ++k) CHECK(grad[k] == doctest::Approx(g[k]).epsilon(1e-12));
   }
-  for (void* p : {static_cast<void*>(lp), static_cast<void*>(ol), static_cast<void*>(ad), static_cast<void*>(mk),
-                  static_cast<void*>(w), static_cast<void*>(lt), static_cast<void*>(dl)})
+  for (void* p : {static_cast<void*>(lp), static_cast<void*>(ol), static_cast<void*>(ad),
+                  static_cast<void*>(mk), static_cast<void*>(w), static_cast<void*>(lt),
+                  static_cast<void*>(dl)})
     WEFT_CUDA_TRY(cudaFree(p));
 }
 #endif

@@ -23,7 +23,8 @@ float ulp_distance(float a, float b) {
   std::int32_t ia, ib;
   std::memcpy(&ia, &a, 4);
   std::memcpy(&ib, &b, 4);
-  return static_cast<float>(std::abs(static_cast<std::int64_t>(ia) - static_cast<std::int64_t>(ib)));
+  return static_cast<float>(
+      std::abs(static_cast<std::int64_t>(ia) - static_cast<std::int64_t>(ib)));
 }
 
 }  // namespace
@@ -58,7 +59,8 @@ TEST_CASE("exp_fn f32 over a dense sweep: within 2 ulp of libm where normal, IEE
 TEST_CASE("exp_fn over arrays (the vectorised form) equals the scalar calls bit for bit") {
   std::vector<float> x;
   float const inf = std::numeric_limits<float>::infinity();
-  for (float v : {-inf, inf, 0.0f, -0.0f, 88.72f, 88.73f, -87.33f, -87.34f, -103.0f, 1e-40f, -1e-40f})
+  for (float v :
+       {-inf, inf, 0.0f, -0.0f, 88.72f, 88.73f, -87.33f, -87.34f, -103.0f, 1e-40f, -1e-40f})
     x.push_back(v);
   std::mt19937 gen(3);
   std::uniform_real_distribution<float> u(-120.0f, 100.0f);
@@ -87,7 +89,8 @@ row_case make_row(index_t n, unsigned seed, bool with_inf) {
   row_case r{std::vector<float>(static_cast<std::size_t>(n)), n};
   for (auto& v : r.z) v = nd(gen);
   if (with_inf) {
-    for (index_t j = 0; j < n; j += 7) r.z[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
+    for (index_t j = 0; j < n; j += 7)
+      r.z[static_cast<std::size_t>(j)] = -std::numeric_limits<float>::infinity();
     // A whole chunk of -inf when the row has more than one chunk.
     if (n > 2 * weft::rl::detail::logit_chunk)
       for (index_t j = weft::rl::detail::logit_chunk; j < 2 * weft::rl::detail::logit_chunk; ++j)
@@ -132,7 +135,8 @@ TEST_CASE("every ISA level of the row kernels agrees with the baseline build") {
   }
 }
 
-TEST_CASE("f32 fused sweep (saved exponentials) matches a long double reference, -inf chunks included") {
+TEST_CASE(
+    "f32 fused sweep (saved exponentials) matches a long double reference, -inf chunks included") {
   index_t const V = 5000;  // three chunks, the second all -inf
   std::vector<std::int64_t> tgt = {3, -100, 4999, 2};
   std::vector<float> z;
@@ -141,19 +145,21 @@ TEST_CASE("f32 fused sweep (saved exponentials) matches a long double reference,
     z.insert(z.end(), r.z.begin(), r.z.end());
   }
   // Row 3: every logit -inf but the target's.
-  for (index_t v = 0; v < V; ++v) z[static_cast<std::size_t>(3 * V + v)] = -std::numeric_limits<float>::infinity();
+  for (index_t v = 0; v < V; ++v)
+    z[static_cast<std::size_t>(3 * V + v)] = -std::numeric_limits<float>::infinity();
   z[static_cast<std::size_t>(3 * V + 2)] = 1.5f;
   weft::rl::logprob_options opt;
   opt.temperature = 0.9;
   std::vector<float> lp(tgt.size()), h(tgt.size()), dz(z.size());
   std::vector<double> gl = {-0.5, 0.0, 1.25, 2.0}, ge = {0.1, 0.0, -0.3, 0.5};
-  weft::rl::log_prob_fused(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt,
-                           std::span<float>(lp), std::span<float>(h),
-                           [&](index_t k, float, float) {
-                             return weft::rl::logprob_grads{gl[static_cast<std::size_t>(k)],
-                                                            ge[static_cast<std::size_t>(k)]};
-                           },
-                           std::span<float>(dz));
+  weft::rl::log_prob_fused(
+      std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt, std::span<float>(lp),
+      std::span<float>(h),
+      [&](index_t k, float, float) {
+        return weft::rl::logprob_grads{gl[static_cast<std::size_t>(k)],
+                                       ge[static_cast<std::size_t>(k)]};
+      },
+      std::span<float>(dz));
   for (std::size_t k = 0; k < tgt.size(); ++k) {
     float const* zr = z.data() + k * V;
     float const* dr = dz.data() + k * V;
@@ -163,9 +169,11 @@ TEST_CASE("f32 fused sweep (saved exponentials) matches a long double reference,
       continue;
     }
     long double mx = -INFINITY;
-    for (index_t v = 0; v < V; ++v) mx = std::max(mx, (long double)zr[v] / (long double)opt.temperature);
+    for (index_t v = 0; v < V; ++v)
+      mx = std::max(mx, (long double)zr[v] / (long double)opt.temperature);
     long double s = 0;
-    for (index_t v = 0; v < V; ++v) s += std::exp((long double)zr[v] / (long double)opt.temperature - mx);
+    for (index_t v = 0; v < V; ++v)
+      s += std::exp((long double)zr[v] / (long double)opt.temperature - mx);
     long double const lse = mx + std::log(s);
     long double H = 0;
     std::vector<long double> p(static_cast<std::size_t>(V)), lg(static_cast<std::size_t>(V));
@@ -212,7 +220,8 @@ TEST_CASE("blocked policy loss equals a naive per-token loop; NaN in masked toke
     if (!mask[k]) lp[k] = old[k] = adv[k] = w[k] = isw[k] = nan;
   }
   auto const layout = weft::rl::token_layout::padded(rows, cols);
-  for (auto kind : {policy_loss_kind::ppo_clip, policy_loss_kind::cispo, policy_loss_kind::reinforce}) {
+  for (auto kind :
+       {policy_loss_kind::ppo_clip, policy_loss_kind::cispo, policy_loss_kind::reinforce}) {
     for (bool use_isw : {false, true}) {
       INFO(weft::rl::to_string(kind), " isw = ", use_isw);
       weft::rl::policy_loss_config cfg;
@@ -220,12 +229,14 @@ TEST_CASE("blocked policy loss equals a naive per-token loop; NaN in masked toke
       auto const res = weft::rl::policy_loss(
           cfg, layout,
           weft::rl::policy_inputs<float, std::uint8_t>{
-              weft::rl::arg::new_logp{lp}, weft::rl::arg::old_logp{old}, weft::rl::arg::advantages{adv},
-              weft::rl::arg::mask{mask}, weft::rl::arg::weights{w},
-              weft::rl::arg::rollout_is_weights{use_isw ? std::span<float const>(isw) : std::span<float const>()}},
+              weft::rl::arg::new_logp{lp}, weft::rl::arg::old_logp{old},
+              weft::rl::arg::advantages{adv}, weft::rl::arg::mask{mask}, weft::rl::arg::weights{w},
+              weft::rl::arg::rollout_is_weights{use_isw ? std::span<float const>(isw)
+                                                        : std::span<float const>()}},
           std::span<float>(dl));
       // Naive reference in double with libm's exp and plain branches.
-      double loss = 0, tokens = 0, lo = 0, hi = 0, dual = 0, clamped = 0, nlr = 0, rs = 0, rmin = INFINITY, rmax = -INFINITY;
+      double loss = 0, tokens = 0, lo = 0, hi = 0, dual = 0, clamped = 0, nlr = 0, rs = 0,
+             rmin = INFINITY, rmax = -INFINITY;
       for (std::size_t k = 0; k < n; ++k) {
         if (!mask[k]) {
           CHECK(dl[k] == 0.0f);
@@ -245,7 +256,7 @@ TEST_CASE("blocked policy loss equals a naive per-token loop; NaN in masked toke
             g = c || cl ? 0 : -A * r;
             hi += c;
           } else if (A < 0) {
-            bool const low = r < 1 - cfg.clip_low, du = r > cfg.dual_clip;
+            bool const low = r<1 - cfg.clip_low, du = r> cfg.dual_clip;
             l = -A * (low ? 1 - cfg.clip_low : du ? cfg.dual_clip : r);
             g = low || du || cl ? 0 : -A * r;
             lo += low;

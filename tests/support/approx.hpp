@@ -39,7 +39,9 @@ struct tolerance {
   [[nodiscard]] static constexpr tolerance within(double rel, double abs = 0.0) noexcept {
     return {rel, abs, 0, false};
   }
-  [[nodiscard]] static constexpr tolerance ulp(std::uint64_t n) noexcept { return {0.0, 0.0, n, false}; }
+  [[nodiscard]] static constexpr tolerance ulp(std::uint64_t n) noexcept {
+    return {0.0, 0.0, n, false};
+  }
 };
 
 namespace approx_detail {
@@ -102,7 +104,8 @@ std::uint64_t ulp_distance(T a, T b) noexcept {
     auto const y = static_cast<long double>(b);
     return static_cast<std::uint64_t>(x > y ? x - y : y - x);
   } else {
-    if (std::isnan(as_double(a)) || std::isnan(as_double(b))) return std::numeric_limits<std::uint64_t>::max();
+    if (std::isnan(as_double(a)) || std::isnan(as_double(b)))
+      return std::numeric_limits<std::uint64_t>::max();
     if (as_double(a) == as_double(b)) return 0;  // +0 and -0
     auto const ka = approx_detail::ordered_key(a);
     auto const kb = approx_detail::ordered_key(b);
@@ -171,7 +174,7 @@ struct comparison {
     for (auto const& m : first)
       os << "\n  [" << m.index << "] expected " << m.expected << ", got " << m.actual << " ("
          << (m.ulps == std::numeric_limits<std::uint64_t>::max() ? std::string("NaN")
-                                                                  : std::to_string(m.ulps))
+                                                                 : std::to_string(m.ulps))
          << " ulps)";
     return os.str();
   }

@@ -90,7 +90,8 @@ inline constexpr std::array<comm::reduce_kind, 6> all_reduce_kinds = {
 // ---- deterministic inputs -------------------------------------------------------------------
 
 inline std::uint64_t mix(std::uint64_t a, std::uint64_t b, std::uint64_t c) noexcept {
-  std::uint64_t z = a * 0x9e3779b97f4a7c15ull + b * 0xbf58476d1ce4e5b9ull + c * 0x94d049bb133111ebull;
+  std::uint64_t z =
+      a * 0x9e3779b97f4a7c15ull + b * 0xbf58476d1ce4e5b9ull + c * 0x94d049bb133111ebull;
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
@@ -222,7 +223,8 @@ inline std::vector<std::size_t> offsets_of(std::vector<std::size_t> const& count
 //! Uneven per-rank counts with zeros: counts[r] = (3r + salt) % 5.
 inline std::vector<std::size_t> uneven_counts(int n, std::size_t salt) {
   std::vector<std::size_t> c(static_cast<std::size_t>(n));
-  for (int r = 0; r < n; ++r) c[static_cast<std::size_t>(r)] = (3 * static_cast<std::size_t>(r) + salt) % 5;
+  for (int r = 0; r < n; ++r)
+    c[static_cast<std::size_t>(r)] = (3 * static_cast<std::size_t>(r) + salt) % 5;
   return c;
 }
 
@@ -314,7 +316,8 @@ void check_reduce_scatter_v(C& c, std::vector<std::size_t> const& counts, comm::
 template <Element T, comm::Communicator C>
 void check_broadcast(C& c, std::size_t count, int root, bool in_place) {
   std::uint64_t const salt = 41 + count;
-  auto const mine = inputs_of<T>(c.rank(), 0, count, comm::reduce_kind::sum, input_mode::general, salt);
+  auto const mine =
+      inputs_of<T>(c.rank(), 0, count, comm::reduce_kind::sum, input_mode::general, salt);
   padded<T, memory_for<C>> out(count, root % 2 == 0);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin());
@@ -335,8 +338,8 @@ void check_all_gather(C& c, std::size_t block, bool in_place) {
   auto const r = static_cast<std::size_t>(c.rank());
   std::uint64_t const salt = 43 + block;
   // Rank s contributes global elements [s * block, (s + 1) * block).
-  auto const mine = inputs_of<T>(c.rank(), r * block, block, comm::reduce_kind::sum,
-                                 input_mode::general, salt);
+  auto const mine =
+      inputs_of<T>(c.rank(), r * block, block, comm::reduce_kind::sum, input_mode::general, salt);
   padded<T, memory_for<C>> out(n * block, block % 2 == 0);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin() + static_cast<std::ptrdiff_t>(r * block));
@@ -362,8 +365,8 @@ void check_all_gather_v(C& c, std::vector<std::size_t> const& counts, bool in_pl
   auto const r = static_cast<std::size_t>(c.rank());
   auto const off = offsets_of(counts);
   std::uint64_t const salt = 47 + off.back();
-  auto const mine = inputs_of<T>(c.rank(), off[r], counts[r], comm::reduce_kind::sum,
-                                 input_mode::general, salt);
+  auto const mine =
+      inputs_of<T>(c.rank(), off[r], counts[r], comm::reduce_kind::sum, input_mode::general, salt);
   padded<T, memory_for<C>> out(off.back(), true);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin() + static_cast<std::ptrdiff_t>(off[r]));
@@ -389,8 +392,8 @@ void check_all_to_all(C& c, std::size_t block, bool in_place) {
   auto const r = static_cast<std::size_t>(c.rank());
   std::uint64_t const salt = 53 + block;
   // Rank s's element j of block d (what s sends to d) is input(s, d * block + j).
-  auto const mine = inputs_of<T>(c.rank(), 0, n * block, comm::reduce_kind::sum,
-                                 input_mode::general, salt);
+  auto const mine =
+      inputs_of<T>(c.rank(), 0, n * block, comm::reduce_kind::sum, input_mode::general, salt);
   padded<T, memory_for<C>> out(n * block, block % 2 == 1);
   if (in_place) {
     std::copy(mine.begin(), mine.end(), out.span.begin());
@@ -429,7 +432,8 @@ void check_all_to_all_v(C& c, std::size_t salt, bool in_place) {
   std::vector<T> mine;
   for (std::size_t d = 0; d < n; ++d)
     for (std::size_t j = 0; j < send[d]; ++j)
-      mine.push_back(input<T>(c.rank(), 1000 * d + j, comm::reduce_kind::sum, input_mode::general, salt));
+      mine.push_back(
+          input<T>(c.rank(), 1000 * d + j, comm::reduce_kind::sum, input_mode::general, salt));
   std::size_t const total = std::max(soff.back(), roff.back());
   padded<T, memory_for<C>> out(in_place ? total : roff.back(), true);
   if (in_place) {
@@ -454,8 +458,8 @@ void check_gather(C& c, std::size_t block, int root, bool in_place) {
   auto const n = static_cast<std::size_t>(c.size());
   auto const r = static_cast<std::size_t>(c.rank());
   std::uint64_t const salt = 59 + block;
-  auto const mine = inputs_of<T>(c.rank(), r * block, block, comm::reduce_kind::sum,
-                                 input_mode::general, salt);
+  auto const mine =
+      inputs_of<T>(c.rank(), r * block, block, comm::reduce_kind::sum, input_mode::general, salt);
   padded<T, memory_for<C>> out(n * block, root % 2 == 1);
   if (in_place && c.rank() == root) {
     std::copy(mine.begin(), mine.end(), out.span.begin() + static_cast<std::ptrdiff_t>(r * block));
@@ -482,7 +486,8 @@ void check_scatter(C& c, std::size_t block, int root, bool in_place) {
   auto const r = static_cast<std::size_t>(c.rank());
   std::uint64_t const salt = 61 + block;
   // The root holds input(root, i) for i < n * block; rank s receives block s.
-  auto const all = inputs_of<T>(root, 0, n * block, comm::reduce_kind::sum, input_mode::general, salt);
+  auto const all =
+      inputs_of<T>(root, 0, n * block, comm::reduce_kind::sum, input_mode::general, salt);
   std::span<T const> got;
   padded<T, memory_for<C>> buf(n * block, root % 2 == 0);
   if (in_place && c.rank() == root) {
@@ -540,8 +545,10 @@ void check_send_recv(C& c, std::size_t count) {
   };
   auto post_sends = [&] {
     for (int m = 0; m < messages; ++m) {
-      pending.push_back(c.isend(make_view<C>(std::span<T const>(out_next[static_cast<std::size_t>(m)])), next));
-      pending.push_back(c.isend(make_view<C>(std::span<T const>(out_prev[static_cast<std::size_t>(m)])), prev));
+      pending.push_back(
+          c.isend(make_view<C>(std::span<T const>(out_next[static_cast<std::size_t>(m)])), next));
+      pending.push_back(
+          c.isend(make_view<C>(std::span<T const>(out_prev[static_cast<std::size_t>(m)])), prev));
     }
   };
   if (r % 2 == 1) {
@@ -559,7 +566,8 @@ void check_send_recv(C& c, std::size_t count) {
       want_prev.push_back(value(prev, r, m, 0, i));
       want_next.push_back(value(next, r, m, 1, i));
     }
-    std::string const tagm = " dtype " + std::string(name(dtype_of<T>)) + " message " + std::to_string(m);
+    std::string const tagm =
+        " dtype " + std::string(name(dtype_of<T>)) + " message " + std::to_string(m);
     same_bits<T>(in_prev[static_cast<std::size_t>(m)].span, want_prev,
                  where(c, "irecv from prev", count, tagm));
     same_bits<T>(in_next[static_cast<std::size_t>(m)].span, want_next,
@@ -580,7 +588,8 @@ void check_send_recv(C& c, std::size_t count) {
     }
     std::vector<T> want;
     for (std::size_t i = 0; i < count; ++i) want.push_back(value(partner, r, 7, 0, i));
-    same_bits<T>(got.span, want, where(c, "send/recv pair", count, " dtype " + std::string(name(dtype_of<T>))));
+    same_bits<T>(got.span, want,
+                 where(c, "send/recv pair", count, " dtype " + std::string(name(dtype_of<T>))));
   }
   // To oneself, where the rule allows it (self_messages_allowed; the fault suite checks the
   // rejection otherwise): post the send first (non-blocking), then receive.
@@ -591,7 +600,8 @@ void check_send_recv(C& c, std::size_t count) {
     auto w = c.isend(make_view<C>(std::span<T const>(mine)), r);
     c.recv(got.view(), r).wait();
     w.wait();
-    same_bits<T>(got.span, mine, where(c, "send/recv to self", count, " dtype " + std::string(name(dtype_of<T>))));
+    same_bits<T>(got.span, mine,
+                 where(c, "send/recv to self", count, " dtype " + std::string(name(dtype_of<T>))));
   }
 }
 

@@ -132,12 +132,14 @@ class counting_communicator {
     add(comm::op_kind::all_to_all_v, in, out, -1);
     return w;
   }
-  comm::work gather(comm::buffer_view in, comm::buffer_view out, int root, comm::op_options o = {}) {
+  comm::work gather(comm::buffer_view in, comm::buffer_view out, int root,
+                    comm::op_options o = {}) {
     auto w = inner_.gather(in, out, root, o);
     add(comm::op_kind::gather, in, rank() == root ? out : empty(out), root);
     return w;
   }
-  comm::work scatter(comm::buffer_view in, comm::buffer_view out, int root, comm::op_options o = {}) {
+  comm::work scatter(comm::buffer_view in, comm::buffer_view out, int root,
+                     comm::op_options o = {}) {
     auto w = inner_.scatter(in, out, root, o);
     add(comm::op_kind::scatter, rank() == root ? in : empty(out), out, root);
     return w;
@@ -178,11 +180,10 @@ class counting_communicator {
   [[nodiscard]] std::vector<comm::op_record> history() const { return inner_.history(); }
   void set_hook(comm::op_hook hook) { inner_.set_hook(std::move(hook)); }
 
-  void synchronize(comm::op_options o)
-    requires requires(C& c, comm::op_options oo) { c.synchronize(oo); }
-  {
-    inner_.synchronize(o);
+  void synchronize(comm::op_options o) requires requires(C& c, comm::op_options oo) {
+    c.synchronize(oo);
   }
+  { inner_.synchronize(o); }
 
  private:
   counting_communicator(C inner, std::shared_ptr<comm_log> log, int id)

@@ -155,7 +155,8 @@ void missing_rank(H& h, int n, std::chrono::milliseconds timeout = 200ms) {
       CHECK(waited < static_cast<double>(timeout.count()) + 1500.0);
       gave_up.fetch_add(1);
     } catch (comm_error const& e) {
-      FAIL_CHECK("expected timeout_error naming rank " << missing << ", got: " << std::string(e.what()));
+      FAIL_CHECK("expected timeout_error naming rank " << missing
+                                                       << ", got: " << std::string(e.what()));
     }
     CHECK(c.state() == comm::comm_state::poisoned);
   });
@@ -176,7 +177,8 @@ void mismatched_call(H& h, int n) {
     std::vector<float> all(4 * static_cast<std::size_t>(c.size()));
     try {
       if (c.rank() == deviant) {
-        c.all_gather(make_view<C>(std::span<float>(in)), make_view<C>(std::span<float>(all))).wait();
+        c.all_gather(make_view<C>(std::span<float>(in)), make_view<C>(std::span<float>(all)))
+            .wait();
       } else {
         c.all_reduce(make_view<C>(std::span<float>(in)), make_view<C>(std::span<float>(in))).wait();
       }
@@ -204,8 +206,9 @@ void mismatched_call(H& h, int n) {
         INFO(std::string(op) << ": " << std::string(e.what()));
         CHECK(contains(e.what(), "differ in: op"));
       } catch (std::exception const& e) {
-        FAIL_CHECK(std::string(op) << " on a poisoned communicator: expected the recorded mismatch_error, got: "
-                      << std::string(e.what()));
+        FAIL_CHECK(std::string(op)
+                   << " on a poisoned communicator: expected the recorded mismatch_error, got: "
+                   << std::string(e.what()));
       }
     };
     expect_recorded("barrier", [&] { c.barrier().wait(); });
@@ -221,11 +224,14 @@ void mismatched_call(H& h, int n) {
     CHECK(ms_since(t0) < 500.0);  // at once, not after a deadline each
   });
   CHECK_MESSAGE(!escaped, what_of(escaped));
-  if (H::ranks_in_process) CHECK(thrown.load() == n);
-  else CHECK(thrown.load() == 1);
+  if (H::ranks_in_process)
+    CHECK(thrown.load() == n);
+  else
+    CHECK(thrown.load() == 1);
 }
 
-// ---- abort() -------------------------------------------------------------------------------------
+// ---- abort()
+// -------------------------------------------------------------------------------------
 
 //! Rank 0 calls abort() (twice: idempotent); its state is aborted and every later operation on it
 //! throws peer_aborted_error naming rank 0 at once, whatever the operation.
@@ -249,7 +255,8 @@ void abort_then_operate(H& h, int n) {
         INFO(std::string(op) << ": " << std::string(e.what()));
         CHECK(e.origin_rank() == 0);
       } catch (std::exception const& e) {
-        FAIL_CHECK(std::string(op) << " after abort(): expected peer_aborted_error, got: " << std::string(e.what()));
+        FAIL_CHECK(std::string(op) << " after abort(): expected peer_aborted_error, got: "
+                                   << std::string(e.what()));
       }
     };
     expect_aborted("all_reduce", [&] { c.all_reduce(b, b).wait(); });
@@ -275,7 +282,8 @@ void abort_then_operate(H& h, int n) {
   }
 }
 
-// ---- zero counts ---------------------------------------------------------------------------------
+// ---- zero counts
+// ---------------------------------------------------------------------------------
 
 //! Every collective with zero elements on every rank is a local no-op that still appears in
 //! history() (op kind, no bytes, ok) and reaches the hook, one record per call; so do zero-length
@@ -328,7 +336,8 @@ void zero_counts_recorded(H& h, int n) {
   CHECK_MESSAGE(!escaped, what_of(escaped));
 }
 
-// ---- in-place all_to_all -------------------------------------------------------------------------
+// ---- in-place all_to_all
+// -------------------------------------------------------------------------
 
 //! all_to_all with out == in works (the conformance check, every dtype class), as on every backend.
 template <class H>
@@ -343,12 +352,13 @@ void in_place_all_to_all(H& h, int n) {
   CHECK_MESSAGE(!escaped, what_of(escaped));
 }
 
-// ---- zero-length point-to-point ------------------------------------------------------------------
+// ---- zero-length point-to-point
+// ------------------------------------------------------------------
 
 //! A zero-length send or recv completes at once without a partner and leaves nothing behind: rank 0
-//! sends an empty message to rank 1 that nobody receives, rank 1 receives an empty message from rank
-//! 0 that nobody sends, and the real message that follows arrives intact (an empty message that
-//! travelled would be matched by it instead).
+//! sends an empty message to rank 1 that nobody receives, rank 1 receives an empty message from
+//! rank 0 that nobody sends, and the real message that follows arrives intact (an empty message
+//! that travelled would be matched by it instead).
 template <class H>
 void zero_length_p2p_is_local(H& h, int n, std::chrono::milliseconds timeout = 300ms) {
   auto const escaped = h.run(n, timeout, [&](typename H::comm_type& c) {
@@ -379,7 +389,8 @@ void zero_length_p2p_is_local(H& h, int n, std::chrono::milliseconds timeout = 3
   CHECK_MESSAGE(!escaped, what_of(escaped));
 }
 
-// ---- messages to one's own rank ------------------------------------------------------------------
+// ---- messages to one's own rank
+// ------------------------------------------------------------------
 
 //! The self_messages_allowed rule (tests/support/conformance.hpp), on every backend. When true:
 //! an isend to one's own rank pairs with a recv from it (and an irecv with a send), the data
@@ -430,7 +441,8 @@ void self_message_rule(H& h, int n) {
   CHECK_MESSAGE(!escaped, what_of(escaped));
 }
 
-// ---- one message per check -----------------------------------------------------------------------
+// ---- one message per check
+// -----------------------------------------------------------------------
 
 //! Each argument check fails every backend with the same invalid_argument_error text, up to the
 //! requirement and location that follow it (types by name, the expected count as an expression
@@ -455,20 +467,23 @@ void one_message_per_check(H& h, int n) {
         INFO(std::string(check) << ": " << std::string(e.what()));
         CHECK(contains(e.what(), text));
       } catch (std::exception const& e) {
-        FAIL_CHECK(std::string(check) << ": expected invalid_argument_error, got: " << std::string(e.what()));
+        FAIL_CHECK(std::string(check)
+                   << ": expected invalid_argument_error, got: " << std::string(e.what()));
       }
     };
     expect_text("dtype of out", "argument `out.type`: expected in.type = f32, actual f64",
                 [&] { c.all_reduce(f4, d4).wait(); });
     expect_text("all_gather out.count",
-                "argument `out.count`: expected size() * in.count = " +
-                    std::to_string(4 * size) + ", actual " + std::to_string(4 * size - 1),
+                "argument `out.count`: expected size() * in.count = " + std::to_string(4 * size) +
+                    ", actual " + std::to_string(4 * size - 1),
                 [&] { c.all_gather(f4, f_short).wait(); });
-    expect_text("_v counts", "argument `counts.size()`: expected size() = " +
-                                 std::to_string(size) + ", actual " + std::to_string(size + 1),
+    expect_text("_v counts",
+                "argument `counts.size()`: expected size() = " + std::to_string(size) +
+                    ", actual " + std::to_string(size + 1),
                 [&] { c.all_gather_v(f4, f4, too_few).wait(); });
-    expect_text("root", "argument `root`: expected a rank in [0, " + std::to_string(size) +
-                            "), actual " + std::to_string(size),
+    expect_text("root",
+                "argument `root`: expected a rank in [0, " + std::to_string(size) + "), actual " +
+                    std::to_string(size),
                 [&] { c.broadcast(f4, f4, c.size()).wait(); });
     CHECK(c.state() == comm::comm_state::healthy);
     c.barrier().wait();

@@ -14,14 +14,15 @@ namespace weft::test {
 //! Deadline of every wait in tests unless a test asks for another.
 inline constexpr std::chrono::milliseconds default_test_timeout{10000};
 
-inline comm::threads::options test_options(std::chrono::milliseconds timeout = default_test_timeout) {
+inline comm::threads::options test_options(
+    std::chrono::milliseconds timeout = default_test_timeout) {
   comm::threads::options o;
   o.timeout = timeout;
   return o;
 }
 
 template <class F>
-  requires std::invocable<F&, comm::threads::communicator&>
+requires std::invocable<F&, comm::threads::communicator&>
 void run_ranks(int n, F&& f, comm::threads::options opts = test_options()) {
   comm::threads::world(n, opts).run(std::forward<F>(f));
 }

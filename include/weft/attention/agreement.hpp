@@ -51,7 +51,20 @@ constexpr std::string_view to_string(sp_entry e) noexcept {
 //! ranks compare these words before the first block moves. Ulysses has no layout (kind -1).
 struct call_fingerprint {
   enum field : std::size_t {
-    entry, kind, seq, ring, ulysses, causal, scale, batch, local, heads_q, heads_kv, dim, type, count
+    entry,
+    kind,
+    seq,
+    ring,
+    ulysses,
+    causal,
+    scale,
+    batch,
+    local,
+    heads_q,
+    heads_kv,
+    dim,
+    type,
+    count
   };
   std::array<std::int64_t, count> w{};
 };
@@ -60,8 +73,9 @@ inline constexpr std::array<std::string_view, call_fingerprint::count> fingerpri
     "function", "layout", "layout", "layout", "layout", "opt.causal", "opt.scale",
     "q",        "q",      "q",      "k",      "q",      "q"};
 inline constexpr std::array<std::string_view, call_fingerprint::count> fingerprint_field = {
-    "entry point", "layout kind", "sequence length", "ring degree", "ulysses degree", "causal", "scale",
-    "batch", "local sequence length", "query heads", "KV heads", "head dimension", "element type"};
+    "entry point", "layout kind",    "sequence length", "ring degree",           "ulysses degree",
+    "causal",      "scale",          "batch",           "local sequence length", "query heads",
+    "KV heads",    "head dimension", "element type"};
 
 //! Fingerprint of a call with query shard [b, c, hq, d], KV heads hk, element type T; `lay` is
 //! null for Ulysses. `scale` is the resolved scale (so 0 and an explicit 1/sqrt(d) agree).
@@ -91,7 +105,9 @@ inline std::string fingerprint_value(std::size_t field, std::int64_t v) {
   using F = call_fingerprint;
   switch (field) {
     case F::entry: return std::string(to_string(static_cast<sp_entry>(v)));
-    case F::kind: return v < 0 ? std::string("none") : std::string(::weft::attention::to_string(static_cast<layout_kind>(v)));
+    case F::kind:
+      return v < 0 ? std::string("none")
+                   : std::string(::weft::attention::to_string(static_cast<layout_kind>(v)));
     case F::causal: return v ? "true" : "false";
     case F::scale: return ::weft::detail::concat(std::bit_cast<double>(v));
     case F::type: return std::string(::weft::name(static_cast<dtype>(v)));
@@ -111,7 +127,8 @@ struct disagreement {
 //! point-to-point one (all ring attention needs) passes the words around the ring in size() - 1
 //! isend/irecv steps, so ring attention's entry check needs nothing the ring itself does not.
 template <comm::PointToPointIn<host_space> C>
-std::vector<std::int64_t> gather_fingerprints(C& comm, call_fingerprint const& mine, std::int64_t flag) {
+std::vector<std::int64_t> gather_fingerprints(C& comm, call_fingerprint const& mine,
+                                              std::int64_t flag) {
   constexpr std::size_t W = call_fingerprint::count + 1;
   std::array<std::int64_t, W> out{};
   std::copy(mine.w.begin(), mine.w.end(), out.begin());
@@ -127,7 +144,8 @@ std::vector<std::int64_t> gather_fingerprints(C& comm, call_fingerprint const& m
     std::size_t const next = (r + 1) % n, prev = (r + n - 1) % n;
     for (std::size_t s = 0; s + 1 < n; ++s) {
       std::size_t const have = (r + n - s) % n, get = (r + 2 * n - s - 1) % n;
-      auto send = comm::isend(comm, std::span<std::int64_t const>(all.data() + have * W, W), int(next));
+      auto send =
+          comm::isend(comm, std::span<std::int64_t const>(all.data() + have * W, W), int(next));
       auto recv = comm::irecv(comm, std::span<std::int64_t>(all.data() + get * W, W), int(prev));
       send.wait();
       recv.wait();
@@ -151,8 +169,8 @@ inline std::optional<disagreement> first_disagreement(std::vector<std::int64_t> 
                                             source_location where = source_location::current()) {
   ::weft::detail::fail_expectation<invalid_argument_error>(
       where, "every rank passes the same layout and call", fingerprint_argument[d.field],
-      ::weft::detail::concat("the same ", fingerprint_field[d.field], " on every rank of the ", group,
-                             " group (rank 0 has ", fingerprint_value(d.field, d.want), ")"),
+      ::weft::detail::concat("the same ", fingerprint_field[d.field], " on every rank of the ",
+                             group, " group (rank 0 has ", fingerprint_value(d.field, d.want), ")"),
       ::weft::detail::concat(fingerprint_value(d.field, d.got), " on rank ", d.rank));
 }
 
@@ -161,7 +179,8 @@ inline std::optional<disagreement> first_disagreement(std::vector<std::int64_t> 
 template <comm::PointToPointIn<host_space> C>
 void check_agreement(C& comm, call_fingerprint const& mine, std::string_view group) {
   if (comm.size() <= 1) return;
-  if (auto const d = first_disagreement(gather_fingerprints(comm, mine, 0))) throw_disagreement(*d, group);
+  if (auto const d = first_disagreement(gather_fingerprints(comm, mine, 0)))
+    throw_disagreement(*d, group);
 }
 
 //! Entry check of a two-group call (USP: Ulysses groups × ring groups). The ring exchange carries
@@ -181,9 +200,9 @@ void check_agreement_2d(U& ulysses, R& ring, call_fingerprint const& mine) {
   if (auto const d = first_disagreement(all)) throw_disagreement(*d, "ring");
   constexpr std::size_t W = call_fingerprint::count + 1;
   for (std::size_t j = 0; j < all.size() / W; ++j)
-    WEFT_EXPECTS(all[j * W + W - 1] == 0, "layout",
-                 "the same layout and call on every rank of the USP grid",
-                 ::weft::detail::concat("a disagreement inside the Ulysses group of ring rank ", j));
+    WEFT_EXPECTS(
+        all[j * W + W - 1] == 0, "layout", "the same layout and call on every rank of the USP grid",
+        ::weft::detail::concat("a disagreement inside the Ulysses group of ring rank ", j));
 }
 
 }  // namespace weft::attention::detail

@@ -29,7 +29,7 @@ struct is_owning_host_tensor<::weft::tensor<T, R, host_space>> : std::true_type 
 //! lvalue (a const tensor gives a read-only view, which does not compile as an output).
 template <class X>
 concept HostTensorArg = TensorIn<std::remove_cvref_t<X>, host_space> ||
-                        detail::is_owning_host_tensor<std::remove_cvref_t<X>>::value;
+    detail::is_owning_host_tensor<std::remove_cvref_t<X>>::value;
 
 namespace detail {
 
@@ -79,7 +79,8 @@ template <class T>
 byte_range hull(bshd<T> const& t) {
   if (t.d == 0) return {0, 0};
   return hull_of(reinterpret_cast<std::uintptr_t>(t.data), sizeof(T),
-                 t.d * static_cast<std::int64_t>(sizeof(T)), {{t.b, t.sb}, {t.s, t.ss}, {t.h, t.sh}});
+                 t.d * static_cast<std::int64_t>(sizeof(T)),
+                 {{t.b, t.sb}, {t.s, t.ss}, {t.h, t.sh}});
 }
 template <class T>
 byte_range hull(bhs<T> const& t) {
@@ -144,9 +145,9 @@ void check_forward_aliases(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v,
 //! A backward's outputs dq, dk, dv may share memory with no input (q, k, v, o, lse, dout), nor
 //! with each other: they are zeroed before the inputs are read.
 template <class Q, class K, class V, class O, class L, class G, class DQ, class DK, class DV>
-void check_backward_aliases(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v,
-                            bshd<O> const& o, bhs<L> const& lse, bshd<G> const& dout,
-                            bshd<DQ> const& dq, bshd<DK> const& dk, bshd<DV> const& dv) {
+void check_backward_aliases(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> const& o,
+                            bhs<L> const& lse, bshd<G> const& dout, bshd<DQ> const& dq,
+                            bshd<DK> const& dk, bshd<DV> const& dv) {
   auto const against_inputs = [&](auto const& out, char const* name) {
     check_no_alias(out, name, q, "q");
     check_no_alias(out, name, k, "k");

@@ -108,7 +108,8 @@ struct bhs {
 };
 
 template <class T>
-bshd<T> contiguous_bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) noexcept {
+bshd<T> contiguous_bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h,
+                        std::int64_t d) noexcept {
   return {p, b, s, h, d, s * h * d, h * d, d};
 }
 template <class T>
@@ -126,9 +127,12 @@ auto as_bshd(V const& v, char const* name) {
   WEFT_EXPECTS_SHAPE(v.extent(3) == 0 || v.stride(3) == 1, name, "dim stride 1",
                      static_cast<std::int64_t>(v.stride(3)));
   return bshd<T>{v.data_handle(),
-                 static_cast<std::int64_t>(v.extent(0)), static_cast<std::int64_t>(v.extent(1)),
-                 static_cast<std::int64_t>(v.extent(2)), static_cast<std::int64_t>(v.extent(3)),
-                 static_cast<std::int64_t>(v.stride(0)), static_cast<std::int64_t>(v.stride(1)),
+                 static_cast<std::int64_t>(v.extent(0)),
+                 static_cast<std::int64_t>(v.extent(1)),
+                 static_cast<std::int64_t>(v.extent(2)),
+                 static_cast<std::int64_t>(v.extent(3)),
+                 static_cast<std::int64_t>(v.stride(0)),
+                 static_cast<std::int64_t>(v.stride(1)),
                  static_cast<std::int64_t>(v.stride(2))};
 }
 
@@ -137,9 +141,12 @@ auto as_bhs(V const& v) {
   static_assert(V::rank() == 3, "weft: attention LSE tensors are [batch, heads, seq] (rank 3)");
   using T = view_elem_t<V>;
   return bhs<T>{v.data_handle(),
-                static_cast<std::int64_t>(v.extent(0)), static_cast<std::int64_t>(v.extent(1)),
-                static_cast<std::int64_t>(v.extent(2)), static_cast<std::int64_t>(v.stride(0)),
-                static_cast<std::int64_t>(v.stride(1)), static_cast<std::int64_t>(v.stride(2))};
+                static_cast<std::int64_t>(v.extent(0)),
+                static_cast<std::int64_t>(v.extent(1)),
+                static_cast<std::int64_t>(v.extent(2)),
+                static_cast<std::int64_t>(v.stride(0)),
+                static_cast<std::int64_t>(v.stride(1)),
+                static_cast<std::int64_t>(v.stride(2))};
 }
 
 inline std::string shape_string(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
@@ -192,8 +199,9 @@ void check_finite(bshd<T> const& t, char const* name) {
         if (!ok)
           for (std::int64_t di = 0; di < t.d; ++di)
             WEFT_EXPECTS(std::isfinite(static_cast<double>(static_cast<C>(row[di]))), name,
-                         "finite values", ::weft::detail::concat(static_cast<double>(static_cast<C>(row[di])),
-                                                                 " at [", bi, ", ", si, ", ", hi, ", ", di, "]"));
+                         "finite values",
+                         ::weft::detail::concat(static_cast<double>(static_cast<C>(row[di])),
+                                                " at [", bi, ", ", si, ", ", hi, ", ", di, "]"));
       }
 }
 

@@ -25,10 +25,10 @@ namespace detail {
 //! Query rows per tile and keys per tile. 64 × 128 keeps the f32 working set (Q, K, V, S, O tiles
 //! at d = 128) near 200 KiB, inside L2, and gives BLAS tiles large enough to run near peak.
 #ifndef WEFT_ATTENTION_BLOCK_Q
-#  define WEFT_ATTENTION_BLOCK_Q 64
+#define WEFT_ATTENTION_BLOCK_Q 64
 #endif
 #ifndef WEFT_ATTENTION_BLOCK_K
-#  define WEFT_ATTENTION_BLOCK_K 128
+#define WEFT_ATTENTION_BLOCK_K 128
 #endif
 inline constexpr index_t block_q = WEFT_ATTENTION_BLOCK_Q;
 inline constexpr index_t block_k = WEFT_ATTENTION_BLOCK_K;
@@ -38,8 +38,11 @@ struct fwd_workspace {
   std::vector<Acc> q, k, v, s, o, scratch;
   std::vector<softmax_row_state<Acc>> rows;
   explicit fwd_workspace(index_t d)
-      : q(std::size_t(block_q * d)), k(std::size_t(block_k * d)), v(std::size_t(block_k * d)),
-        s(std::size_t(block_q * block_k)), o(std::size_t(block_q * d)),
+      : q(std::size_t(block_q * d)),
+        k(std::size_t(block_k * d)),
+        v(std::size_t(block_k * d)),
+        s(std::size_t(block_q * block_k)),
+        o(std::size_t(block_q * d)),
         scratch(std::size_t(std::max(d, block_q) * std::max(block_k, block_q))),
         rows(std::size_t(block_q)) {}
 };
@@ -115,7 +118,8 @@ void mask_tile(Acc* s, index_t i0, index_t bi, index_t j0, index_t bj, mask_rule
   if (j0 + bj - 1 <= i0 + mask.offset) return;  // every (i, j) visible
   Acc const ninf = empty_lse<Acc>();
   for (index_t i = 0; i < bi; ++i) {
-    index_t const end = mask.key_end(i0 + i, j0 + bj) - j0;  // visible: j < end (in tile coordinates)
+    index_t const end =
+        mask.key_end(i0 + i, j0 + bj) - j0;  // visible: j < end (in tile coordinates)
     for (index_t j = std::max<index_t>(end, 0); j < bj; ++j) s[i * bj + j] = ninf;
   }
 }
@@ -123,8 +127,8 @@ void mask_tile(Acc* s, index_t i0, index_t bi, index_t j0, index_t bj, mask_rule
 //! Forward of one (batch, head, query tile): writes o rows [i0, i1) and their LSE.
 template <class Acc, class Q, class K, class V, class O, class L>
 void forward_tile(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> const& o,
-                  bhs<L> const& lse, index_t b, index_t h, index_t i0, index_t i1, mask_rule mask, Acc scale,
-                  fwd_workspace<Acc>& w) {
+                  bhs<L> const& lse, index_t b, index_t h, index_t i0, index_t i1, mask_rule mask,
+                  Acc scale, fwd_workspace<Acc>& w) {
   index_t const d = q.d, bi = i1 - i0, hk = h / (q.h / k.h);
   auto const qt = load_rows(q, b, h, i0, i1, w.q.data());
   std::fill(w.o.begin(), w.o.begin() + bi * d, Acc(0));
@@ -179,7 +183,14 @@ void flash_forward_raw(E const& ex, bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, 
     fwd_workspace<Acc> operator()() const { return fwd_workspace<Acc>(d); }
   };
   struct body {
-    bshd<Q> q; bshd<K> k; bshd<V> v; bshd<O> o; bhs<L> lse; mask_rule mask; Acc scale; index_t tiles;
+    bshd<Q> q;
+    bshd<K> k;
+    bshd<V> v;
+    bshd<O> o;
+    bhs<L> lse;
+    mask_rule mask;
+    Acc scale;
+    index_t tiles;
     void operator()(index_t t, fwd_workspace<Acc>& w) const {
       index_t const tile = t % tiles, h = (t / tiles) % q.h, b = t / (tiles * q.h);
       index_t const i0 = tile * block_q;
@@ -195,18 +206,25 @@ template <class Acc>
 struct bwd_workspace {
   std::vector<Acc> q, g, k, v, s, dp, dq, dk, dv, scratch, dsum, lse;
   bwd_workspace(index_t d, index_t sk)
-      : q(std::size_t(block_q * d)), g(std::size_t(block_q * d)), k(std::size_t(block_k * d)),
-        v(std::size_t(block_k * d)), s(std::size_t(block_q * block_k)),
-        dp(std::size_t(block_q * block_k)), dq(std::size_t(block_q * d)),
-        dk(std::size_t(sk * d)), dv(std::size_t(sk * d)),
+      : q(std::size_t(block_q * d)),
+        g(std::size_t(block_q * d)),
+        k(std::size_t(block_k * d)),
+        v(std::size_t(block_k * d)),
+        s(std::size_t(block_q * block_k)),
+        dp(std::size_t(block_q * block_k)),
+        dq(std::size_t(block_q * d)),
+        dk(std::size_t(sk * d)),
+        dv(std::size_t(sk * d)),
         scratch(std::size_t(std::max(d, block_q) * std::max(block_k, block_q))),
-        dsum(std::size_t(block_q)), lse(std::size_t(block_q)) {}
+        dsum(std::size_t(block_q)),
+        lse(std::size_t(block_q)) {}
 };
 
 //! Backward of one (batch, KV head): all query heads of its group, all query tiles. Adds into
 //! dq (rows of those heads) and into dk, dv of that KV head, so a caller can accumulate block
 //! gradients (ring steps) in place. `o` and `lse` are the *global* forward results.
-template <class Acc, class Q, class K, class V, class O, class L, class G, class DQ, class DK, class DV>
+template <class Acc, class Q, class K, class V, class O, class L, class G, class DQ, class DK,
+          class DV>
 void backward_kv_head(bshd<Q> const& q, bshd<K> const& k, bshd<V> const& v, bshd<O> const& o,
                       bhs<L> const& lse, bshd<G> const& dout, bshd<DQ> const& dq,
                       bshd<DK> const& dk, bshd<DV> const& dv, index_t b, index_t hk, mask_rule mask,
@@ -299,8 +317,17 @@ void flash_backward_accumulate_raw(E const& ex, bshd<Q> q, bshd<K> k, bshd<V> v,
     bwd_workspace<Acc> operator()() const { return bwd_workspace<Acc>(d, sk); }
   };
   struct body {
-    bshd<Q> q; bshd<K> k; bshd<V> v; bshd<O> o; bhs<L> lse; bshd<G> g; bshd<DQ> dq; bshd<DK> dk;
-    bshd<DV> dv; mask_rule mask; Acc scale;
+    bshd<Q> q;
+    bshd<K> k;
+    bshd<V> v;
+    bshd<O> o;
+    bhs<L> lse;
+    bshd<G> g;
+    bshd<DQ> dq;
+    bshd<DK> dk;
+    bshd<DV> dv;
+    mask_rule mask;
+    Acc scale;
     void operator()(index_t t, bwd_workspace<Acc>& w) const {
       backward_kv_head<Acc>(q, k, v, o, lse, g, dq, dk, dv, t / k.h, t % k.h, mask, scale, w);
     }
@@ -348,8 +375,8 @@ bhs<T> seq_slice(bhs<T> t, index_t s0, index_t s1) noexcept {
 //! lse [B, Hq, Sq] (natural log; -inf for a row that sees no key, whose o row is 0). Tiles run on
 //! the host executor `ex` (exec::host{n}: n OpenMP threads); results are the same bits for any
 //! executor and thread count.
-template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
-          HostTensorArg OV, HostTensorArg LV>
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV,
+          HostTensorArg LV>
 void flash_forward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                    attention_options const& opt = {}) {
   auto const rq = detail::as_bshd(detail::arg_view(q), "q");
@@ -366,12 +393,11 @@ void flash_forward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
 //! Flash attention backward from dout, with the forward's o and lse: writes dq, dk, dv
 //! (overwritten; any element type). Accumulates in f32 (f64 for f64 inputs); GQA dk/dv sum over
 //! their query-head group.
-template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
-          HostTensorArg OV, HostTensorArg LV, HostTensorArg GV,
-          HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
-void flash_backward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
-                    GV&& dout, DQV&& dq, DKV&& dk, DVV&& dv,
-                    attention_options const& opt = {}) {
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV,
+          HostTensorArg LV, HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
+          HostTensorArg DVV>
+void flash_backward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse, GV&& dout, DQV&& dq,
+                    DKV&& dk, DVV&& dv, attention_options const& opt = {}) {
   auto const rq = detail::as_bshd(detail::arg_view(q), "q");
   auto const rk = detail::as_bshd(detail::arg_view(k), "k");
   auto const rv = detail::as_bshd(detail::arg_view(v), "v");
@@ -396,8 +422,8 @@ void flash_backward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
 //! q [1, Tq, Hq, D], k, v [1, Tk, Hkv, D]); document n spans rows [cu_q[n], cu_q[n+1]) of q and
 //! [cu_k[n], cu_k[n+1]) of k and v, and attends only within itself (causal alignment per document).
 //! lse is [1, Hq, Tq].
-template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
-          HostTensorArg OV, HostTensorArg LV>
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV,
+          HostTensorArg LV>
 void flash_forward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
                           std::span<std::int64_t const> cu_seqlens_q,
                           std::span<std::int64_t const> cu_seqlens_k,
@@ -412,26 +438,25 @@ void flash_forward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
   WEFT_EXPECTS_SHAPE(rq.b == 1, "q", "batch 1 for packed sequences", rq.b);
   detail::check_cu_seqlens(cu_seqlens_q, rq.s, "cu_seqlens_q");
   detail::check_cu_seqlens(cu_seqlens_k, rk.s, "cu_seqlens_k");
-  WEFT_EXPECTS(cu_seqlens_k.size() == cu_seqlens_q.size(), "cu_seqlens_k",
-               cu_seqlens_q.size(), cu_seqlens_k.size());
+  WEFT_EXPECTS(cu_seqlens_k.size() == cu_seqlens_q.size(), "cu_seqlens_k", cu_seqlens_q.size(),
+               cu_seqlens_k.size());
   double const scale = resolve_scale(opt.scale, rq.d);
   for (std::size_t n = 0; n + 1 < cu_seqlens_q.size(); ++n) {
     std::int64_t const q0 = cu_seqlens_q[n], q1 = cu_seqlens_q[n + 1];
     std::int64_t const k0 = cu_seqlens_k[n], k1 = cu_seqlens_k[n + 1];
     detail::flash_forward_raw(ex, detail::seq_slice(rq, q0, q1), detail::seq_slice(rk, k0, k1),
                               detail::seq_slice(rv, k0, k1), detail::seq_slice(ro, q0, q1),
-                              detail::seq_slice(rl, q0, q1), make_mask(opt.causal, q1 - q0, k1 - k0),
-                              scale);
+                              detail::seq_slice(rl, q0, q1),
+                              make_mask(opt.causal, q1 - q0, k1 - k0), scale);
   }
 }
 
 //! Packed variable-length backward; arguments as flash_forward_varlen plus flash_backward's.
-template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
-          HostTensorArg OV, HostTensorArg LV, HostTensorArg GV,
-          HostTensorArg DQV, HostTensorArg DKV, HostTensorArg DVV>
-void flash_backward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
-                           GV&& dout, DQV&& dq, DKV&& dk, DVV&& dv,
-                           std::span<std::int64_t const> cu_seqlens_q,
+template <HostExecutor E, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV, HostTensorArg OV,
+          HostTensorArg LV, HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
+          HostTensorArg DVV>
+void flash_backward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse, GV&& dout,
+                           DQV&& dq, DKV&& dk, DVV&& dv, std::span<std::int64_t const> cu_seqlens_q,
                            std::span<std::int64_t const> cu_seqlens_k,
                            attention_options const& opt = {}) {
   auto const rq = detail::as_bshd(detail::arg_view(q), "q");
@@ -449,8 +474,8 @@ void flash_backward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse
   WEFT_EXPECTS_SHAPE(rq.b == 1, "q", "batch 1 for packed sequences", rq.b);
   detail::check_cu_seqlens(cu_seqlens_q, rq.s, "cu_seqlens_q");
   detail::check_cu_seqlens(cu_seqlens_k, rk.s, "cu_seqlens_k");
-  WEFT_EXPECTS(cu_seqlens_k.size() == cu_seqlens_q.size(), "cu_seqlens_k",
-               cu_seqlens_q.size(), cu_seqlens_k.size());
+  WEFT_EXPECTS(cu_seqlens_k.size() == cu_seqlens_q.size(), "cu_seqlens_k", cu_seqlens_q.size(),
+               cu_seqlens_k.size());
   detail::zero_rows(rdq);
   detail::zero_rows(rdk);
   detail::zero_rows(rdv);
@@ -460,13 +485,12 @@ void flash_backward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse
     std::int64_t const k0 = cu_seqlens_k[n], k1 = cu_seqlens_k[n + 1];
     detail::flash_backward_accumulate_raw(
         ex, detail::seq_slice(rq, q0, q1), detail::seq_slice(rk, k0, k1),
-        detail::seq_slice(rv, k0, k1), detail::seq_slice(ro, q0, q1),
-        detail::seq_slice(rl, q0, q1), detail::seq_slice(rg, q0, q1),
-        detail::seq_slice(rdq, q0, q1), detail::seq_slice(rdk, k0, k1),
-        detail::seq_slice(rdv, k0, k1), make_mask(opt.causal, q1 - q0, k1 - k0), scale);
+        detail::seq_slice(rv, k0, k1), detail::seq_slice(ro, q0, q1), detail::seq_slice(rl, q0, q1),
+        detail::seq_slice(rg, q0, q1), detail::seq_slice(rdq, q0, q1),
+        detail::seq_slice(rdk, k0, k1), detail::seq_slice(rdv, k0, k1),
+        make_mask(opt.causal, q1 - q0, k1 - k0), scale);
   }
 }
-
 
 // ---- the same entry points on exec::host{opt.num_threads} --------------------------------------
 

@@ -32,7 +32,10 @@ void reference_forward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> ls
         auto const* qi = q.row(b, i, h);
         double mx = ninf;
         for (std::int64_t j = 0; j < k.s; ++j) {
-          if (!mask.visible(i, j)) { s[j] = ninf; continue; }
+          if (!mask.visible(i, j)) {
+            s[j] = ninf;
+            continue;
+          }
           auto const* kj = k.row(b, j, h / group);
           double dot = 0;
           for (std::int64_t c = 0; c < q.d; ++c) dot += double(qi[c]) * double(kj[c]);
@@ -62,8 +65,8 @@ void reference_forward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<O> o, bhs<L> ls
 
 // Gradients are accumulated in fp64 buffers and written once, so narrow outputs round once.
 template <class Q, class K, class V, class G, class DQ, class DK, class DV>
-void reference_backward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<G> dout, bshd<DQ> dq,
-                            bshd<DK> dk, bshd<DV> dv, mask_rule mask, double scale) {
+void reference_backward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<G> dout, bshd<DQ> dq, bshd<DK> dk,
+                            bshd<DV> dv, mask_rule mask, double scale) {
   std::int64_t const group = q.h / k.h;
   std::int64_t const d = q.d;
   std::vector<double> gq(static_cast<std::size_t>(q.b * q.s * q.h * d), 0.0);
@@ -84,7 +87,10 @@ void reference_backward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<G> dout, bshd<
         auto const* gi = dout.row(b, i, h);
         double mx = ninf;
         for (std::int64_t j = 0; j < k.s; ++j) {
-          if (!mask.visible(i, j)) { s[j] = ninf; continue; }
+          if (!mask.visible(i, j)) {
+            s[j] = ninf;
+            continue;
+          }
           auto const* kj = k.row(b, j, hk);
           double dot = 0;
           for (std::int64_t c = 0; c < d; ++c) dot += double(qi[c]) * double(kj[c]);
@@ -97,7 +103,10 @@ void reference_backward_raw(bshd<Q> q, bshd<K> k, bshd<V> v, bshd<G> dout, bshd<
         double const l = mx + std::log(sum);
         double pdp = 0;  // sum_j P_ij dP_ij
         for (std::int64_t j = 0; j < k.s; ++j) {
-          if (s[j] == ninf) { dp[j] = 0; continue; }
+          if (s[j] == ninf) {
+            dp[j] = 0;
+            continue;
+          }
           auto const* vj = v.row(b, j, hk);
           double dot = 0;
           for (std::int64_t c = 0; c < d; ++c) dot += double(gi[c]) * double(vj[c]);

@@ -49,7 +49,8 @@ struct ring_step {
 };
 
 //! The step of ring rank `rank` holding the K/V of ring rank `src`, with `chunk` local rows.
-inline ring_step plan_ring_step(layout_kind kind, bool causal, int rank, int src, std::int64_t chunk) {
+inline ring_step plan_ring_step(layout_kind kind, bool causal, int rank, int src,
+                                std::int64_t chunk) {
   ring_step full{false, 0, chunk, 0, chunk, {false, 0}};
   if (!causal) return full;
   ring_step diag{false, 0, chunk, 0, chunk, {true, 0}};
@@ -71,7 +72,9 @@ inline ring_step plan_ring_step(layout_kind kind, bool causal, int rank, int src
 
 namespace detail {
 
-inline bool is_causal(attention_options const& opt) noexcept { return opt.causal != causal_mode::none; }
+inline bool is_causal(attention_options const& opt) noexcept {
+  return opt.causal != causal_mode::none;
+}
 
 //! What ring attention asks of a communicator, checked where a user's call enters (ring_forward,
 //! ring_backward) so that the diagnostic names the requirement rather than a buffer mismatch deep
@@ -118,8 +121,8 @@ void merge_block(bshd<Acc> const& o, bhs<Acc> const& l, bshd<Acc> const& bo, bhs
 //! travel as T); o_acc and lse_acc receive the merged result in Acc.
 template <class T, comm::PointToPointIn<host_space> C>
 void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, bshd<T const> k,
-                       bshd<T const> v, bshd<compute_t<T>> o_acc, bhs<compute_t<T>> lse_acc, double scale,
-                       exec::host const& ex) {
+                       bshd<T const> v, bshd<compute_t<T>> o_acc, bhs<compute_t<T>> lse_acc,
+                       double scale, exec::host const& ex) {
   using Acc = compute_t<T>;
   using E = std::remove_const_t<T>;
   int const n = comm.size(), r = comm.rank();
@@ -174,8 +177,8 @@ void ring_forward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, 
 template <class T, class O, class L, class G, comm::PointToPointIn<host_space> C>
 void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q, bshd<T const> k,
                         bshd<T const> v, bshd<O const> o, bhs<L const> lse, bshd<G const> dout,
-                        bshd<compute_t<T>> dq_acc, bshd<compute_t<T>> dk_acc, bshd<compute_t<T>> dv_acc,
-                        double scale, exec::host const& ex) {
+                        bshd<compute_t<T>> dq_acc, bshd<compute_t<T>> dk_acc,
+                        bshd<compute_t<T>> dv_acc, double scale, exec::host const& ex) {
   using Acc = compute_t<T>;
   using E = std::remove_const_t<T>;
   int const n = comm.size(), r = comm.rank();
@@ -187,7 +190,8 @@ void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q,
   E* cur = kv_a.data();
   E* nxt = kv_b.data();
   // Traveling dK/dV ([2][B, c, Hkv, D] in Acc), double-buffered, and this step's block gradients.
-  std::vector<Acc> dkv_a(std::size_t(2 * kv_elems), Acc(0)), dkv_b(std::size_t(2 * kv_elems), Acc(0));
+  std::vector<Acc> dkv_a(std::size_t(2 * kv_elems), Acc(0)),
+      dkv_b(std::size_t(2 * kv_elems), Acc(0));
   std::vector<Acc> blk(std::size_t(2 * kv_elems));
   Acc* travel = dkv_a.data();  // the buffer for the block in hand (received, or zeros at step 0)
   Acc* spare = dkv_b.data();
@@ -210,11 +214,11 @@ void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q,
       auto const vb = contiguous_bshd<E const>(cur + kv_elems, k.b, k.s, k.h, k.d);
       auto const dkb = contiguous_bshd(blk.data(), k.b, k.s, k.h, k.d);
       auto const dvb = contiguous_bshd(blk.data() + kv_elems, k.b, k.s, k.h, k.d);
-      flash_backward_accumulate_raw(
-          ex, seq_slice(q, st.q0, st.q1), seq_slice(kb, st.k0, st.k1), seq_slice(vb, st.k0, st.k1),
-          seq_slice(o, st.q0, st.q1), seq_slice(lse, st.q0, st.q1), seq_slice(dout, st.q0, st.q1),
-          seq_slice(dq_acc, st.q0, st.q1), seq_slice(dkb, st.k0, st.k1),
-          seq_slice(dvb, st.k0, st.k1), st.mask, scale);
+      flash_backward_accumulate_raw(ex, seq_slice(q, st.q0, st.q1), seq_slice(kb, st.k0, st.k1),
+                                    seq_slice(vb, st.k0, st.k1), seq_slice(o, st.q0, st.q1),
+                                    seq_slice(lse, st.q0, st.q1), seq_slice(dout, st.q0, st.q1),
+                                    seq_slice(dq_acc, st.q0, st.q1), seq_slice(dkb, st.k0, st.k1),
+                                    seq_slice(dvb, st.k0, st.k1), st.mask, scale);
     }
     // The traveling buffer for this block arrives from the previous rank (posted last step).
     dkv_recv.wait();
@@ -236,16 +240,19 @@ void ring_backward_impl(C& comm, layout_kind kind, bool causal, bshd<T const> q,
   copy_bshd(contiguous_bshd<Acc const>(travel + kv_elems, k.b, k.s, k.h, k.d), dv_acc);
 }
 
-inline void check_ring_layout(seq_layout const& lay, int world, bool causal, std::int64_t local_seq) {
+inline void check_ring_layout(seq_layout const& lay, int world, bool causal,
+                              std::int64_t local_seq) {
   WEFT_EXPECTS(lay.ulysses_degree() == 1, "layout", "a ring layout (ulysses degree 1; use usp_*)",
                lay.ulysses_degree());
-  WEFT_EXPECTS(lay.world() == world, "layout", ::weft::detail::concat("a layout over ", world, " ranks"),
-               lay.world());
-  WEFT_EXPECTS(causal || lay.kind() == layout_kind::contiguous, "layout",
-               "contiguous for non-causal attention (zigzag and stripe exist to balance causal work)",
-               to_string(lay.kind()));
+  WEFT_EXPECTS(lay.world() == world, "layout",
+               ::weft::detail::concat("a layout over ", world, " ranks"), lay.world());
+  WEFT_EXPECTS(
+      causal || lay.kind() == layout_kind::contiguous, "layout",
+      "contiguous for non-causal attention (zigzag and stripe exist to balance causal work)",
+      to_string(lay.kind()));
   WEFT_EXPECTS_SHAPE(local_seq == lay.local_length(), "q",
-                     ::weft::detail::concat("local sequence length ", lay.local_length()), local_seq);
+                     ::weft::detail::concat("local sequence length ", lay.local_length()),
+                     local_seq);
 }
 
 template <class T>
@@ -265,10 +272,10 @@ bhs<T const> as_const(bhs<T> const& t) noexcept {
 //! before the current block's compute. Non-causal attention needs the contiguous layout.
 //! `comm` needs only rank, size, isend and irecv over host memory (comm::PointToPointIn<C,
 //! host_space>; a communicator in another memory space is refused at compile time).
-template <comm::PointToPoint C, HostTensorArg QV, HostTensorArg KV,
-          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
-void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
-                  OV&& o_arg, LV&& lse_arg, attention_options const& opt = {}) {
+template <comm::PointToPoint C, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV>
+void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg,
+                  LV&& lse_arg, attention_options const& opt = {}) {
   static_assert(detail::check_ring_communicator<C>());
   auto const q = detail::arg_view(q_arg);
   auto const k = detail::arg_view(k_arg);
@@ -276,9 +283,10 @@ void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&
   auto const o = detail::arg_view(o_arg);
   auto const lse = detail::arg_view(lse_arg);
   using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
-                "weft: ring_forward needs q, k and v of one element type (K/V travel as it)");
+  static_assert(
+      std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+          std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
+      "weft: ring_forward needs q, k and v of one element type (K/V travel as it)");
   using Acc = compute_t<T>;
   auto const rq = detail::as_bshd(q, "q");
   auto const rk = detail::as_bshd(k, "k");
@@ -286,15 +294,17 @@ void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&
   auto const ro = detail::as_bshd(o, "o");
   auto const rl = detail::as_bhs(lse);
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
-  WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
+  WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"),
+                     rk.s);
   bool const causal = detail::is_causal(opt);
   detail::check_ring_layout(layout, comm.size(), causal, rq.s);
   double const scale = resolve_scale(opt.scale, rq.d);
   detail::check_agreement(comm,
-                          detail::make_fingerprint<T>(detail::sp_entry::ring_forward, &layout, causal, scale,
-                                                      rq.b, rq.s, rq.h, rk.h, rq.d),
+                          detail::make_fingerprint<T>(detail::sp_entry::ring_forward, &layout,
+                                                      causal, scale, rq.b, rq.s, rq.h, rk.h, rq.d),
                           "ring");
-  std::vector<Acc> o_buf(std::size_t(rq.b * rq.s * rq.h * rq.d)), l_buf(std::size_t(rq.b * rq.h * rq.s));
+  std::vector<Acc> o_buf(std::size_t(rq.b * rq.s * rq.h * rq.d)),
+      l_buf(std::size_t(rq.b * rq.h * rq.s));
   auto const oa = detail::contiguous_bshd(o_buf.data(), rq.b, rq.s, rq.h, rq.d);
   auto const la = detail::contiguous_bhs(l_buf.data(), rq.b, rq.h, rq.s);
   detail::ring_forward_impl<T const>(comm, layout.kind(), causal, detail::as_const(rq),
@@ -307,10 +317,9 @@ void ring_forward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&
 //! Ring attention backward: this rank's dq (its rows) and dk, dv (its K/V rows, summed over every
 //! rank's queries), from its shard of q, k, v, the forward's o and lse, and dout. dK/dV travel in
 //! the accumulation type and reach their owner after N sends. `comm` as for ring_forward.
-template <comm::PointToPoint C, HostTensorArg QV, HostTensorArg KV,
-          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
-          HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
-          HostTensorArg DVV>
+template <comm::PointToPoint C, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV, HostTensorArg GV, HostTensorArg DQV,
+          HostTensorArg DKV, HostTensorArg DVV>
 void ring_backward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV&& v_arg,
                    OV&& o_arg, LV&& lse_arg, GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg,
                    DVV&& dv_arg, attention_options const& opt = {}) {
@@ -325,9 +334,10 @@ void ring_backward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV
   auto const dk = detail::arg_view(dk_arg);
   auto const dv = detail::arg_view(dv_arg);
   using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
-                "weft: ring_backward needs q, k and v of one element type (K/V travel as it)");
+  static_assert(
+      std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+          std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
+      "weft: ring_backward needs q, k and v of one element type (K/V travel as it)");
   using Acc = compute_t<T>;
   auto const rq = detail::as_bshd(q, "q");
   auto const rk = detail::as_bshd(k, "k");
@@ -340,16 +350,17 @@ void ring_backward(C& comm, seq_layout const& layout, QV&& q_arg, KV&& k_arg, VV
   auto const rdv = detail::as_bshd(dv, "dv");
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
   detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
-  WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
+  WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"),
+                     rk.s);
   bool const causal = detail::is_causal(opt);
   detail::check_ring_layout(layout, comm.size(), causal, rq.s);
   double const scale = resolve_scale(opt.scale, rq.d);
   detail::check_agreement(comm,
-                          detail::make_fingerprint<T>(detail::sp_entry::ring_backward, &layout, causal, scale,
-                                                      rq.b, rq.s, rq.h, rk.h, rq.d),
+                          detail::make_fingerprint<T>(detail::sp_entry::ring_backward, &layout,
+                                                      causal, scale, rq.b, rq.s, rq.h, rk.h, rq.d),
                           "ring");
-  std::vector<Acc> gq(std::size_t(rq.b * rq.s * rq.h * rq.d)), gk(std::size_t(rk.b * rk.s * rk.h * rk.d)),
-      gv(gk.size());
+  std::vector<Acc> gq(std::size_t(rq.b * rq.s * rq.h * rq.d)),
+      gk(std::size_t(rk.b * rk.s * rk.h * rk.d)), gv(gk.size());
   auto const aq = detail::contiguous_bshd(gq.data(), rq.b, rq.s, rq.h, rq.d);
   auto const ak = detail::contiguous_bshd(gk.data(), rk.b, rk.s, rk.h, rk.d);
   auto const av = detail::contiguous_bshd(gv.data(), rk.b, rk.s, rk.h, rk.d);

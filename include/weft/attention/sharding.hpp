@@ -1,6 +1,7 @@
-// weft/attention/sharding.hpp — how a global sequence is sharded over context-parallel ranks, as pure
-// index maps: contiguous, zigzag (2N chunks; rank r holds chunks r and 2N-1-r), stripe (token t on
-// rank t mod N), and USP (Ulysses pieces inside a ring layout); extract_local / restore_global.
+// weft/attention/sharding.hpp — how a global sequence is sharded over context-parallel ranks, as
+// pure index maps: contiguous, zigzag (2N chunks; rank r holds chunks r and 2N-1-r), stripe (token
+// t on rank t mod N), and USP (Ulysses pieces inside a ring layout); extract_local /
+// restore_global.
 #pragma once
 
 #include <weft/attention/common.hpp>
@@ -82,12 +83,14 @@ class seq_layout {
   [[nodiscard]] std::vector<std::int64_t> positions(int rank) const {
     check_rank(rank);
     std::vector<std::int64_t> p(static_cast<std::size_t>(local_length()));
-    for (std::int64_t i = 0; i < local_length(); ++i) p[static_cast<std::size_t>(i)] = global_position(rank, i);
+    for (std::int64_t i = 0; i < local_length(); ++i)
+      p[static_cast<std::size_t>(i)] = global_position(rank, i);
     return p;
   }
 
   void check_rank(int rank) const {
-    WEFT_EXPECTS(rank >= 0 && rank < world(), "rank", ::weft::detail::concat("0 <= rank < ", world()), rank);
+    WEFT_EXPECTS(rank >= 0 && rank < world(), "rank",
+                 ::weft::detail::concat("0 <= rank < ", world()), rank);
   }
 
  private:
@@ -97,10 +100,11 @@ class seq_layout {
     WEFT_EXPECTS(ulysses >= 1, "ulysses", ">= 1", ulysses);
     WEFT_EXPECTS(seq >= 0, "seq", ">= 0", seq);
     std::int64_t const unit = (k == layout_kind::zigzag ? 2 : 1) * std::int64_t{ring} * ulysses;
-    WEFT_EXPECTS(seq % unit == 0, "seq",
-                 ::weft::detail::concat("a multiple of ", unit, " for the ", to_string(k), " layout over ",
-                                        ring, " ring x ", ulysses, " ulysses ranks"),
-                 seq);
+    WEFT_EXPECTS(
+        seq % unit == 0, "seq",
+        ::weft::detail::concat("a multiple of ", unit, " for the ", to_string(k), " layout over ",
+                               ring, " ring x ", ulysses, " ulysses ranks"),
+        seq);
   }
 
   layout_kind kind_;
@@ -113,7 +117,8 @@ namespace detail {
 
 // Copies between a global tensor and a rank's shard, with `seq_axis` the sequence dimension.
 template <class G, class L, bool ToLocal>
-void layout_copy(seq_layout const& lay, int rank, G const& global, L const& local, std::size_t seq_axis) {
+void layout_copy(seq_layout const& lay, int rank, G const& global, L const& local,
+                 std::size_t seq_axis) {
   constexpr std::size_t R = G::rank();
   static_assert(L::rank() == R, "weft: extract_local/restore_global need tensors of the same rank");
   lay.check_rank(rank);
@@ -135,8 +140,10 @@ void layout_copy(seq_layout const& lay, int rank, G const& global, L const& loca
       go += gi * static_cast<std::int64_t>(global.stride(a));
       lo += ix[a] * static_cast<std::int64_t>(local.stride(a));
     }
-    if constexpr (ToLocal) local.data_handle()[lo] = global.data_handle()[go];
-    else global.data_handle()[go] = local.data_handle()[lo];
+    if constexpr (ToLocal)
+      local.data_handle()[lo] = global.data_handle()[go];
+    else
+      global.data_handle()[go] = local.data_handle()[lo];
     std::size_t a = R;
     while (a > 0) {
       --a;

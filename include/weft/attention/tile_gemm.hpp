@@ -16,8 +16,8 @@ namespace weft::attention::detail {
 // C[M×N] (+)= A[M×K] · B[K×N]. Four rows of C share each loaded row of B, and the inner loop runs
 // along contiguous rows of B and C, so it vectorises without reassociating any sum.
 template <class T>
-void gemm_nn_loops(index_t m, index_t n, index_t k, T const* a, index_t lda, T const* b, index_t ldb, T* c, index_t ldc,
-                   bool accumulate) {
+void gemm_nn_loops(index_t m, index_t n, index_t k, T const* a, index_t lda, T const* b,
+                   index_t ldb, T* c, index_t ldc, bool accumulate) {
   if (!accumulate)
     for (index_t i = 0; i < m; ++i)
       for (index_t j = 0; j < n; ++j) c[i * ldc + j] = T(0);
@@ -52,7 +52,8 @@ void gemm_nn_loops(index_t m, index_t n, index_t k, T const* a, index_t lda, T c
 
 // C[M×N] += Aᵀ · B with A stored [K×M] and B [K×N].
 template <class T>
-void gemm_tn_loops(index_t m, index_t n, index_t k, T const* a, index_t lda, T const* b, index_t ldb, T* c, index_t ldc) {
+void gemm_tn_loops(index_t m, index_t n, index_t k, T const* a, index_t lda, T const* b,
+                   index_t ldb, T* c, index_t ldc) {
   index_t i = 0;
   for (; i + 4 <= m; i += 4) {
     T* __restrict c0 = c + i * ldc;
@@ -85,8 +86,8 @@ void gemm_tn_loops(index_t m, index_t n, index_t k, T const* a, index_t lda, T c
 
 //! C[M×N] = alpha · A[M×K] · B[N×K]ᵀ (overwrites C). `scratch` holds K×N elements.
 template <class T>
-void gemm_nt(index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, T const* b, index_t ldb, T* c, index_t ldc,
-             T* scratch) {
+void gemm_nt(index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, T const* b,
+             index_t ldb, T* c, index_t ldc, T* scratch) {
 #if WEFT_HAS_BLAS
   (void)scratch;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
@@ -105,13 +106,13 @@ void gemm_nt(index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, 
 
 //! C[M×N] += alpha · A[M×K] · B[K×N].
 template <class T>
-void gemm_nn_acc(index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, T const* b, index_t ldb, T* c,
-                 index_t ldc, T* scratch) {
+void gemm_nn_acc(index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, T const* b,
+                 index_t ldb, T* c, index_t ldc, T* scratch) {
 #if WEFT_HAS_BLAS
   (void)scratch;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-    weft::blas::gemm<T>(weft::blas::op::none, weft::blas::op::none, m, n, k, alpha, a, lda, b,
-                        ldb, T(1), c, ldc);
+    weft::blas::gemm<T>(weft::blas::op::none, weft::blas::op::none, m, n, k, alpha, a, lda, b, ldb,
+                        T(1), c, ldc);
     return;
   }
 #endif
@@ -127,8 +128,8 @@ void gemm_nn_acc(index_t m, index_t n, index_t k, T alpha, T const* a, index_t l
 
 //! C[M×N] += alpha · A[K×M]ᵀ · B[K×N].
 template <class T>
-void gemm_tn_acc(index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, T const* b, index_t ldb, T* c,
-                 index_t ldc, T* scratch) {
+void gemm_tn_acc(index_t m, index_t n, index_t k, T alpha, T const* a, index_t lda, T const* b,
+                 index_t ldb, T* c, index_t ldc, T* scratch) {
 #if WEFT_HAS_BLAS
   (void)scratch;
   if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {

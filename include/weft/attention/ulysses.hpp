@@ -32,19 +32,23 @@ struct ulysses_heads {
   [[nodiscard]] std::int64_t local_q() const noexcept { return hq / degree; }
   [[nodiscard]] std::int64_t local_k() const noexcept { return replicated() ? 1 : hk / degree; }
   [[nodiscard]] bool replicated() const noexcept { return hk % degree != 0; }
-  [[nodiscard]] std::int64_t q_head(int p, std::int64_t j) const noexcept { return p * local_q() + j; }
+  [[nodiscard]] std::int64_t q_head(int p, std::int64_t j) const noexcept {
+    return p * local_q() + j;
+  }
   [[nodiscard]] std::int64_t k_head(int p, std::int64_t j) const noexcept {
     return replicated() ? p * hk / degree : p * local_k() + j;
   }
 
   static ulysses_heads make(int degree, std::int64_t hq, std::int64_t hk) {
-    WEFT_EXPECTS_SHAPE(hq % degree == 0, "q",
-                       ::weft::detail::concat("a query head count divisible by the Ulysses degree ", degree),
-                       ::weft::detail::concat(hq, " heads"));
-    WEFT_EXPECTS_SHAPE(hk % degree == 0 || degree % hk == 0, "k",
-                       ::weft::detail::concat("a KV head count that divides or is divisible by the Ulysses degree ",
-                                              degree),
-                       ::weft::detail::concat(hk, " heads"));
+    WEFT_EXPECTS_SHAPE(
+        hq % degree == 0, "q",
+        ::weft::detail::concat("a query head count divisible by the Ulysses degree ", degree),
+        ::weft::detail::concat(hq, " heads"));
+    WEFT_EXPECTS_SHAPE(
+        hk % degree == 0 || degree % hk == 0, "k",
+        ::weft::detail::concat(
+            "a KV head count that divides or is divisible by the Ulysses degree ", degree),
+        ::weft::detail::concat(hk, " heads"));
     return {degree, hq, hk};
   }
 };
@@ -98,7 +102,8 @@ void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool
   index_t const piece = x.b * c * hl * x.d;
   std::vector<std::remove_const_t<E>> send(std::size_t(piece * n)), recv(send.size());
   for (int p = 0; p < n; ++p)
-    copy_bshd(seq_slice(full, p * c, (p + 1) * c), contiguous_bshd(send.data() + p * piece, x.b, c, hl, x.d));
+    copy_bshd(seq_slice(full, p * c, (p + 1) * c),
+              contiguous_bshd(send.data() + p * piece, x.b, c, hl, x.d));
   comm::all_to_all(comm, std::as_const(send), recv).wait();
   if (add) zero_rows(x);
   for (int p = 0; p < n; ++p) {
@@ -109,7 +114,8 @@ void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool
           E const* a = src.row(b, s, j);
           Out* z = x.row(b, s, head(p, j));
           for (index_t d = 0; d < x.d; ++d)
-            z[d] = add ? static_cast<Out>(static_cast<compute_t<Out>>(z[d]) + static_cast<compute_t<Out>>(a[d]))
+            z[d] = add ? static_cast<Out>(static_cast<compute_t<Out>>(z[d]) +
+                                          static_cast<compute_t<Out>>(a[d]))
                        : static_cast<Out>(a[d]);
         }
   }
@@ -117,7 +123,8 @@ void a2a_head_to_seq(C& comm, bshd<E const> full, bshd<Out> x, HeadFn head, bool
 
 //! LSE [B, H, c] -> [B, hl, N·c] (backward needs the LSE in head layout).
 template <class L, comm::CollectiveIn<host_space> C>
-std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulysses_heads const& uh) {
+std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x,
+                                                        ulysses_heads const& uh) {
   using E = std::remove_const_t<L>;
   int const n = comm.size();
   index_t const c = x.s, hl = uh.local_q(), piece = x.b * hl * c;
@@ -125,13 +132,15 @@ std::vector<std::remove_const_t<L>> a2a_lse_seq_to_head(C& comm, bhs<L> x, ulyss
   for (int p = 0; p < n; ++p)
     for (index_t b = 0; b < x.b; ++b)
       for (index_t j = 0; j < hl; ++j)
-        for (index_t s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = x.at(b, uh.q_head(p, j), s);
+        for (index_t s = 0; s < c; ++s)
+          send[std::size_t(p * piece + (b * hl + j) * c + s)] = x.at(b, uh.q_head(p, j), s);
   comm::all_to_all(comm, std::as_const(send), recv).wait();
   for (int p = 0; p < n; ++p)
     for (index_t b = 0; b < x.b; ++b)
       for (index_t j = 0; j < hl; ++j)
         for (index_t s = 0; s < c; ++s)
-          full[std::size_t((b * hl + j) * (n * c) + p * c + s)] = recv[std::size_t(p * piece + (b * hl + j) * c + s)];
+          full[std::size_t((b * hl + j) * (n * c) + p * c + s)] =
+              recv[std::size_t(p * piece + (b * hl + j) * c + s)];
   return full;
 }
 
@@ -144,13 +153,15 @@ void a2a_lse_head_to_seq(C& comm, bhs<L const> full, bhs<Out> x, ulysses_heads c
   for (int p = 0; p < n; ++p)
     for (index_t b = 0; b < x.b; ++b)
       for (index_t j = 0; j < hl; ++j)
-        for (index_t s = 0; s < c; ++s) send[std::size_t(p * piece + (b * hl + j) * c + s)] = full.at(b, j, p * c + s);
+        for (index_t s = 0; s < c; ++s)
+          send[std::size_t(p * piece + (b * hl + j) * c + s)] = full.at(b, j, p * c + s);
   comm::all_to_all(comm, std::as_const(send), recv).wait();
   for (int p = 0; p < n; ++p)
     for (index_t b = 0; b < x.b; ++b)
       for (index_t j = 0; j < hl; ++j)
         for (index_t s = 0; s < c; ++s)
-          x.at(b, uh.q_head(p, j), s) = static_cast<Out>(recv[std::size_t(p * piece + (b * hl + j) * c + s)]);
+          x.at(b, uh.q_head(p, j), s) =
+              static_cast<Out>(recv[std::size_t(p * piece + (b * hl + j) * c + s)]);
 }
 
 //! Ulysses forward around an inner attention `inner(q, k, v, o_acc, lse_acc)` on the head-sharded
@@ -168,18 +179,21 @@ void ulysses_forward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T cons
   std::vector<Acc> oh(std::size_t(q.b * sf * hq * q.d)), lh(std::size_t(q.b * hq * sf));
   auto const ov = contiguous_bshd(oh.data(), q.b, sf, hq, q.d);
   auto const lv = contiguous_bhs(lh.data(), q.b, hq, sf);
-  inner(contiguous_bshd<T const>(qh.data(), q.b, sf, hq, q.d), contiguous_bshd<T const>(kh.data(), q.b, sf, hk, q.d),
+  inner(contiguous_bshd<T const>(qh.data(), q.b, sf, hq, q.d),
+        contiguous_bshd<T const>(kh.data(), q.b, sf, hk, q.d),
         contiguous_bshd<T const>(vh.data(), q.b, sf, hk, q.d), ov, lv);
   // The output travels back in the accumulation type, so the caller's o rounds once.
-  a2a_head_to_seq(comm, as_const(ov), o, [&](int p, index_t j) { return uh.q_head(p, j); }, false);
+  a2a_head_to_seq(
+      comm, as_const(ov), o, [&](int p, index_t j) { return uh.q_head(p, j); }, false);
   a2a_lse_head_to_seq(comm, as_const(lv), lse, uh);
 }
 
 //! Ulysses backward around `inner(q, k, v, o, lse, dout, dq_acc, dk_acc, dv_acc)` (overwrites).
-template <class T, class O, class L, class G, class DQ, class DK, class DV, class Inner, comm::CollectiveIn<host_space> C>
-void ulysses_backward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O const> o,
-                           bhs<L const> lse, bshd<G const> dout, bshd<DQ> dq, bshd<DK> dk, bshd<DV> dv,
-                           Inner&& inner) {
+template <class T, class O, class L, class G, class DQ, class DK, class DV, class Inner,
+          comm::CollectiveIn<host_space> C>
+void ulysses_backward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T const> v,
+                           bshd<O const> o, bhs<L const> lse, bshd<G const> dout, bshd<DQ> dq,
+                           bshd<DK> dk, bshd<DV> dv, Inner&& inner) {
   using Acc = compute_t<T>;
   auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
   int const n = comm.size();
@@ -195,14 +209,17 @@ void ulysses_backward_impl(C& comm, bshd<T const> q, bshd<T const> k, bshd<T con
   using OE = std::remove_const_t<O>;
   using GE = std::remove_const_t<G>;
   using LE = std::remove_const_t<L>;
-  std::vector<Acc> gq(std::size_t(q.b * sf * hq * q.d)), gk(std::size_t(q.b * sf * hk * q.d)), gv(gk.size());
+  std::vector<Acc> gq(std::size_t(q.b * sf * hq * q.d)), gk(std::size_t(q.b * sf * hk * q.d)),
+      gv(gk.size());
   auto const dqv = contiguous_bshd(gq.data(), q.b, sf, hq, q.d);
   auto const dkv = contiguous_bshd(gk.data(), q.b, sf, hk, q.d);
   auto const dvv = contiguous_bshd(gv.data(), q.b, sf, hk, q.d);
-  inner(contiguous_bshd<T const>(qh.data(), q.b, sf, hq, q.d), contiguous_bshd<T const>(kh.data(), q.b, sf, hk, q.d),
-        contiguous_bshd<T const>(vh.data(), q.b, sf, hk, q.d), contiguous_bshd<OE const>(oh.data(), q.b, sf, hq, q.d),
-        contiguous_bhs<LE const>(lh.data(), q.b, hq, sf), contiguous_bshd<GE const>(gh.data(), q.b, sf, hq, q.d),
-        dqv, dkv, dvv);
+  inner(contiguous_bshd<T const>(qh.data(), q.b, sf, hq, q.d),
+        contiguous_bshd<T const>(kh.data(), q.b, sf, hk, q.d),
+        contiguous_bshd<T const>(vh.data(), q.b, sf, hk, q.d),
+        contiguous_bshd<OE const>(oh.data(), q.b, sf, hq, q.d),
+        contiguous_bhs<LE const>(lh.data(), q.b, hq, sf),
+        contiguous_bshd<GE const>(gh.data(), q.b, sf, hq, q.d), dqv, dkv, dvv);
   a2a_head_to_seq(comm, as_const(dqv), dq, qf, false);
   // Replicated KV heads: every replica's gradient comes home and they add up.
   a2a_head_to_seq(comm, as_const(dkv), dk, kf, uh.replicated());
@@ -221,12 +238,14 @@ void check_forward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV c
   check_qkv(rq, rk, as_bshd(v, "v"));
   check_same_shape(rq, as_bshd(o, "o"), "o");
   check_lse_shape(rq, as_bhs(lse), "lse");
-  WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"), rk.s);
+  WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"),
+                     rk.s);
 }
 
-template <class QV, class KV, class VV, class OV, class LV, class GV, class DQV, class DKV, class DVV>
-void check_backward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse, GV const& dout,
-                         DQV const& dq, DKV const& dk, DVV const& dv) {
+template <class QV, class KV, class VV, class OV, class LV, class GV, class DQV, class DKV,
+          class DVV>
+void check_backward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse,
+                         GV const& dout, DQV const& dq, DKV const& dk, DVV const& dv) {
   check_forward_args(q, k, v, o, lse);
   auto const rq = as_bshd(q, "q");
   auto const rk = as_bshd(k, "k");
@@ -242,8 +261,8 @@ void check_backward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV 
 //! [B, c, Hkv, D]); Hq must be divisible by the group size N, and Hkv divisible by N or dividing
 //! it (then KV heads are replicated N/Hkv times). o [B, c, Hq, D] and lse [B, Hq, c] are this
 //! rank's rows of single-device attention over the whole sequence.
-template <comm::Collective C, HostTensorArg QV, HostTensorArg KV,
-          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV>
+template <comm::Collective C, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV>
 void ulysses_forward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV&& lse_arg,
                      attention_options const& opt = {}) {
   static_assert(detail::check_ulysses_communicator<C>());
@@ -253,19 +272,21 @@ void ulysses_forward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV
   auto const o = detail::arg_view(o_arg);
   auto const lse = detail::arg_view(lse_arg);
   using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
-                "weft: ulysses_forward needs q, k and v of one element type");
+  static_assert(
+      std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+          std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
+      "weft: ulysses_forward needs q, k and v of one element type");
   detail::check_forward_args(q, k, v, o, lse);
   auto const rq = detail::const_bshd(q, "q");
   std::int64_t const hk = detail::as_bshd(k, "k").h;
   (void)ulysses_heads::make(comm.size(), rq.h, hk);
   double const scale = resolve_scale(opt.scale, rq.d);
   mask_rule const mask{opt.causal != causal_mode::none, 0};
-  detail::check_agreement(comm,
-                          detail::make_fingerprint<T>(detail::sp_entry::ulysses_forward, nullptr, mask.causal,
-                                                      scale, rq.b, rq.s, rq.h, hk, rq.d),
-                          "Ulysses");
+  detail::check_agreement(
+      comm,
+      detail::make_fingerprint<T>(detail::sp_entry::ulysses_forward, nullptr, mask.causal, scale,
+                                  rq.b, rq.s, rq.h, hk, rq.d),
+      "Ulysses");
   exec::host const ex = host_executor(opt);
   detail::ulysses_forward_impl(comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"),
                                detail::as_bshd(o, "o"), detail::as_bhs(lse),
@@ -275,10 +296,9 @@ void ulysses_forward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV
 }
 
 //! Ulysses attention backward: dq, dk, dv of this rank's shard (overwritten).
-template <comm::Collective C, HostTensorArg QV, HostTensorArg KV,
-          HostTensorArg VV, HostTensorArg OV, HostTensorArg LV,
-          HostTensorArg GV, HostTensorArg DQV, HostTensorArg DKV,
-          HostTensorArg DVV>
+template <comm::Collective C, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV, HostTensorArg GV, HostTensorArg DQV,
+          HostTensorArg DKV, HostTensorArg DVV>
 void ulysses_backward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, LV&& lse_arg,
                       GV&& dout_arg, DQV&& dq_arg, DKV&& dk_arg, DVV&& dv_arg,
                       attention_options const& opt = {}) {
@@ -293,29 +313,32 @@ void ulysses_backward(C& comm, QV&& q_arg, KV&& k_arg, VV&& v_arg, OV&& o_arg, L
   auto const dk = detail::arg_view(dk_arg);
   auto const dv = detail::arg_view(dv_arg);
   using T = std::remove_const_t<typename std::remove_cvref_t<QV>::element_type>;
-  static_assert(std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
-                    std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
-                "weft: ulysses_backward needs q, k and v of one element type");
+  static_assert(
+      std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<KV>::element_type>, T> &&
+          std::is_same_v<std::remove_const_t<typename std::remove_cvref_t<VV>::element_type>, T>,
+      "weft: ulysses_backward needs q, k and v of one element type");
   detail::check_backward_args(q, k, v, o, lse, dout, dq, dk, dv);
   auto const rq = detail::const_bshd(q, "q");
   std::int64_t const hk = detail::as_bshd(k, "k").h;
   (void)ulysses_heads::make(comm.size(), rq.h, hk);
   double const scale = resolve_scale(opt.scale, rq.d);
   mask_rule const mask{opt.causal != causal_mode::none, 0};
-  detail::check_agreement(comm,
-                          detail::make_fingerprint<T>(detail::sp_entry::ulysses_backward, nullptr, mask.causal,
-                                                      scale, rq.b, rq.s, rq.h, hk, rq.d),
-                          "Ulysses");
+  detail::check_agreement(
+      comm,
+      detail::make_fingerprint<T>(detail::sp_entry::ulysses_backward, nullptr, mask.causal, scale,
+                                  rq.b, rq.s, rq.h, hk, rq.d),
+      "Ulysses");
   exec::host const ex = host_executor(opt);
   detail::ulysses_backward_impl(
       comm, rq, detail::const_bshd(k, "k"), detail::const_bshd(v, "v"), detail::const_bshd(o, "o"),
-      detail::as_const(detail::as_bhs(lse)), detail::const_bshd(dout, "dout"), detail::as_bshd(dq, "dq"),
-      detail::as_bshd(dk, "dk"), detail::as_bshd(dv, "dv"),
+      detail::as_const(detail::as_bhs(lse)), detail::const_bshd(dout, "dout"),
+      detail::as_bshd(dq, "dq"), detail::as_bshd(dk, "dk"), detail::as_bshd(dv, "dv"),
       [&](auto qq, auto kk, auto vv, auto oo, auto ll, auto gg, auto dqq, auto dkk, auto dvv) {
         detail::zero_rows(dqq);
         detail::zero_rows(dkk);
         detail::zero_rows(dvv);
-        detail::flash_backward_accumulate_raw(ex, qq, kk, vv, oo, ll, gg, dqq, dkk, dvv, mask, scale);
+        detail::flash_backward_accumulate_raw(ex, qq, kk, vv, oo, ll, gg, dqq, dkk, dvv, mask,
+                                              scale);
       });
 }
 

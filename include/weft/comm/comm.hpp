@@ -1,6 +1,7 @@
 // weft/comm/comm.hpp — the communication area in one include: the communicator concepts (point-to-
-// point, collective, full) and their vocabulary, the work handle, the reduction semantics and serial reference, the typed collectives over tensors,
-// and the threads backend (always available). The MPI and NCCL backends have their own headers.
+// point, collective, full) and their vocabulary, the work handle, the reduction semantics and
+// serial reference, the typed collectives over tensors, and the threads backend (always available).
+// The MPI and NCCL backends have their own headers.
 #pragma once
 
 #include <weft/comm/collectives.hpp>

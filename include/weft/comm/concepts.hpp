@@ -73,7 +73,7 @@ struct buffer_view {
 
 //! Typed front door over a contiguous host range.
 template <class T>
-  requires Element<std::remove_const_t<T>>
+requires Element<std::remove_const_t<T>>
 [[nodiscard]] buffer_view host_view(std::span<T> s) noexcept {
   return {const_cast<std::remove_const_t<T>*>(s.data()), s.size(), dtype_of<std::remove_const_t<T>>,
           memory_kind::host, -1};
@@ -181,8 +181,10 @@ struct stream_communicator_tag : communicator_tag {};
 
 namespace detail {
 template <class C, class Tag>
-concept tagged = requires { typename C::communicator_concept; } &&
-                 std::derived_from<typename C::communicator_concept, Tag>;
+concept tagged = requires {
+  typename C::communicator_concept;
+}
+&&std::derived_from<typename C::communicator_concept, Tag>;
 }  // namespace detail
 
 // ---- where a communicator's buffers live -------------------------------------------------------
@@ -194,7 +196,7 @@ struct communicator_space {
   using type = host_space;
 };
 template <class C>
-  requires requires { typename C::memory_space; }
+requires requires { typename C::memory_space; }
 struct communicator_space<C> {
   using type = typename C::memory_space;
 };
@@ -211,8 +213,10 @@ using communicator_space_t = typename communicator_space<std::remove_cvref_t<C>>
 //! size() == 0); both are constant for the object's lifetime and never throw.
 template <class C>
 concept Group = detail::tagged<C, group_tag> && requires(C const& cc) {
-  { cc.rank() } noexcept -> std::same_as<int>;
-  { cc.size() } noexcept -> std::same_as<int>;
+  { cc.rank() }
+  noexcept->std::same_as<int>;
+  { cc.size() }
+  noexcept->std::same_as<int>;
 };
 
 //! SplittableGroup: a Group that splits into sub-groups of its own type.
@@ -238,12 +242,11 @@ concept SplittableGroup = Group<C> && std::movable<C> && requires(C& c, int colo
 //! - Ranks may post their isend and irecv in any order: a rank that posts both before waiting on
 //!   either never deadlocks against a peer doing the same (ring exchanges rely on this).
 template <class C>
-concept PointToPoint =
-    Group<C> && detail::tagged<C, point_to_point_tag> &&
+concept PointToPoint = Group<C> && detail::tagged<C, point_to_point_tag> &&
     requires(C& c, buffer_view in, buffer_view out, int peer, op_options o) {
-      { c.isend(in, peer, o) } -> std::same_as<work>;
-      { c.irecv(out, peer, o) } -> std::same_as<work>;
-    };
+  { c.isend(in, peer, o) } -> std::same_as<work>;
+  { c.irecv(out, peer, o) } -> std::same_as<work>;
+};
 
 //! Collective: PointToPoint plus the collectives and barrier.
 //! Semantics:
@@ -256,23 +259,22 @@ concept PointToPoint =
 //!   enqueue it on op_options::stream.
 //! - Reductions over the same inputs give the same bits on every run (comm/reference.hpp).
 template <class C>
-concept Collective =
-    PointToPoint<C> && detail::tagged<C, collective_tag> &&
+concept Collective = PointToPoint<C> && detail::tagged<C, collective_tag> &&
     requires(C& c, buffer_view in, buffer_view out, std::span<std::size_t const> counts,
              reduce_op op, int root, op_options o) {
-      { c.all_reduce(in, out, op, o) } -> std::same_as<work>;
-      { c.reduce(in, out, op, root, o) } -> std::same_as<work>;
-      { c.broadcast(in, out, root, o) } -> std::same_as<work>;
-      { c.all_gather(in, out, o) } -> std::same_as<work>;
-      { c.all_gather_v(in, out, counts, o) } -> std::same_as<work>;
-      { c.reduce_scatter(in, out, op, o) } -> std::same_as<work>;
-      { c.reduce_scatter_v(in, out, counts, op, o) } -> std::same_as<work>;
-      { c.all_to_all(in, out, o) } -> std::same_as<work>;
-      { c.all_to_all_v(in, out, counts, counts, o) } -> std::same_as<work>;
-      { c.gather(in, out, root, o) } -> std::same_as<work>;
-      { c.scatter(in, out, root, o) } -> std::same_as<work>;
-      { c.barrier(o) } -> std::same_as<work>;
-    };
+  { c.all_reduce(in, out, op, o) } -> std::same_as<work>;
+  { c.reduce(in, out, op, root, o) } -> std::same_as<work>;
+  { c.broadcast(in, out, root, o) } -> std::same_as<work>;
+  { c.all_gather(in, out, o) } -> std::same_as<work>;
+  { c.all_gather_v(in, out, counts, o) } -> std::same_as<work>;
+  { c.reduce_scatter(in, out, op, o) } -> std::same_as<work>;
+  { c.reduce_scatter_v(in, out, counts, op, o) } -> std::same_as<work>;
+  { c.all_to_all(in, out, o) } -> std::same_as<work>;
+  { c.all_to_all_v(in, out, counts, counts, o) } -> std::same_as<work>;
+  { c.gather(in, out, root, o) } -> std::same_as<work>;
+  { c.scatter(in, out, root, o) } -> std::same_as<work>;
+  { c.barrier(o) } -> std::same_as<work>;
+};
 
 //! Communicator: a Collective and SplittableGroup with blocking send/recv, a health state, a
 //! post-mortem history and a per-operation hook: what weft's backends provide.
@@ -285,17 +287,18 @@ concept Collective =
 //!   operation's record as it completes.
 //! - Errors are exceptions on every rank, never hangs: every wait is bounded by a deadline.
 template <class C>
-concept Communicator =
-    Collective<C> && SplittableGroup<C> && detail::tagged<C, communicator_tag> &&
+concept Communicator = Collective<C> && SplittableGroup<C> && detail::tagged<C, communicator_tag> &&
     requires(C& c, C const& cc, buffer_view in, buffer_view out, int peer, op_options o,
              op_hook hook) {
-      { cc.state() } noexcept -> std::same_as<comm_state>;
-      { c.send(in, peer, o) } -> std::same_as<work>;
-      { c.recv(out, peer, o) } -> std::same_as<work>;
-      { c.abort() } noexcept;
-      { cc.history() } -> std::same_as<std::vector<op_record>>;
-      c.set_hook(hook);
-    };
+  { cc.state() }
+  noexcept->std::same_as<comm_state>;
+  { c.send(in, peer, o) } -> std::same_as<work>;
+  { c.recv(out, peer, o) } -> std::same_as<work>;
+  { c.abort() }
+  noexcept;
+  { cc.history() } -> std::same_as<std::vector<op_record>>;
+  c.set_hook(hook);
+};
 
 //! StreamCommunicator: a Communicator whose operations are ordered on a device stream (NCCL):
 //! calls return once enqueued on op_options::stream, and `synchronize(o)` waits for the stream
@@ -303,7 +306,9 @@ concept Communicator =
 //! to wait for any communicator's outstanding work (a no-op for host models).
 template <class C>
 concept StreamCommunicator = Communicator<C> && detail::tagged<C, stream_communicator_tag> &&
-                             requires(C& c, op_options o) { c.synchronize(o); };
+    requires(C& c, op_options o) {
+  c.synchronize(o);
+};
 
 // ---- in a memory space ---------------------------------------------------------------------
 // "A point-to-point communicator over host memory" is PointToPointIn<C, host_space>: the way

@@ -63,7 +63,8 @@ WEFT_HD constexpr T wrapping_mul(T a, T b) noexcept {
 }  // namespace detail
 
 //! The element math of one reduction, as a fold in ascending rank order:
-//!   acc = load(x_0, s_0); acc = combine(acc, load(x_r, s_r)) for r = 1 .. n-1; out = finish(acc, n)
+//!   acc = load(x_0, s_0); acc = combine(acc, load(x_r, s_r)) for r = 1 .. n-1; out = finish(acc,
+//!   n)
 //! where s_r is rank r's premul_sum scalar converted to the accumulator type (ignored by the
 //! other kinds). Semantics, identical in every backend:
 //!  - sum, avg, premul_sum add in the accumulator type; integers wrap modulo 2^bits.
@@ -108,7 +109,8 @@ struct reducer {
   WEFT_HD static constexpr T finish(acc_type a, int n) noexcept {
     if constexpr (Kind == reduce_kind::avg) {
       if constexpr (std::is_integral_v<T>) {
-        // 64-bit division: n may exceed the range of u8, and i64's sum / n cannot overflow (n >= 1).
+        // 64-bit division: n may exceed the range of u8, and i64's sum / n cannot overflow (n >=
+        // 1).
         a = static_cast<acc_type>(static_cast<std::int64_t>(a) / static_cast<std::int64_t>(n));
       } else {
         a = a / static_cast<acc_type>(n);
@@ -151,8 +153,9 @@ inline void validate_reduce_op(reduce_op op, dtype type) {
   if (op.kind != reduce_kind::premul_sum) return;
   if (is_floating(type)) {
     // f64 accumulates in double; f32, bf16 and f16 in float.
-    double const limit = type == dtype::f64 ? std::numeric_limits<double>::max()
-                                            : static_cast<double>(std::numeric_limits<float>::max());
+    double const limit = type == dtype::f64
+                             ? std::numeric_limits<double>::max()
+                             : static_cast<double>(std::numeric_limits<float>::max());
     WEFT_EXPECTS(std::isfinite(op.scalar) && std::fabs(op.scalar) <= limit, "op.scalar",
                  weft::detail::concat("a finite premul_sum scale (|scalar| <= ", limit,
                                       ", the largest ", type == dtype::f64 ? "double" : "float",
@@ -163,9 +166,18 @@ inline void validate_reduce_op(reduce_op op, dtype type) {
   double lo = 0.0;
   double hi = 0.0;
   switch (type) {
-    case dtype::i32: lo = -2147483648.0; hi = 2147483647.0; break;
-    case dtype::i64: lo = -9223372036854775808.0; hi = 9223372036854775807.0; break;
-    case dtype::u8: lo = 0.0; hi = 255.0; break;
+    case dtype::i32:
+      lo = -2147483648.0;
+      hi = 2147483647.0;
+      break;
+    case dtype::i64:
+      lo = -9223372036854775808.0;
+      hi = 9223372036854775807.0;
+      break;
+    case dtype::u8:
+      lo = 0.0;
+      hi = 255.0;
+      break;
     default: break;
   }
   bool const integral = std::isfinite(op.scalar) && std::trunc(op.scalar) == op.scalar;
@@ -173,7 +185,7 @@ inline void validate_reduce_op(reduce_op op, dtype type) {
   bool const in_range = op.scalar >= lo && (type == dtype::i64 ? op.scalar < hi : op.scalar <= hi);
   WEFT_EXPECTS(integral && in_range, "op.scalar",
                weft::detail::concat("an integer representable in ", name(type),
-                              " (premul_sum over an integer dtype)"),
+                                    " (premul_sum over an integer dtype)"),
                op.scalar);
 }
 

@@ -12,25 +12,25 @@
 #include <type_traits>
 
 #if WEFT_HAS_BLAS
-#  include <cblas.h>
+#include <cblas.h>
 #endif
 #if defined(_OPENMP)
-#  include <omp.h>
+#include <omp.h>
 #endif
 
 // OpenBLAS's cblas.h includes openblas_config.h, which defines OPENBLAS_VERSION; weft controls
 // OpenBLAS's threads. Another BLAS keeps its own rule (reference BLAS is serial; see the docs).
 #if WEFT_HAS_BLAS && defined(OPENBLAS_VERSION)
-#  define WEFT_BLAS_IS_OPENBLAS 1
+#define WEFT_BLAS_IS_OPENBLAS 1
 #else
-#  define WEFT_BLAS_IS_OPENBLAS 0
+#define WEFT_BLAS_IS_OPENBLAS 0
 #endif
 
-// 1 (default): every BLAS call weft makes runs single-threaded (serial_scope below). 0: weft's calls
-// use whatever threading the BLAS is set to, for a program that runs one rank and no OpenMP team
-// and wants BLAS's threads inside each tile.
+// 1 (default): every BLAS call weft makes runs single-threaded (serial_scope below). 0: weft's
+// calls use whatever threading the BLAS is set to, for a program that runs one rank and no OpenMP
+// team and wants BLAS's threads inside each tile.
 #ifndef WEFT_BLAS_SERIAL_CALLS
-#  define WEFT_BLAS_SERIAL_CALLS 1
+#define WEFT_BLAS_SERIAL_CALLS 1
 #endif
 
 namespace weft::blas {
@@ -46,9 +46,9 @@ inline constexpr bool enabled = WEFT_HAS_BLAS != 0;
 #if WEFT_BLAS_IS_OPENBLAS
   int const parallel = openblas_get_parallel();  // 0 sequential, 1 pthreads, 2 OpenMP
   if (parallel == 0) return 1;
-#  if defined(_OPENMP)
+#if defined(_OPENMP)
   if (parallel == 2) return omp_in_parallel() ? 1 : omp_get_max_threads();
-#  endif
+#endif
   return openblas_get_num_threads();
 #else
   return 1;
@@ -91,13 +91,13 @@ class serial_scope {
 #if WEFT_BLAS_IS_OPENBLAS
     int const parallel = openblas_get_parallel();
     if (parallel == 0) return;
-#  if defined(_OPENMP)
+#if defined(_OPENMP)
     if (parallel == 2) {
       omp_saved_ = omp_get_max_threads();
       omp_set_num_threads(1);
       return;
     }
-#  endif
+#endif
     auto& s = detail::process_serial_state();
     std::lock_guard<std::mutex> const lock(s.mutex);
     if (s.active++ == 0) {
@@ -112,9 +112,9 @@ class serial_scope {
   ~serial_scope() {
     if (--detail::serial_depth > 0) return;
 #if WEFT_BLAS_IS_OPENBLAS
-#  if defined(_OPENMP)
+#if defined(_OPENMP)
     if (omp_saved_ > 0) omp_set_num_threads(omp_saved_);
-#  endif
+#endif
     if (!global_) return;
     auto& s = detail::process_serial_state();
     std::lock_guard<std::mutex> const lock(s.mutex);
@@ -147,15 +147,15 @@ void gemm(op op_a, op op_b, std::int64_t m, std::int64_t n, std::int64_t k, T al
                weft::detail::concat(lda, ", ", ldb, ", ", ldc));
   auto const ta = op_a == op::transpose ? CblasTrans : CblasNoTrans;
   auto const tb = op_b == op::transpose ? CblasTrans : CblasNoTrans;
-#  if WEFT_BLAS_SERIAL_CALLS
+#if WEFT_BLAS_SERIAL_CALLS
   serial_scope const serial;
-#  endif
+#endif
   if constexpr (std::is_same_v<T, float>)
-    cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta,
-                c, int(ldc));
+    cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb),
+                beta, c, int(ldc));
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta,
-                c, int(ldc));
+    cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb),
+                beta, c, int(ldc));
 }
 #endif
 

@@ -12,51 +12,53 @@
 // With CCCL 3 a literal `__host__ __device__` no longer compiles under g++, so weft spells the
 // annotations through its own macros, which vanish in host-compiler translation units.
 #if defined(__CUDACC__)
-#  define WEFT_HOST __host__
-#  define WEFT_DEVICE __device__
-#  define WEFT_HD __host__ __device__
-#  define WEFT_CUDA_COMPILER 1
+#define WEFT_HOST __host__
+#define WEFT_DEVICE __device__
+#define WEFT_HD __host__ __device__
+#define WEFT_CUDA_COMPILER 1
 #else
-#  define WEFT_HOST
-#  define WEFT_DEVICE
-#  define WEFT_HD
-#  define WEFT_CUDA_COMPILER 0
+#define WEFT_HOST
+#define WEFT_DEVICE
+#define WEFT_HD
+#define WEFT_CUDA_COMPILER 0
 #endif
 
 // Feature switches. The CMake component targets define them to 1 (weft::cuda, weft::mpi,
 // weft::nccl); a consumer that uses plain `-I include` gets the host-only library.
 #ifndef WEFT_HAS_CUDA_RUNTIME
-#  define WEFT_HAS_CUDA_RUNTIME 0
+#define WEFT_HAS_CUDA_RUNTIME 0
 #endif
 #ifndef WEFT_HAS_MPI
-#  define WEFT_HAS_MPI 0
+#define WEFT_HAS_MPI 0
 #endif
 #ifndef WEFT_HAS_NCCL
-#  define WEFT_HAS_NCCL 0
+#define WEFT_HAS_NCCL 0
 #endif
 // BLAS (cblas.h) for the attention tiles; weft::weft defines it to 1 when CMake finds OpenBLAS.
 // Without it the tiles use weft's own register-blocked loops.
 #ifndef WEFT_HAS_BLAS
-#  define WEFT_HAS_BLAS 0
+#define WEFT_HAS_BLAS 0
 #endif
 #if WEFT_HAS_NCCL && !WEFT_HAS_CUDA_RUNTIME
-#  error "weft: WEFT_HAS_NCCL=1 requires WEFT_HAS_CUDA_RUNTIME=1 (link weft::nccl, which brings weft::cuda)"
+#error \
+    "weft: WEFT_HAS_NCCL=1 requires WEFT_HAS_CUDA_RUNTIME=1 (link weft::nccl, which brings weft::cuda)"
 #endif
 
 // weft's numerics rely on -inf sentinels (empty softmax rows, masked logits) and NaN checks;
 // -ffast-math / -ffinite-math-only lets the compiler delete exactly those guards.
 #if defined(__FINITE_MATH_ONLY__) && __FINITE_MATH_ONLY__
-#  error "weft: compiled with -ffast-math or -ffinite-math-only; weft's -inf and NaN guards need IEEE semantics (drop the flag)"
+#error \
+    "weft: compiled with -ffast-math or -ffinite-math-only; weft's -inf and NaN guards need IEEE semantics (drop the flag)"
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
-#  define WEFT_FORCEINLINE inline __attribute__((always_inline))
+#define WEFT_FORCEINLINE inline __attribute__((always_inline))
 #else
-#  define WEFT_FORCEINLINE inline
+#define WEFT_FORCEINLINE inline
 #endif
 
 #if defined(NDEBUG)
-#  define WEFT_DEBUG 0
+#define WEFT_DEBUG 0
 #else
-#  define WEFT_DEBUG 1
+#define WEFT_DEBUG 1
 #endif

@@ -54,7 +54,8 @@ WEFT_HD constexpr std::uint16_t f16_bits_from_float(float x) noexcept {
   // 65520 = 65504 + ulp/2 is a tie between the largest half (odd significand) and 2^16: to even,
   // which is infinity. So everything from 65520 up, infinity included, is infinity.
   if (u >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
-  if (u >= 0x38800000u) {  // normal half (|x| >= 2^-14): rebias the exponent 127 -> 15, round 13 bits
+  if (u >=
+      0x38800000u) {  // normal half (|x| >= 2^-14): rebias the exponent 127 -> 15, round 13 bits
     u -= 0x38000000u;
     u += 0x0fffu + ((u >> 13) & 1u);  // a carry out of the significand bumps the exponent: right
     return static_cast<std::uint16_t>(sign | (u >> 13));
@@ -172,10 +173,18 @@ class bf16 {
   friend WEFT_HD constexpr bf16 operator-(bf16 a) noexcept {  // exact, NaN too (as __hneg)
     return from_bits(static_cast<std::uint16_t>(a.bits_ ^ 0x8000u));
   }
-  friend WEFT_HD constexpr bf16 operator+(bf16 a, bf16 b) noexcept { return bf16(float(a) + float(b)); }
-  friend WEFT_HD constexpr bf16 operator-(bf16 a, bf16 b) noexcept { return bf16(float(a) - float(b)); }
-  friend WEFT_HD constexpr bf16 operator*(bf16 a, bf16 b) noexcept { return bf16(float(a) * float(b)); }
-  friend WEFT_HD constexpr bf16 operator/(bf16 a, bf16 b) noexcept { return bf16(float(a) / float(b)); }
+  friend WEFT_HD constexpr bf16 operator+(bf16 a, bf16 b) noexcept {
+    return bf16(float(a) + float(b));
+  }
+  friend WEFT_HD constexpr bf16 operator-(bf16 a, bf16 b) noexcept {
+    return bf16(float(a) - float(b));
+  }
+  friend WEFT_HD constexpr bf16 operator*(bf16 a, bf16 b) noexcept {
+    return bf16(float(a) * float(b));
+  }
+  friend WEFT_HD constexpr bf16 operator/(bf16 a, bf16 b) noexcept {
+    return bf16(float(a) / float(b));
+  }
   WEFT_HD constexpr bf16& operator+=(bf16 b) noexcept { return *this = *this + b; }
   WEFT_HD constexpr bf16& operator-=(bf16 b) noexcept { return *this = *this - b; }
   WEFT_HD constexpr bf16& operator*=(bf16 b) noexcept { return *this = *this * b; }
@@ -302,12 +311,16 @@ struct limits<bf16> {
   static constexpr int max_exponent10 = 38;
   WEFT_HD static constexpr bf16 min() noexcept { return bf16::from_bits(0x0080u); }  // 2^-126
   WEFT_HD static constexpr bf16 lowest() noexcept { return bf16::from_bits(0xff7fu); }
-  WEFT_HD static constexpr bf16 max() noexcept { return bf16::from_bits(0x7f7fu); }  // (2-2^-7)*2^127
+  WEFT_HD static constexpr bf16 max() noexcept {
+    return bf16::from_bits(0x7f7fu);
+  }  // (2-2^-7)*2^127
   WEFT_HD static constexpr bf16 epsilon() noexcept { return bf16::from_bits(0x3c00u); }  // 2^-7
   WEFT_HD static constexpr bf16 round_error() noexcept { return bf16::from_bits(0x3f00u); }
   WEFT_HD static constexpr bf16 infinity() noexcept { return bf16::from_bits(0x7f80u); }
   WEFT_HD static constexpr bf16 quiet_NaN() noexcept { return bf16::from_bits(0x7fffu); }
-  WEFT_HD static constexpr bf16 denorm_min() noexcept { return bf16::from_bits(0x0001u); }  // 2^-133
+  WEFT_HD static constexpr bf16 denorm_min() noexcept {
+    return bf16::from_bits(0x0001u);
+  }  // 2^-133
 };
 
 template <>
@@ -329,7 +342,7 @@ struct limits<f16> {
   static constexpr int max_exponent10 = 4;
   WEFT_HD static constexpr f16 min() noexcept { return f16::from_bits(0x0400u); }  // 2^-14
   WEFT_HD static constexpr f16 lowest() noexcept { return f16::from_bits(0xfbffu); }
-  WEFT_HD static constexpr f16 max() noexcept { return f16::from_bits(0x7bffu); }  // 65504
+  WEFT_HD static constexpr f16 max() noexcept { return f16::from_bits(0x7bffu); }      // 65504
   WEFT_HD static constexpr f16 epsilon() noexcept { return f16::from_bits(0x1400u); }  // 2^-10
   WEFT_HD static constexpr f16 round_error() noexcept { return f16::from_bits(0x3800u); }
   WEFT_HD static constexpr f16 infinity() noexcept { return f16::from_bits(0x7c00u); }
@@ -342,12 +355,12 @@ struct limits<f16> {
 // The enumerators deliberately spell the type aliases' names (dtype::bf16 tags bf16); they are
 // scoped, so nothing is hidden, but g++'s -Wshadow reports each one.
 #if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic push
-#  pragma GCC diagnostic ignored "-Wshadow"
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wshadow"
 #endif
 enum class dtype : std::uint8_t { f32, f64, bf16, f16, i32, i64, u8 };
 #if defined(__GNUC__) && !defined(__clang__)
-#  pragma GCC diagnostic pop
+#pragma GCC diagnostic pop
 #endif
 
 inline constexpr std::array<dtype, 7> all_dtypes = {dtype::f32, dtype::f64, dtype::bf16, dtype::f16,
@@ -426,13 +439,20 @@ inline constexpr bool dependent_false = false;
 
 template <class T>
 constexpr dtype dtype_of_impl() noexcept {
-  if constexpr (std::is_same_v<T, f32>) return dtype::f32;
-  else if constexpr (std::is_same_v<T, f64>) return dtype::f64;
-  else if constexpr (std::is_same_v<T, bf16>) return dtype::bf16;
-  else if constexpr (std::is_same_v<T, f16>) return dtype::f16;
-  else if constexpr (std::is_same_v<T, i32>) return dtype::i32;
-  else if constexpr (std::is_same_v<T, i64>) return dtype::i64;
-  else if constexpr (std::is_same_v<T, u8>) return dtype::u8;
+  if constexpr (std::is_same_v<T, f32>)
+    return dtype::f32;
+  else if constexpr (std::is_same_v<T, f64>)
+    return dtype::f64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return dtype::bf16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return dtype::f16;
+  else if constexpr (std::is_same_v<T, i32>)
+    return dtype::i32;
+  else if constexpr (std::is_same_v<T, i64>)
+    return dtype::i64;
+  else if constexpr (std::is_same_v<T, u8>)
+    return dtype::u8;
   else {
     static_assert(dependent_false<T>,
                   "weft::dtype_of<T>: T is not a weft element type (f32, f64, bf16, f16, i32, i64, "

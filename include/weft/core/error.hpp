@@ -17,13 +17,13 @@
 #include <vector>
 
 #if WEFT_HAS_CUDA_RUNTIME
-#  include <cuda_runtime_api.h>
+#include <cuda_runtime_api.h>
 #endif
 #if WEFT_HAS_NCCL
-#  include <nccl.h>
+#include <nccl.h>
 #endif
 #if WEFT_HAS_MPI
-#  include <mpi.h>
+#include <mpi.h>
 #endif
 
 namespace weft {
@@ -90,9 +90,11 @@ constexpr std::string_view to_string(errc c) noexcept {
 //! message including the location; `message()` is the message alone.
 class error : public std::runtime_error {
  public:
-  error(errc code, std::string const& message,
-        source_location where = source_location::current())
-      : std::runtime_error(compose(message, where)), code_(code), where_(where), message_(message) {}
+  error(errc code, std::string const& message, source_location where = source_location::current())
+      : std::runtime_error(compose(message, where)),
+        code_(code),
+        where_(where),
+        message_(message) {}
 
   [[nodiscard]] errc code() const noexcept { return code_; }
   [[nodiscard]] source_location const& where() const noexcept { return where_; }
@@ -116,19 +118,21 @@ class error : public std::runtime_error {
   }
 
  public:
-  //! The file as messages show it: from `weft/` for weft's headers ("weft/comm/mpi/communicator.hpp"),
-  //! the file name alone otherwise.
+  //! The file as messages show it: from `weft/` for weft's headers
+  //! ("weft/comm/mpi/communicator.hpp"), the file name alone otherwise.
   static std::string_view short_file(std::string_view file) noexcept {
     if (auto const p = file.rfind("include/weft/"); p != std::string_view::npos)
       return file.substr(p + 8);
-    if (auto const p = file.find_last_of("/\\"); p != std::string_view::npos) return file.substr(p + 1);
+    if (auto const p = file.find_last_of("/\\"); p != std::string_view::npos)
+      return file.substr(p + 1);
     return file;
   }
 
   //! The function as messages show it: its name and the enclosing class or function, without
   //! namespaces, return type, parameters or template arguments, which in a template's signature
   //! ("... [with T = ...; Body = ...]") run to hundreds of characters:
-  //!   "void weft::comm::threads::communicator::run(call&, P&&, B&&) [with P = ...]" -> "communicator::run".
+  //!   "void weft::comm::threads::communicator::run(call&, P&&, B&&) [with P = ...]" ->
+  //!   "communicator::run".
   static std::string short_function(std::string_view f) {
     // 1. GCC's " [with ...]" and clang's " [T = ...]" suffixes.
     if (!f.empty() && f.back() == ']')
@@ -202,7 +206,6 @@ class error : public std::runtime_error {
   }
 
  private:
-
   errc code_;
   source_location where_;
   std::string message_;
@@ -364,20 +367,19 @@ inline void mpi_check(int code, char const* expr, source_location where) {
 //! Precondition at a public entry point: throws weft::invalid_argument_error whose message names
 //! the argument, the expected and the actual value. The source location is taken here, in the
 //! macro, so the error points at the checking function, not at a helper.
-#define WEFT_EXPECTS(cond, name, expected, actual)                                             \
-  do {                                                                                         \
-    if (!(cond)) [[unlikely]]                                                                  \
-      ::weft::detail::fail_expectation<::weft::invalid_argument_error>(                        \
-          ::weft::source_location::current(), #cond, (name), (expected), (actual));               \
+#define WEFT_EXPECTS(cond, name, expected, actual)                                  \
+  do {                                                                              \
+    if (!(cond)) [[unlikely]]                                                       \
+      ::weft::detail::fail_expectation<::weft::invalid_argument_error>(             \
+          ::weft::source_location::current(), #cond, (name), (expected), (actual)); \
   } while (0)
 
 //! As WEFT_EXPECTS for extents, strides and layouts: throws weft::shape_error.
-#define WEFT_EXPECTS_SHAPE(cond, name, expected, actual)                                       \
-  do {                                                                                         \
-    if (!(cond)) [[unlikely]]                                                                  \
-      ::weft::detail::fail_expectation<::weft::shape_error>(::weft::source_location::current(),  \
-                                                            #cond, (name), (expected),         \
-                                                            (actual));                         \
+#define WEFT_EXPECTS_SHAPE(cond, name, expected, actual)                                          \
+  do {                                                                                            \
+    if (!(cond)) [[unlikely]]                                                                     \
+      ::weft::detail::fail_expectation<::weft::shape_error>(::weft::source_location::current(),   \
+                                                            #cond, (name), (expected), (actual)); \
   } while (0)
 
 //! Throws `ErrorType` with a message made by streaming the remaining arguments.
@@ -388,20 +390,24 @@ inline void mpi_check(int code, char const* expr, source_location where) {
 #define WEFT_ASSERT(cond) assert(cond)
 
 #if WEFT_HAS_CUDA_RUNTIME
-#  define WEFT_CUDA_TRY(expr) ::weft::detail::cuda_check((expr), #expr, ::weft::source_location::current())
+#define WEFT_CUDA_TRY(expr) \
+  ::weft::detail::cuda_check((expr), #expr, ::weft::source_location::current())
 #else
-#  define WEFT_CUDA_TRY(expr) \
-    static_assert(sizeof(#expr) == 0, "weft: WEFT_CUDA_TRY needs WEFT_HAS_CUDA_RUNTIME (link weft::cuda)")
+#define WEFT_CUDA_TRY(expr)         \
+  static_assert(sizeof(#expr) == 0, \
+                "weft: WEFT_CUDA_TRY needs WEFT_HAS_CUDA_RUNTIME (link weft::cuda)")
 #endif
 #if WEFT_HAS_NCCL
-#  define WEFT_NCCL_TRY(expr) ::weft::detail::nccl_check((expr), #expr, ::weft::source_location::current())
+#define WEFT_NCCL_TRY(expr) \
+  ::weft::detail::nccl_check((expr), #expr, ::weft::source_location::current())
 #else
-#  define WEFT_NCCL_TRY(expr) \
-    static_assert(sizeof(#expr) == 0, "weft: WEFT_NCCL_TRY needs WEFT_HAS_NCCL (link weft::nccl)")
+#define WEFT_NCCL_TRY(expr) \
+  static_assert(sizeof(#expr) == 0, "weft: WEFT_NCCL_TRY needs WEFT_HAS_NCCL (link weft::nccl)")
 #endif
 #if WEFT_HAS_MPI
-#  define WEFT_MPI_TRY(expr) ::weft::detail::mpi_check((expr), #expr, ::weft::source_location::current())
+#define WEFT_MPI_TRY(expr) \
+  ::weft::detail::mpi_check((expr), #expr, ::weft::source_location::current())
 #else
-#  define WEFT_MPI_TRY(expr) \
-    static_assert(sizeof(#expr) == 0, "weft: WEFT_MPI_TRY needs WEFT_HAS_MPI (link weft::mpi)")
+#define WEFT_MPI_TRY(expr) \
+  static_assert(sizeof(#expr) == 0, "weft: WEFT_MPI_TRY needs WEFT_HAS_MPI (link weft::mpi)")
 #endif

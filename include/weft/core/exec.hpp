@@ -15,10 +15,10 @@
 #include <type_traits>
 
 #if WEFT_HAS_CUDA_RUNTIME
-#  include <cuda_runtime_api.h>
+#include <cuda_runtime_api.h>
 #endif
 #if WEFT_CUDA_COMPILER && WEFT_HAS_CUDA_RUNTIME
-#  include <weft/core/cuda/for_each.cuh>
+#include <weft/core/cuda/for_each.cuh>
 #endif
 
 namespace weft {
@@ -70,7 +70,7 @@ struct cuda {
 //! f must be callable as a const object (threads share it) and must not throw: an exception
 //! escaping an OpenMP region terminates the program. Throws invalid_argument_error for n < 0.
 template <class F>
-  requires std::invocable<F const&, std::int64_t>
+requires std::invocable<F const&, std::int64_t>
 void for_each_index(exec::host const& e, std::int64_t n, F f) {
   WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
   WEFT_EXPECTS(e.num_threads >= 0, "exec.num_threads", ">= 0 (0: OpenMP default, 1: sequential)",
@@ -78,12 +78,12 @@ void for_each_index(exec::host const& e, std::int64_t n, F f) {
   F const& fc = f;
 #if defined(_OPENMP)
   if (e.num_threads > 1) {
-#  pragma omp parallel for schedule(static) num_threads(e.num_threads)
+#pragma omp parallel for schedule(static) num_threads(e.num_threads)
     for (std::int64_t i = 0; i < n; ++i) fc(i);
     return;
   }
   if (e.num_threads == 0) {
-#  pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static)
     for (std::int64_t i = 0; i < n; ++i) fc(i);
     return;
   }
@@ -98,10 +98,10 @@ void for_each_index(exec::host const& e, std::int64_t n, F f) {
 //! or clang++ translation unit this overload stops compilation with a static_assert.
 template <class F>
 void for_each_index(exec::cuda const& e, std::int64_t n, F f) {
-#  if WEFT_CUDA_COMPILER
+#if WEFT_CUDA_COMPILER
   WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
   detail::launch_for_each_index(e.stream, n, f);
-#  else
+#else
   (void)e;
   (void)n;
   (void)f;
@@ -109,7 +109,7 @@ void for_each_index(exec::cuda const& e, std::int64_t n, F f) {
                 "weft: for_each_index(exec::cuda, ...) launches a CUDA kernel, so it must be "
                 "instantiated in a .cu translation unit compiled by nvcc; g++/clang++ translation "
                 "units can run functors with exec::host only");
-#  endif
+#endif
 }
 #endif
 
@@ -135,11 +135,11 @@ concept Executor = std::copyable<E> && requires {
   typename E::executor_concept;
   typename E::memory_space;
 } && std::derived_from<typename E::executor_concept, executor_tag> &&
-                   MemorySpace<typename E::memory_space> &&
-                   requires(E const& e, std::int64_t n, detail::index_probe f) {
-                     e.synchronize();
-                     for_each_index(e, n, f);
-                   };
+    MemorySpace<typename E::memory_space> &&
+    requires(E const& e, std::int64_t n, detail::index_probe f) {
+  e.synchronize();
+  for_each_index(e, n, f);
+};
 
 static_assert(Executor<exec::host>);
 #if WEFT_HAS_CUDA_RUNTIME
@@ -160,9 +160,10 @@ static_assert(Executor<exec::cuda>);
 //! OpenMP, one state and a plain loop. make_state and f must not throw out of a team (that
 //! terminates the program), as for for_each_index. Throws invalid_argument_error for n < 0.
 template <class MakeState, class F>
-  requires std::invocable<MakeState const&> &&
-           std::invocable<F const&, std::int64_t, std::invoke_result_t<MakeState const&>&>
-void for_each_chunk(exec::host const& e, std::int64_t n, MakeState const& make_state, F const& f) {
+requires std::invocable<MakeState const&> && std::invocable < F const&, std::int64_t,
+    std::invoke_result_t<MakeState const&>
+& > void for_each_chunk(exec::host const& e, std::int64_t n, MakeState const& make_state,
+                        F const& f) {
   WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
   WEFT_EXPECTS(e.num_threads >= 0, "exec.num_threads", ">= 0 (0: OpenMP default, 1: sequential)",
                e.num_threads);
@@ -170,17 +171,17 @@ void for_each_chunk(exec::host const& e, std::int64_t n, MakeState const& make_s
 #if defined(_OPENMP)
   if (e.num_threads != 1 && n > 1) {
     if (e.num_threads > 1) {
-#  pragma omp parallel num_threads(e.num_threads)
+#pragma omp parallel num_threads(e.num_threads)
       {
         auto state = make_state();
-#  pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
         for (std::int64_t i = 0; i < n; ++i) f(i, state);
       }
     } else {
-#  pragma omp parallel
+#pragma omp parallel
       {
         auto state = make_state();
-#  pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, 1)
         for (std::int64_t i = 0; i < n; ++i) f(i, state);
       }
     }
@@ -210,9 +211,12 @@ struct chunk_with_fresh_state {
 //! for_each_index (correct for any executor, but allocating per item). An executor with workers
 //! of its own provides a for_each_chunk overload found by ADL, as exec::host does.
 template <Executor E, class MakeState, class F>
-  requires(E::memory_space::host_accessible) && std::invocable<MakeState const&> &&
-          std::invocable<F const&, std::int64_t, std::invoke_result_t<MakeState const&>&>
-void for_each_chunk(E const& e, std::int64_t n, MakeState const& make_state, F const& f) {
+requires(E::memory_space::host_accessible) &&
+    std::invocable<MakeState const&>&& std::invocable<
+        F const&, std::int64_t,
+        std::invoke_result_t<MakeState const&>&> void for_each_chunk(E const& e, std::int64_t n,
+                                                                     MakeState const& make_state,
+                                                                     F const& f) {
   WEFT_EXPECTS(n >= 0, "n", ">= 0", n);
   if (n == 0) return;
   for_each_index(e, n, detail::chunk_with_fresh_state<MakeState, F>{&make_state, &f});

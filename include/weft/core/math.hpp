@@ -122,9 +122,9 @@ struct exp_fn {
     double const s2 =
         ::cuda::std::bit_cast<double>(static_cast<std::uint64_t>(ni - n1 + 1023) << 52);
     double const v = (y * s1) * s2;
-    return select(nan, x,
-                  select(above, ::cuda::std::bit_cast<double>(0x7ff0000000000000ull),
-                         select(below, 0.0, v)));
+    return select(
+        nan, x,
+        select(above, ::cuda::std::bit_cast<double>(0x7ff0000000000000ull), select(below, 0.0, v)));
   }
 };
 

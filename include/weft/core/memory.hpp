@@ -1,7 +1,8 @@
 // weft/core/memory.hpp — memory spaces (where bytes live) and the few raw operations weft needs
 // on them: aligned allocation, release and byte copies between spaces. Tensors and executors
 // carry a memory space in their type so that host and device pointers cannot be mixed up. The set
-// is open: a user's space brings its own allocation (AllocatingSpace) and then works in make_tensor.
+// is open: a user's space brings its own allocation (AllocatingSpace) and then works in
+// make_tensor.
 #pragma once
 
 #include <weft/core/config.hpp>
@@ -15,7 +16,7 @@
 #include <type_traits>
 
 #if WEFT_HAS_CUDA_RUNTIME
-#  include <cuda_runtime_api.h>
+#include <cuda_runtime_api.h>
 #endif
 
 namespace weft {
@@ -60,7 +61,8 @@ static_assert(MemorySpace<cuda_space>);
 template <class S>
 concept AllocatingSpace = MemorySpace<S> && requires(std::size_t bytes, void* p) {
   { S::allocate(bytes) } -> std::same_as<void*>;
-  { S::deallocate(p, bytes) } noexcept;
+  { S::deallocate(p, bytes) }
+  noexcept;
 };
 
 //! Alignment of every host allocation weft makes: one cache line, and enough for any SIMD load.
@@ -84,7 +86,7 @@ template <MemorySpace Space>
   if constexpr (AllocatingSpace<Space>) {
     return Space::allocate(bytes);
   } else if constexpr (std::is_same_v<Space, host_space>) {
-    return ::operator new(bytes, std::align_val_t{host_alignment});
+    return ::operator new (bytes, std::align_val_t{host_alignment});
   } else if constexpr (std::is_same_v<Space, cuda_space>) {
 #if WEFT_HAS_CUDA_RUNTIME
     void* p = nullptr;
@@ -115,7 +117,7 @@ void deallocate_bytes(Space, void* p, std::size_t bytes) noexcept {
   } else if constexpr (std::is_same_v<Space, host_space>) {
     // Unsized: clang only declares sized deallocation with -fsized-deallocation.
     (void)bytes;
-    ::operator delete(p, std::align_val_t{host_alignment});
+    ::operator delete (p, std::align_val_t{host_alignment});
   } else if constexpr (std::is_same_v<Space, cuda_space>) {
 #if WEFT_HAS_CUDA_RUNTIME
     (void)bytes;

@@ -32,10 +32,11 @@ namespace weft {
 // Philox4x32-10
 // ------------------------------------------------------------------------------------------------
 // J. K. Salmon, M. A. Moraes, R. O. Dror, D. E. Shaw, "Parallel random numbers: as easy as
-// 1, 2, 3", SC'11, with the constants and key schedule of the Random123 library (philox.h): each of the 10
-// rounds multiplies words 0 and 2 by M0 and M1 and mixes in the key; the key is bumped by the Weyl
-// increments W0, W1 before every round but the first. Checked in tests/core/random.test.cpp against
-// Random123's tests/kat_vectors (github.com/DEShawResearch/random123).
+// 1, 2, 3", SC'11, with the constants and key schedule of the Random123 library (philox.h): each of
+// the 10 rounds multiplies words 0 and 2 by M0 and M1 and mixes in the key; the key is bumped by
+// the Weyl increments W0, W1 before every round but the first. Checked in
+// tests/core/random.test.cpp against Random123's tests/kat_vectors
+// (github.com/DEShawResearch/random123).
 
 using philox_counter = ::cuda::std::array<std::uint32_t, 4>;
 using philox_key = ::cuda::std::array<std::uint32_t, 2>;
@@ -523,8 +524,8 @@ class fill_runs_fn {
 
 //! The element types random fills write: the floating Elements (f32, f64, bf16, f16).
 template <class T>
-concept RandomFillElement = Element<T> && (std::is_same_v<T, f32> || std::is_same_v<T, f64> ||
-                                           std::is_same_v<T, bf16> || std::is_same_v<T, f16>);
+concept RandomFillElement = Element<T> &&(std::is_same_v<T, f32> || std::is_same_v<T, f64> ||
+                                          std::is_same_v<T, bf16> || std::is_same_v<T, f16>);
 
 template <class Real>
 void check_uniform_args(Real lo, Real hi) {
@@ -597,7 +598,7 @@ concept RandomFillView = MutableTensor<V> && RandomFillElement<typename V::value
 
 //! Uniform values in [lo, hi); after rounding to bf16/f16 a value may equal hi.
 template <Executor E, TensorIn<memory_space_t<E>> V>
-  requires detail::RandomFillView<V>
+requires detail::RandomFillView<V>
 void fill_uniform(E const& ex, V const& view, rng gen, double lo, double hi,
                   placement const& where = {}) {
   using real = compute_t<typename V::value_type>;
@@ -609,7 +610,7 @@ void fill_uniform(E const& ex, V const& view, rng gen, double lo, double hi,
 
 //! Normal values mean + stddev * z.
 template <Executor E, TensorIn<memory_space_t<E>> V>
-  requires detail::RandomFillView<V>
+requires detail::RandomFillView<V>
 void fill_normal(E const& ex, V const& view, rng gen, double mean, double stddev,
                  placement const& where = {}) {
   using real = compute_t<typename V::value_type>;
@@ -621,14 +622,14 @@ void fill_normal(E const& ex, V const& view, rng gen, double mean, double stddev
 
 //! fill_uniform on the calling thread (exec::host{}).
 template <TensorIn<host_space> V>
-  requires detail::RandomFillView<V>
+requires detail::RandomFillView<V>
 void fill_uniform(V const& view, rng gen, double lo, double hi, placement const& where = {}) {
   fill_uniform(exec::host{}, view, gen, lo, hi, where);
 }
 
 //! fill_normal on the calling thread (exec::host{}).
 template <TensorIn<host_space> V>
-  requires detail::RandomFillView<V>
+requires detail::RandomFillView<V>
 void fill_normal(V const& view, rng gen, double mean, double stddev, placement const& where = {}) {
   fill_normal(exec::host{}, view, gen, mean, stddev, where);
 }

@@ -195,17 +195,19 @@ class device_mesh {
       for (std::size_t r = 0; r < hashes.size(); ++r)
         if (hashes[r] != hashes[0]) differ += (count++ == 0 ? "" : ", ") + std::to_string(r);
       if (count != 0)
-        WEFT_THROW(mismatch_error, "device_mesh: ", count == 1 ? "rank " : "ranks ", differ,
-                   " built the mesh with a different layout or flatten list than rank 0 (this rank ",
-                   global_rank_, " has ", layout_.describe(), " flatten ", describe_flatten(), ")");
+        WEFT_THROW(
+            mismatch_error, "device_mesh: ", count == 1 ? "rank " : "ranks ", differ,
+            " built the mesh with a different layout or flatten list than rank 0 (this rank ",
+            global_rank_, " has ", layout_.describe(), " flatten ", describe_flatten(), ")");
     } else {
       int const color = static_cast<int>((h.value ^ (h.value >> 32)) & 0x7fffffffU);
       C const same = world.split(color, global_rank_);
       if (same.size() != world.size())
-        WEFT_THROW(mismatch_error, "device_mesh: ranks built the mesh with different layouts or "
-                   "flatten lists: ", same.size(), " of ", world.size(),
-                   " ranks agree with this rank ", global_rank_, ", which has ", layout_.describe(),
-                   " flatten ", describe_flatten());
+        WEFT_THROW(mismatch_error,
+                   "device_mesh: ranks built the mesh with different layouts or "
+                   "flatten lists: ",
+                   same.size(), " of ", world.size(), " ranks agree with this rank ", global_rank_,
+                   ", which has ", layout_.describe(), " flatten ", describe_flatten());
     }
   }
 

@@ -18,7 +18,8 @@ namespace weft::pipeline {
 enum class op : std::uint8_t {
   forward,          //!< F: forward of (stage, microbatch)
   backward_input,   //!< I: backward for the input gradient only (zero-bubble split)
-  backward_weight,  //!< W: backward for the weight gradient, after I of the same (stage, microbatch)
+  backward_weight,  //!< W: backward for the weight gradient, after I of the same (stage,
+                    //!< microbatch)
   backward,         //!< B: full (fused) backward = I + W
   vocab_forward,    //!< S: output-layer shard pass (logits, softmax stats; in the 1-barrier variant
                     //!<    also the input-gradient partial); `stage` holds the rank
@@ -38,10 +39,10 @@ enum class collective_kind : std::uint8_t {
   none,
   broadcast_output,  //!< BX:i  last stage broadcasts X_i (the output layer's input) and g_{i-1};
                      //!<       BX:m carries only g_{m-1}
-  c0,                //!< C0:i  all-reduce of the S results (max, sum-exp, target logit[, input grad])
-  c1,                //!< C1:i  all-reduce of the T input-gradient partials (2-barrier variant)
-  reduce_input,      //!< RE:i  all-reduce of the IF partial embeddings; stage 0 consumes the sum
-  broadcast_input,   //!< BE:i  stage 0 broadcasts the embedding-output gradient for IB
+  c0,            //!< C0:i  all-reduce of the S results (max, sum-exp, target logit[, input grad])
+  c1,            //!< C1:i  all-reduce of the T input-gradient partials (2-barrier variant)
+  reduce_input,  //!< RE:i  all-reduce of the IF partial embeddings; stage 0 consumes the sum
+  broadcast_input,  //!< BE:i  stage 0 broadcasts the embedding-output gradient for IB
 };
 
 //! One step of a rank's program. `stage` is the global (virtual) stage for compute and
@@ -68,7 +69,9 @@ constexpr bool is_vocab_compute(op k) noexcept {
          k == op::input_backward;
 }
 //! Compute runs on the rank's main stream and takes time; everything else is communication.
-constexpr bool is_compute(op k) noexcept { return is_transformer_compute(k) || is_vocab_compute(k); }
+constexpr bool is_compute(op k) noexcept {
+  return is_transformer_compute(k) || is_vocab_compute(k);
+}
 constexpr bool is_p2p(op k) noexcept {
   return k == op::send_forward || k == op::recv_forward || k == op::send_backward ||
          k == op::recv_backward;
@@ -153,12 +156,18 @@ inline action parse_action(std::string_view text) {
     if (colon == std::string_view::npos) detail::bad_action_text(text);
     auto const tag = text.substr(1, colon - 1);
     a.kind = op::collective;
-    if (tag == "BX") a.tag = collective_kind::broadcast_output;
-    else if (tag == "C0") a.tag = collective_kind::c0;
-    else if (tag == "C1") a.tag = collective_kind::c1;
-    else if (tag == "RE") a.tag = collective_kind::reduce_input;
-    else if (tag == "BE") a.tag = collective_kind::broadcast_input;
-    else detail::bad_action_text(text);
+    if (tag == "BX")
+      a.tag = collective_kind::broadcast_output;
+    else if (tag == "C0")
+      a.tag = collective_kind::c0;
+    else if (tag == "C1")
+      a.tag = collective_kind::c1;
+    else if (tag == "RE")
+      a.tag = collective_kind::reduce_input;
+    else if (tag == "BE")
+      a.tag = collective_kind::broadcast_input;
+    else
+      detail::bad_action_text(text);
     if (!detail::parse_int(text.substr(colon + 1), a.microbatch)) detail::bad_action_text(text);
     return a;
   }

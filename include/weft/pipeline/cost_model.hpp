@@ -15,17 +15,17 @@ namespace weft::pipeline {
 
 //! Times are in any unit (the default model: one transformer layer's forward = 1); bytes in bytes.
 struct cost_model {
-  std::vector<double> forward;          //!< per global stage, one microbatch
-  std::vector<double> backward_input;   //!< per stage (I); a full backward B costs I + W
-  std::vector<double> backward_weight;  //!< per stage (W)
-  double vocab_forward = 0;             //!< S, per rank and microbatch
-  double vocab_backward = 0;            //!< T
-  double input_forward = 0;             //!< IF
-  double input_backward = 0;            //!< IB
-  double p2p_latency = 0;               //!< per point-to-point message
-  double p2p_bandwidth = 0;             //!< bytes per time unit; 0 = infinite
-  double p2p_bytes = 0;                 //!< bytes per point-to-point message
-  double collective_latency = 0;        //!< per collective, on its own stream
+  std::vector<double> forward;           //!< per global stage, one microbatch
+  std::vector<double> backward_input;    //!< per stage (I); a full backward B costs I + W
+  std::vector<double> backward_weight;   //!< per stage (W)
+  double vocab_forward = 0;              //!< S, per rank and microbatch
+  double vocab_backward = 0;             //!< T
+  double input_forward = 0;              //!< IF
+  double input_backward = 0;             //!< IB
+  double p2p_latency = 0;                //!< per point-to-point message
+  double p2p_bandwidth = 0;              //!< bytes per time unit; 0 = infinite
+  double p2p_bytes = 0;                  //!< bytes per point-to-point message
+  double collective_latency = 0;         //!< per collective, on its own stream
   std::vector<double> activation_bytes;  //!< per stage and microbatch, held from F to B (or W)
   std::vector<double> parameter_bytes;   //!< per rank (weights, grads, optimizer state)
   double vocab_activation_bytes = 0;     //!< per rank and microbatch, held from S to T
@@ -122,11 +122,11 @@ inline std::vector<int> partition_redistribute(int layers, int stages, int last_
 
 //! Knobs of the default cost model (docs/pipeline.md writes it out).
 struct cost_options {
-  double forward_per_layer = 1.0;       //!< time of one layer's forward
-  double backward_per_layer = 2.0;      //!< full backward, split evenly into I and W
-  double bytes_per_parameter = 16.0;    //!< bf16 weight + grad, fp32 master + Adam moments
+  double forward_per_layer = 1.0;     //!< time of one layer's forward
+  double backward_per_layer = 2.0;    //!< full backward, split evenly into I and W
+  double bytes_per_parameter = 16.0;  //!< bf16 weight + grad, fp32 master + Adam moments
   double p2p_latency = 0.0;
-  double p2p_bandwidth = 0.0;           //!< bytes per time unit; 0 = infinite
+  double p2p_bandwidth = 0.0;  //!< bytes per time unit; 0 = infinite
   double collective_latency = 0.0;
 };
 
@@ -144,13 +144,15 @@ struct cost_options {
 //!    with vocabulary parallelism each rank keeps its fp32 softmax shard and X (4sb(V/p + h)) from
 //!    S to T and its partial embedding (2sbh) from IF to IB; a P2P message is 2sbh bytes.
 inline cost_model make_cost_model(schedule const& s, model_shape const& shape,
-                                  std::vector<int> const& layers_per_stage, cost_options const& o = {}) {
+                                  std::vector<int> const& layers_per_stage,
+                                  cost_options const& o = {}) {
   int const stages = s.num_stages();
   int const p = s.num_ranks();
   detail::require(static_cast<int>(layers_per_stage.size()) == stages, "layers_per_stage.size()",
                   ::weft::detail::concat("num_stages (", stages, ")"), layers_per_stage.size(),
                   "layers_per_stage.size() == num_stages");
-  detail::require(shape.hidden > 0 && shape.seq > 0 && shape.vocab > 0 && shape.ffn > 0 && shape.micro_batch > 0,
+  detail::require(shape.hidden > 0 && shape.seq > 0 && shape.vocab > 0 && shape.ffn > 0 &&
+                      shape.micro_batch > 0,
                   "shape", "positive hidden, ffn, seq, vocab and micro_batch", shape.hidden,
                   "all sizes positive");
   int const total_layers = std::accumulate(layers_per_stage.begin(), layers_per_stage.end(), 0);
@@ -190,11 +192,13 @@ inline cost_model make_cost_model(schedule const& s, model_shape const& shape,
     c.backward_input[i] = layers_eq * half_b;
     c.backward_weight[i] = layers_eq * half_b;
     c.activation_bytes[i] = act;
-    c.parameter_bytes[static_cast<std::size_t>(s.stage_to_rank(st))] += params * o.bytes_per_parameter;
+    c.parameter_bytes[static_cast<std::size_t>(s.stage_to_rank(st))] +=
+        params * o.bytes_per_parameter;
   }
   if (vp) {
-    detail::require(shape.vocab % p == 0, "shape.vocab", ::weft::detail::concat("a multiple of the ranks (", p, ")"),
-                    shape.vocab, "vocab % ranks == 0 (each rank holds V/p rows)");
+    detail::require(shape.vocab % p == 0, "shape.vocab",
+                    ::weft::detail::concat("a multiple of the ranks (", p, ")"), shape.vocab,
+                    "vocab % ranks == 0 (each rank holds V/p rows)");
     double const share = E / p;
     bool const one = s.vocab() == vocab_variant::one_barrier;
     c.vocab_forward = (one ? 2.0 : 1.0) * share * o.forward_per_layer;

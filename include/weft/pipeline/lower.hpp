@@ -33,16 +33,22 @@ inline schedule lower_by_replay(schedule const& s) {
   std::vector<std::vector<char>> done(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) done[static_cast<std::size_t>(r)].assign(s.actions(r).size(), 0);
   // Messages delivered: key (recv kind, stage, mb) -> received.
-  std::vector<char> received(2u * static_cast<std::size_t>(s.num_stages()) * static_cast<std::size_t>(s.num_microbatches()), 0);
+  std::vector<char> received(2u * static_cast<std::size_t>(s.num_stages()) *
+                                 static_cast<std::size_t>(s.num_microbatches()),
+                             0);
   auto recv_slot = [&](action const& rv) {
-    return (static_cast<std::size_t>(rv.kind == op::recv_backward) * static_cast<std::size_t>(s.num_stages()) +
-            static_cast<std::size_t>(rv.stage)) * static_cast<std::size_t>(s.num_microbatches()) +
+    return (static_cast<std::size_t>(rv.kind == op::recv_backward) *
+                static_cast<std::size_t>(s.num_stages()) +
+            static_cast<std::size_t>(rv.stage)) *
+               static_cast<std::size_t>(s.num_microbatches()) +
            static_cast<std::size_t>(rv.microbatch);
   };
   auto is_done = [&](int rank, int i) {
-    return rank >= 0 && i >= 0 && done[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)] != 0;
+    return rank >= 0 && i >= 0 &&
+           done[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)] != 0;
   };
-  // Needs of `a` on rank r: satisfied, or the RECVs still missing (with producers done) via `wanted`.
+  // Needs of `a` on rank r: satisfied, or the RECVs still missing (with producers done) via
+  // `wanted`.
   auto ready = [&](action const& a, int r, std::vector<action>* wanted) {
     bool ok = true;
     for (auto const& n : needs_of(s, a, r)) {
@@ -86,7 +92,8 @@ inline schedule lower_by_replay(schedule const& s) {
       bool all = first != nullptr && first->kind == op::collective;
       for (int r = 0; r < p && all; ++r) {
         auto const ri = static_cast<std::size_t>(r);
-        all = pos[ri] < s.actions(r).size() && s.actions(r)[pos[ri]] == *first && ready(*first, r, nullptr);
+        all = pos[ri] < s.actions(r).size() && s.actions(r)[pos[ri]] == *first &&
+              ready(*first, r, nullptr);
       }
       if (all) {
         for (int r = 0; r < p; ++r) {
@@ -107,7 +114,8 @@ inline schedule lower_by_replay(schedule const& s) {
       if (!is_compute(a.kind)) continue;
       std::vector<action> wanted;
       ready(a, r, &wanted);
-      for (auto const& rv : wanted) pairs.emplace_back(std::min(r, rv.peer), std::max(r, rv.peer), r > rv.peer, rv);
+      for (auto const& rv : wanted)
+        pairs.emplace_back(std::min(r, rv.peer), std::max(r, rv.peer), r > rv.peer, rv);
     }
     std::stable_sort(pairs.begin(), pairs.end(), [](auto const& x, auto const& y) {
       return std::tuple{std::get<0>(x), std::get<1>(x), std::get<2>(x)} <
@@ -127,9 +135,11 @@ inline schedule lower_by_replay(schedule const& s) {
       std::string stuck;
       for (int r = 0; r < p; ++r)
         if (pos[static_cast<std::size_t>(r)] < s.actions(r).size())
-          stuck += ::weft::detail::concat(" rank ", r, " at #", pos[static_cast<std::size_t>(r)], " ",
-                                          to_string(s.actions(r)[pos[static_cast<std::size_t>(r)]]), ";");
-      WEFT_THROW(schedule_error, "lower: the compute schedule cannot progress (rule `deadlock`); waiting:", stuck);
+          stuck += ::weft::detail::concat(
+              " rank ", r, " at #", pos[static_cast<std::size_t>(r)], " ",
+              to_string(s.actions(r)[pos[static_cast<std::size_t>(r)]]), ";");
+      WEFT_THROW(schedule_error,
+                 "lower: the compute schedule cannot progress (rule `deadlock`); waiting:", stuck);
     }
   }
   return out;
@@ -146,7 +156,8 @@ inline schedule lower_by_replay(schedule const& s) {
 //! breaks validate's mapping rule, or its dataflow cannot progress.
 inline schedule lower(schedule const& s) {
   if (s.has_p2p())
-    WEFT_THROW(schedule_error, "argument `s`: expected a compute-only schedule, actual one that already "
+    WEFT_THROW(schedule_error,
+               "argument `s`: expected a compute-only schedule, actual one that already "
                "has SEND/RECV actions");
   detail::require_mapping(s, "lower");
   return detail::lower_by_replay(s);

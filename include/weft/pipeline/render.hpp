@@ -17,16 +17,16 @@
 namespace weft::pipeline {
 
 struct svg_options {
-  std::string title;        //!< shown before the makespan and bubble
-  double width = 1200;      //!< pixels for the whole picture
-  double row_height = 26;   //!< pixels per rank
+  std::string title;             //!< shown before the makespan and bubble
+  double width = 1200;           //!< pixels for the whole picture
+  double row_height = 26;        //!< pixels per rank
   bool show_collectives = true;  //!< a last row with the collective stream
 };
 
 struct text_options {
   std::string title;
-  double step = 0;     //!< time per character; 0 picks one that fits `columns`
-  int columns = 120;   //!< target width of the timeline when step is 0
+  double step = 0;    //!< time per character; 0 picks one that fits `columns`
+  int columns = 120;  //!< target width of the timeline when step is 0
 };
 
 namespace detail {
@@ -98,17 +98,17 @@ inline std::string render_svg(schedule const& s, simulation const& sim, svg_opti
   double const scale = (o.width - left - right) / span;
   auto x = [&](double t) { return left + t * scale; };
   std::string out;
-  out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + detail::fmt(o.width) + "\" height=\"" +
-         detail::fmt(height) + "\" viewBox=\"0 0 " + detail::fmt(o.width) + " " + detail::fmt(height) +
-         "\" font-family=\"sans-serif\">\n";
+  out += "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" + detail::fmt(o.width) +
+         "\" height=\"" + detail::fmt(height) + "\" viewBox=\"0 0 " + detail::fmt(o.width) + " " +
+         detail::fmt(height) + "\" font-family=\"sans-serif\">\n";
   out += "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
   out += "<text x=\"" + detail::fmt(left) + "\" y=\"22\" font-size=\"15\">" +
          detail::xml_escape(detail::summary(o.title, sim)) + "</text>\n";
   for (int r = 0; r < rows; ++r) {
     double const y = top + r * o.row_height;
     out += "<text x=\"" + detail::fmt(left - 8) + "\" y=\"" + detail::fmt(y + o.row_height * 0.65) +
-           "\" font-size=\"12\" text-anchor=\"end\">" + (r < p ? "rank " + std::to_string(r) : std::string("coll")) +
-           "</text>\n";
+           "\" font-size=\"12\" text-anchor=\"end\">" +
+           (r < p ? "rank " + std::to_string(r) : std::string("coll")) + "</text>\n";
     out += "<rect x=\"" + detail::fmt(left) + "\" y=\"" + detail::fmt(y + 2) + "\" width=\"" +
            detail::fmt(span * scale) + "\" height=\"" + detail::fmt(o.row_height - 4) +
            "\" fill=\"#f3f3f3\"/>\n";
@@ -121,14 +121,15 @@ inline std::string render_svg(schedule const& s, simulation const& sim, svg_opti
       if (!is_compute(a.kind)) continue;
       auto const& t = sim.times[static_cast<std::size_t>(r)][i];
       double const w = std::max((t.finish - t.start) * scale, 0.5);
-      out += "<rect x=\"" + detail::fmt(x(t.start)) + "\" y=\"" + detail::fmt(y + 2) + "\" width=\"" +
-             detail::fmt(w) + "\" height=\"" + detail::fmt(o.row_height - 4) + "\" fill=\"" +
-             detail::op_colour(a.kind, a.chunk) + "\" stroke=\"white\" stroke-width=\"0.6\"><title>" +
-             detail::xml_escape(to_string(a)) + " [" + detail::fmt(t.start) + ", " + detail::fmt(t.finish) +
-             "]</title></rect>\n";
+      out += "<rect x=\"" + detail::fmt(x(t.start)) + "\" y=\"" + detail::fmt(y + 2) +
+             "\" width=\"" + detail::fmt(w) + "\" height=\"" + detail::fmt(o.row_height - 4) +
+             "\" fill=\"" + detail::op_colour(a.kind, a.chunk) +
+             "\" stroke=\"white\" stroke-width=\"0.6\"><title>" + detail::xml_escape(to_string(a)) +
+             " [" + detail::fmt(t.start) + ", " + detail::fmt(t.finish) + "]</title></rect>\n";
       std::string const label = std::to_string(a.microbatch);
       if (w >= 7.0 * static_cast<double>(label.size()) + 2)
-        out += "<text x=\"" + detail::fmt(x(t.start) + w / 2) + "\" y=\"" + detail::fmt(y + o.row_height * 0.65) +
+        out += "<text x=\"" + detail::fmt(x(t.start) + w / 2) + "\" y=\"" +
+               detail::fmt(y + o.row_height * 0.65) +
                "\" font-size=\"11\" text-anchor=\"middle\" fill=\"white\">" + label + "</text>\n";
     }
   }
@@ -137,10 +138,10 @@ inline std::string render_svg(schedule const& s, simulation const& sim, svg_opti
     for (std::size_t k = 0; k < sim.collective_order.size(); ++k) {
       auto const& t = sim.collective_times[k];
       double const w = std::max((t.finish - t.start) * scale, 1.5);
-      out += "<rect x=\"" + detail::fmt(x(t.start)) + "\" y=\"" + detail::fmt(y + 6) + "\" width=\"" +
-             detail::fmt(w) + "\" height=\"" + detail::fmt(o.row_height - 12) +
-             "\" fill=\"#333333\"><title>" + detail::xml_escape(to_string(sim.collective_order[k])) +
-             "</title></rect>\n";
+      out += "<rect x=\"" + detail::fmt(x(t.start)) + "\" y=\"" + detail::fmt(y + 6) +
+             "\" width=\"" + detail::fmt(w) + "\" height=\"" + detail::fmt(o.row_height - 12) +
+             "\" fill=\"#333333\"><title>" +
+             detail::xml_escape(to_string(sim.collective_order[k])) + "</title></rect>\n";
     }
   }
   // Time axis: about ten ticks at a round step.
@@ -153,11 +154,11 @@ inline std::string render_svg(schedule const& s, simulation const& sim, svg_opti
       break;
     }
   double const ya = top + rows * o.row_height + 4;
-  out += "<line x1=\"" + detail::fmt(left) + "\" y1=\"" + detail::fmt(ya) + "\" x2=\"" + detail::fmt(x(span)) +
-         "\" y2=\"" + detail::fmt(ya) + "\" stroke=\"black\"/>\n";
+  out += "<line x1=\"" + detail::fmt(left) + "\" y1=\"" + detail::fmt(ya) + "\" x2=\"" +
+         detail::fmt(x(span)) + "\" y2=\"" + detail::fmt(ya) + "\" stroke=\"black\"/>\n";
   for (double t = 0; t <= span + 1e-9; t += step) {
-    out += "<line x1=\"" + detail::fmt(x(t)) + "\" y1=\"" + detail::fmt(ya) + "\" x2=\"" + detail::fmt(x(t)) +
-           "\" y2=\"" + detail::fmt(ya + 5) + "\" stroke=\"black\"/>\n";
+    out += "<line x1=\"" + detail::fmt(x(t)) + "\" y1=\"" + detail::fmt(ya) + "\" x2=\"" +
+           detail::fmt(x(t)) + "\" y2=\"" + detail::fmt(ya + 5) + "\" stroke=\"black\"/>\n";
     out += "<text x=\"" + detail::fmt(x(t)) + "\" y=\"" + detail::fmt(ya + 18) +
            "\" font-size=\"11\" text-anchor=\"middle\">" + detail::fmt(t) + "</text>\n";
   }
@@ -168,12 +169,14 @@ inline std::string render_svg(schedule const& s, simulation const& sim, svg_opti
 //! A compact text picture: one line per rank, one character per `step` of time. A box shows its
 //! op letter (lower case for odd chunks; S, T and `i`/`e` for IF/IB) followed by its microbatch
 //! when it fits and `-` after; `.` is idle.
-inline std::string render_text(schedule const& s, simulation const& sim, text_options const& o = {}) {
+inline std::string render_text(schedule const& s, simulation const& sim,
+                               text_options const& o = {}) {
   int const p = s.num_ranks();
   double step = o.step;
   if (step <= 0) step = sim.makespan > 0 ? sim.makespan / std::max(1, o.columns) : 1.0;
   auto const cols = static_cast<std::size_t>(std::ceil(sim.makespan / step - 1e-9));
-  std::string out = detail::summary(o.title, sim) + " [one character = " + detail::fmt(step, 3) + "]\n";
+  std::string out =
+      detail::summary(o.title, sim) + " [one character = " + detail::fmt(step, 3) + "]\n";
   for (int r = 0; r < p; ++r) {
     std::string row(cols, '.');
     auto const& prog = s.actions(r);
@@ -191,7 +194,8 @@ inline std::string render_text(schedule const& s, simulation const& sim, text_op
         case op::input_backward: letter = 'e'; break;
         default: letter = to_string(a.kind)[0];
       }
-      if (a.chunk % 2 == 1 && letter >= 'A' && letter <= 'Z') letter = static_cast<char>(letter - 'A' + 'a');
+      if (a.chunk % 2 == 1 && letter >= 'A' && letter <= 'Z')
+        letter = static_cast<char>(letter - 'A' + 'a');
       std::string label(1, letter);
       label += std::to_string(a.microbatch);
       for (std::size_t c = c0; c < c1; ++c) {

@@ -1,6 +1,7 @@
 // weft/pipeline/schedule.hpp — a pipeline schedule as a value: one action list per rank plus the
 // stage-to-rank mapping (looped or V-shaped). The validator, simulator, renderers and lowering take
-// this one type (`schedule const&`); there is no Schedule concept until something generic needs one.
+// this one type (`schedule const&`); there is no Schedule concept until something generic needs
+// one.
 #pragma once
 
 #include <weft/core/error.hpp>
@@ -56,15 +57,16 @@ class schedule {
            vocab_variant vocab = vocab_variant::none)
       : ranks_(ranks), stages_(stages), microbatches_(microbatches), style_(style), vocab_(vocab) {
     if (ranks < 1)
-      WEFT_THROW(schedule_error, ::weft::detail::expectation_message("ranks >= 1", "ranks", ">= 1", ranks));
+      WEFT_THROW(schedule_error,
+                 ::weft::detail::expectation_message("ranks >= 1", "ranks", ">= 1", ranks));
     if (stages < ranks || stages % ranks != 0)
-      WEFT_THROW(schedule_error, ::weft::detail::expectation_message(
-                                     "stages % ranks == 0", "stages",
-                                     ::weft::detail::concat("a positive multiple of ranks (", ranks, ")"),
-                                     stages));
+      WEFT_THROW(schedule_error,
+                 ::weft::detail::expectation_message(
+                     "stages % ranks == 0", "stages",
+                     ::weft::detail::concat("a positive multiple of ranks (", ranks, ")"), stages));
     if (microbatches < 1)
-      WEFT_THROW(schedule_error, ::weft::detail::expectation_message("microbatches >= 1", "microbatches",
-                                                             ">= 1", microbatches));
+      WEFT_THROW(schedule_error, ::weft::detail::expectation_message(
+                                     "microbatches >= 1", "microbatches", ">= 1", microbatches));
     programs_.resize(static_cast<std::size_t>(ranks));
   }
 
@@ -91,7 +93,8 @@ class schedule {
     return programs_[static_cast<std::size_t>(rank)];
   }
 
-  //! A compute or point-to-point action on `stage` with `chunk` and `peer` derived from the mapping.
+  //! A compute or point-to-point action on `stage` with `chunk` and `peer` derived from the
+  //! mapping.
   [[nodiscard]] action make(op kind, int stage, int microbatch) const {
     action a{kind, stage, microbatch, 0, -1, collective_kind::none};
     resolve(a);
@@ -115,8 +118,10 @@ class schedule {
     // A stage outside [0, stages) (a parsed file may hold one) gets no peer: `validate` reports it,
     // and stage + 1 cannot overflow.
     if (a.stage < 0 || a.stage >= stages_) return;
-    if (a.kind == op::send_forward || a.kind == op::recv_backward) a.peer = stage_to_rank(a.stage + 1);
-    if (a.kind == op::recv_forward || a.kind == op::send_backward) a.peer = stage_to_rank(a.stage - 1);
+    if (a.kind == op::send_forward || a.kind == op::recv_backward)
+      a.peer = stage_to_rank(a.stage + 1);
+    if (a.kind == op::recv_forward || a.kind == op::send_backward)
+      a.peer = stage_to_rank(a.stage - 1);
   }
 
   void push(int rank, action a) { actions(rank).push_back(a); }

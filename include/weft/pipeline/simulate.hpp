@@ -111,7 +111,8 @@ inline void measure_memory(schedule const& s, cost_model const& c, simulation& o
     out.peak_in_flight[i] = peak;
     out.peak_vocab_in_flight[i] = vocab_peak;
     out.peak_activation_bytes[i] = peak_bytes;
-    out.peak_memory_bytes[i] = peak_bytes + (i < c.parameter_bytes.size() ? c.parameter_bytes[i] : 0.0);
+    out.peak_memory_bytes[i] =
+        peak_bytes + (i < c.parameter_bytes.size() ? c.parameter_bytes[i] : 0.0);
   }
 }
 
@@ -146,7 +147,8 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
       if (k >= out.collective_order.size() || !(out.collective_order[k] == a))
         WEFT_THROW(schedule_error, "simulate: rank ", r, " runs collective ", to_string(a),
                    " as its collective #", k, " but rank 0 runs ",
-                   k < out.collective_order.size() ? to_string(out.collective_order[k]) : std::string("none"),
+                   k < out.collective_order.size() ? to_string(out.collective_order[k])
+                                                   : std::string("none"),
                    " (rule: same collective order on every rank)");
       ++k;
     }
@@ -161,11 +163,13 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
   for (std::size_t k = 0; k < ncoll; ++k) {
     auto const& a = out.collective_order[k];
     if (a.microbatch >= 0 && a.microbatch <= s.num_microbatches())
-      coll_seq[static_cast<std::size_t>(a.tag) * static_cast<std::size_t>(s.num_microbatches() + 1) +
+      coll_seq[static_cast<std::size_t>(a.tag) *
+                   static_cast<std::size_t>(s.num_microbatches() + 1) +
                static_cast<std::size_t>(a.microbatch)] = static_cast<int>(k);
   }
   constexpr double unknown = -1.0;
-  std::vector<std::vector<double>> issued(ncoll, std::vector<double>(static_cast<std::size_t>(p), unknown));
+  std::vector<std::vector<double>> issued(
+      ncoll, std::vector<double>(static_cast<std::size_t>(p), unknown));
   std::vector<double> coll_done(ncoll, unknown);
   std::vector<int> issued_count(ncoll, 0);
   std::size_t coll_next = 0;  // next collective to run on the collective stream
@@ -181,13 +185,16 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
   auto available = [&](detail::need const& n, int rank) -> double {
     if (n.what == detail::need::type::collective) {
       if (n.mb < 0 || n.mb > s.num_microbatches()) return unknown;
-      int const k = coll_seq[static_cast<std::size_t>(n.tag) * static_cast<std::size_t>(s.num_microbatches() + 1) +
+      int const k = coll_seq[static_cast<std::size_t>(n.tag) *
+                                 static_cast<std::size_t>(s.num_microbatches() + 1) +
                              static_cast<std::size_t>(n.mb)];
       return k < 0 ? unknown : coll_done[static_cast<std::size_t>(k)];
     }
     auto const l = index.resolve(n);
-    if (l.count == 0 || !done[static_cast<std::size_t>(l.rank)][static_cast<std::size_t>(l.pos)]) return unknown;
-    double const t = out.times[static_cast<std::size_t>(l.rank)][static_cast<std::size_t>(l.pos)].finish;
+    if (l.count == 0 || !done[static_cast<std::size_t>(l.rank)][static_cast<std::size_t>(l.pos)])
+      return unknown;
+    double const t =
+        out.times[static_cast<std::size_t>(l.rank)][static_cast<std::size_t>(l.pos)].finish;
     return l.rank == rank ? t : t + p2p;
   };
 
@@ -248,10 +255,13 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
     for (int r = 0; r < p; ++r) {
       auto const ri = static_cast<std::size_t>(r);
       if (pos[ri] < s.actions(r).size())
-        stuck += ::weft::detail::concat(" rank ", r, " at #", pos[ri], " ", to_string(s.actions(r)[pos[ri]]), ";");
+        stuck += ::weft::detail::concat(" rank ", r, " at #", pos[ri], " ",
+                                        to_string(s.actions(r)[pos[ri]]), ";");
     }
-    WEFT_THROW(schedule_error, "simulate: the schedule cannot progress (rule: every need is produced "
-               "earlier in the dataflow); waiting:", stuck);
+    WEFT_THROW(schedule_error,
+               "simulate: the schedule cannot progress (rule: every need is produced "
+               "earlier in the dataflow); waiting:",
+               stuck);
   }
 
   out.busy.assign(static_cast<std::size_t>(p), 0.0);
@@ -281,8 +291,8 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
 }
 
 //! Shorthand: times `s` under `unit_costs(s)` (F = I = W = 1 per stage, 1/v per chunk, the
-//! output layer as the schedule runs it). The schedule is checked (validate's mapping rule) before the
-//! cost model is sized by its stage count, so a parsed header cannot make it allocate.
+//! output layer as the schedule runs it). The schedule is checked (validate's mapping rule) before
+//! the cost model is sized by its stage count, so a parsed header cannot make it allocate.
 inline simulation simulate(schedule const& s) {
   detail::require_mapping(s, "simulate");
   return simulate(s, unit_costs(s));

@@ -19,8 +19,10 @@ namespace weft::pipeline {
 namespace detail {
 
 inline std::string_view trim(std::string_view s) noexcept {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r')) s.remove_suffix(1);
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t' || s.front() == '\r'))
+    s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t' || s.back() == '\r'))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -38,8 +40,8 @@ inline std::vector<std::string_view> split_lines(std::string_view text) {
 inline int header_int(std::string_view header, std::string_view key) {
   auto const at = header.find(key);
   if (at == std::string_view::npos)
-    WEFT_THROW(schedule_error, "argument `text`: expected `", key, "<n>` in the header line, actual `",
-               header, "`");
+    WEFT_THROW(schedule_error, "argument `text`: expected `", key,
+               "<n>` in the header line, actual `", header, "`");
   auto rest = header.substr(at + key.size());
   rest = rest.substr(0, rest.find(' '));
   int v = 0;
@@ -52,8 +54,8 @@ inline int header_int(std::string_view header, std::string_view key) {
 inline std::string_view header_word(std::string_view header, std::string_view key) {
   auto const at = header.find(key);
   if (at == std::string_view::npos)
-    WEFT_THROW(schedule_error, "argument `text`: expected `", key, "...` in the header line, actual `",
-               header, "`");
+    WEFT_THROW(schedule_error, "argument `text`: expected `", key,
+               "...` in the header line, actual `", header, "`");
   auto rest = header.substr(at + key.size());
   return rest.substr(0, rest.find(' '));
 }
@@ -90,7 +92,8 @@ inline schedule parse_schedule(std::string_view text) {
     if (!l.empty() && l.front() != '#') body.push_back(l);
   }
   if (body.empty() || body.front().substr(0, 13) != "weft-schedule")
-    WEFT_THROW(schedule_error, "argument `text`: expected a first line `weft-schedule ranks=...`, actual `",
+    WEFT_THROW(schedule_error,
+               "argument `text`: expected a first line `weft-schedule ranks=...`, actual `",
                body.empty() ? std::string_view{} : body.front(), "`");
   auto const header = body.front();
   int const ranks = detail::header_int(header, "ranks=");
@@ -99,28 +102,34 @@ inline schedule parse_schedule(std::string_view text) {
   auto const style_word = detail::header_word(header, "placement=");
   auto const vocab_word = detail::header_word(header, "vocab=");
   placement style = placement::loop;
-  if (style_word == "v") style = placement::v;
+  if (style_word == "v")
+    style = placement::v;
   else if (style_word != "loop")
-    WEFT_THROW(schedule_error, "argument `placement`: expected `loop` or `v`, actual `", style_word, "`");
+    WEFT_THROW(schedule_error, "argument `placement`: expected `loop` or `v`, actual `", style_word,
+               "`");
   vocab_variant vocab = vocab_variant::none;
-  if (vocab_word == "1-barrier") vocab = vocab_variant::one_barrier;
-  else if (vocab_word == "2-barrier") vocab = vocab_variant::two_barrier;
+  if (vocab_word == "1-barrier")
+    vocab = vocab_variant::one_barrier;
+  else if (vocab_word == "2-barrier")
+    vocab = vocab_variant::two_barrier;
   else if (vocab_word != "none")
-    WEFT_THROW(schedule_error, "argument `vocab`: expected `none`, `1-barrier` or `2-barrier`, actual `",
+    WEFT_THROW(schedule_error,
+               "argument `vocab`: expected `none`, `1-barrier` or `2-barrier`, actual `",
                vocab_word, "`");
   // The rank lines are counted before the schedule is built: `ranks=` sizes it, and a header
   // alone must not make a short text allocate gigabytes.
   if (body.size() - 1 != static_cast<std::size_t>(ranks))
-    WEFT_THROW(schedule_error, "argument `text`: expected ", ranks, " rank lines (the header's `ranks=`), actual ",
-               body.size() - 1);
+    WEFT_THROW(schedule_error, "argument `text`: expected ", ranks,
+               " rank lines (the header's `ranks=`), actual ", body.size() - 1);
   schedule s(ranks, stages, mbs, style, vocab);
   for (int r = 0; r < ranks; ++r) {
     auto line = body[static_cast<std::size_t>(r) + 1];
     auto const colon = line.find(':');
     int rank = -1;
-    if (colon == std::string_view::npos || !detail::parse_int(detail::trim(line.substr(0, colon)), rank) ||
-        rank != r)
-      WEFT_THROW(schedule_error, "argument `text`: expected line `", r, ": ...`, actual `", line, "`");
+    if (colon == std::string_view::npos ||
+        !detail::parse_int(detail::trim(line.substr(0, colon)), rank) || rank != r)
+      WEFT_THROW(schedule_error, "argument `text`: expected line `", r, ": ...`, actual `", line,
+                 "`");
     line.remove_prefix(colon + 1);
     while (!line.empty()) {
       line = detail::trim(line);
@@ -172,7 +181,8 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
     while (true) {
       auto const comma = line.find(',');
       auto cell = detail::trim(line.substr(0, comma));
-      if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"') cell = cell.substr(1, cell.size() - 2);
+      if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"')
+        cell = cell.substr(1, cell.size() - 2);
       if (!cell.empty()) row.push_back(parse_action(cell));
       if (comma == std::string_view::npos) break;
       line.remove_prefix(comma + 1);
@@ -180,14 +190,17 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
     rows.push_back(std::move(row));
   }
   if (rows.size() > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-    WEFT_THROW(schedule_error, "argument `text`: expected fewer than 2^31 CSV rows, actual ", rows.size());
+    WEFT_THROW(schedule_error, "argument `text`: expected fewer than 2^31 CSV rows, actual ",
+               rows.size());
   int const ranks = static_cast<int>(rows.size());
-  if (ranks < 1) WEFT_THROW(schedule_error, "argument `text`: expected at least one CSV row, actual 0");
+  if (ranks < 1)
+    WEFT_THROW(schedule_error, "argument `text`: expected at least one CSV row, actual 0");
   int max_stage = -1, max_mb = -1;
   bool has_s = false, has_c1 = false;
   for (auto const& row : rows)
     for (auto const& a : row) {
-      if (a.kind != op::collective && !is_vocab_compute(a.kind)) max_stage = std::max(max_stage, a.stage);
+      if (a.kind != op::collective && !is_vocab_compute(a.kind))
+        max_stage = std::max(max_stage, a.stage);
       if (a.kind != op::collective) max_mb = std::max(max_mb, a.microbatch);
       has_s = has_s || a.kind == op::vocab_forward;
       has_c1 = has_c1 || (a.kind == op::collective && a.tag == collective_kind::c1);
@@ -197,10 +210,10 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
                                    "placement_override in [-1, 1]", "opt.placement_override",
                                    "-1 (infer), 0 (loop) or 1 (v)", opt.placement_override));
   if (opt.vocab_override < -1 || opt.vocab_override > static_cast<int>(vocab_variant::two_barrier))
-    WEFT_THROW(schedule_error, ::weft::detail::expectation_message(
-                                   "vocab_override in [-1, 2]", "opt.vocab_override",
-                                   "-1 (infer), 0 (none), 1 (1-barrier) or 2 (2-barrier)",
-                                   opt.vocab_override));
+    WEFT_THROW(schedule_error,
+               ::weft::detail::expectation_message(
+                   "vocab_override in [-1, 2]", "opt.vocab_override",
+                   "-1 (infer), 0 (none), 1 (1-barrier) or 2 (2-barrier)", opt.vocab_override));
   // Inferred sizes in 64 bits: a stage or microbatch index near INT_MAX must not overflow.
   long long stages = opt.stages;
   if (stages < 0)
@@ -208,8 +221,8 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
   long long const mbs = opt.microbatches >= 0 ? opt.microbatches : std::max(1LL, max_mb + 1LL);
   if (stages > std::numeric_limits<int>::max() || mbs > std::numeric_limits<int>::max())
     WEFT_THROW(schedule_error, "argument `text`: expected stage and microbatch indices below ",
-               std::numeric_limits<int>::max(), ", actual a CSV implying ", stages, " stages and ", mbs,
-               " microbatches");
+               std::numeric_limits<int>::max(), ", actual a CSV implying ", stages, " stages and ",
+               mbs, " microbatches");
   placement style = placement::loop;
   if (opt.placement_override >= 0) {
     style = static_cast<placement>(opt.placement_override);
@@ -222,14 +235,16 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
             return false;
       return true;
     };
-    if (fits(placement::loop)) style = placement::loop;
-    else if (fits(placement::v)) style = placement::v;
+    if (fits(placement::loop))
+      style = placement::loop;
+    else if (fits(placement::v))
+      style = placement::v;
     else
       WEFT_THROW(schedule_error,
                  "argument `text`: expected stages placed in a loop (s % p) or a V, actual a CSV "
                  "whose stages fit neither");
   }
-  vocab_variant vocab = has_c1 ? vocab_variant::two_barrier
+  vocab_variant vocab = has_c1  ? vocab_variant::two_barrier
                         : has_s ? vocab_variant::one_barrier
                                 : vocab_variant::none;
   if (opt.vocab_override >= 0) vocab = static_cast<vocab_variant>(opt.vocab_override);

@@ -40,11 +40,14 @@ namespace detail {
 //! F(s) needs F(s-1)'s output via RECV_F(s); I/B(s) needs the gradient of s+1 via RECV_B(s).
 inline bool recv_for_need(action const& consumer, need const& n, action& recv) {
   if (n.what == need::type::action && n.kind == op::forward && consumer.kind == op::forward) {
-    recv = action{op::recv_forward, consumer.stage, consumer.microbatch, 0, -1, collective_kind::none};
+    recv =
+        action{op::recv_forward, consumer.stage, consumer.microbatch, 0, -1, collective_kind::none};
     return true;
   }
-  if (n.what == need::type::grad && (consumer.kind == op::backward || consumer.kind == op::backward_input)) {
-    recv = action{op::recv_backward, consumer.stage, consumer.microbatch, 0, -1, collective_kind::none};
+  if (n.what == need::type::grad &&
+      (consumer.kind == op::backward || consumer.kind == op::backward_input)) {
+    recv = action{op::recv_backward,    consumer.stage, consumer.microbatch, 0, -1,
+                  collective_kind::none};
     return true;
   }
   return false;
@@ -53,10 +56,14 @@ inline bool recv_for_need(action const& consumer, need const& n, action& recv) {
 //! The op on the other rank that a SEND or RECV pairs with.
 inline action partner_of(action const& a) {
   switch (a.kind) {
-    case op::send_forward: return {op::recv_forward, a.stage + 1, a.microbatch, 0, -1, collective_kind::none};
-    case op::recv_forward: return {op::send_forward, a.stage - 1, a.microbatch, 0, -1, collective_kind::none};
-    case op::send_backward: return {op::recv_backward, a.stage - 1, a.microbatch, 0, -1, collective_kind::none};
-    case op::recv_backward: return {op::send_backward, a.stage + 1, a.microbatch, 0, -1, collective_kind::none};
+    case op::send_forward:
+      return {op::recv_forward, a.stage + 1, a.microbatch, 0, -1, collective_kind::none};
+    case op::recv_forward:
+      return {op::send_forward, a.stage - 1, a.microbatch, 0, -1, collective_kind::none};
+    case op::send_backward:
+      return {op::recv_backward, a.stage - 1, a.microbatch, 0, -1, collective_kind::none};
+    case op::recv_backward:
+      return {op::send_backward, a.stage + 1, a.microbatch, 0, -1, collective_kind::none};
     default: return a;
   }
 }
@@ -87,7 +94,8 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
   std::vector<std::vector<char>> done(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r) done[static_cast<std::size_t>(r)].assign(s.actions(r).size(), 0);
   auto is_done = [&](int rank, int i) {
-    return rank >= 0 && i >= 0 && done[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)] != 0;
+    return rank >= 0 && i >= 0 &&
+           done[static_cast<std::size_t>(rank)][static_cast<std::size_t>(i)] != 0;
   };
   auto satisfied = [&](action const& a, int r) {
     for (auto const& n : needs_of(s, a, r)) {
@@ -110,7 +118,8 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
   };
   auto current = [&](int r) -> action const* {
     auto const& prog = s.actions(r);
-    return pos[static_cast<std::size_t>(r)] < prog.size() ? &prog[pos[static_cast<std::size_t>(r)]] : nullptr;
+    return pos[static_cast<std::size_t>(r)] < prog.size() ? &prog[pos[static_cast<std::size_t>(r)]]
+                                                          : nullptr;
   };
   auto advance = [&](int r) {
     done[static_cast<std::size_t>(r)][pos[static_cast<std::size_t>(r)]] = 1;
@@ -131,8 +140,8 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
           if (q < 0 || q >= p || q == r) break;
           auto const* b = current(q);
           auto const want = partner_of(*a);
-          if (b == nullptr || b->kind != want.kind || b->stage != want.stage || b->microbatch != want.microbatch ||
-              b->peer != r)
+          if (b == nullptr || b->kind != want.kind || b->stage != want.stage ||
+              b->microbatch != want.microbatch || b->peer != r)
             break;
           if (is_send(b->kind) && !satisfied(*b, q)) break;
           advance(r);
@@ -142,8 +151,8 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
           bool all = true;
           for (int q = 0; q < p && all; ++q) {
             auto const* b = current(q);
-            all = b != nullptr && b->kind == op::collective && b->tag == a->tag && b->microbatch == a->microbatch &&
-                  satisfied(*b, q);
+            all = b != nullptr && b->kind == op::collective && b->tag == a->tag &&
+                  b->microbatch == a->microbatch && satisfied(*b, q);
           }
           if (!all) break;
           for (int q = 0; q < p; ++q) advance(q);
@@ -172,43 +181,55 @@ inline validation_result check_mapping(schedule const& s) {
     for (int i = 0; i < static_cast<int>(prog.size()); ++i) {
       auto const& a = prog[static_cast<std::size_t>(i)];
       if (a.kind == op::collective) {
-        bool const tag_ok = a.tag != collective_kind::none && vocab &&
-                            (a.tag != collective_kind::c1 || s.vocab() == vocab_variant::two_barrier);
+        bool const tag_ok =
+            a.tag != collective_kind::none && vocab &&
+            (a.tag != collective_kind::c1 || s.vocab() == vocab_variant::two_barrier);
         int const max_mb = a.tag == collective_kind::broadcast_output ? m : m - 1;
-        if (!tag_ok || a.microbatch < 0 || a.microbatch > max_mb || a.stage != -1 || a.peer != -1 || a.chunk != 0)
-          return fail(r, i, "mapping", at(s, r, i) + ": collective not part of a " +
-                                           std::string(to_string(s.vocab())) + " schedule with " +
-                                           std::to_string(m) + " microbatches");
+        if (!tag_ok || a.microbatch < 0 || a.microbatch > max_mb || a.stage != -1 || a.peer != -1 ||
+            a.chunk != 0)
+          return fail(r, i, "mapping",
+                      at(s, r, i) + ": collective not part of a " +
+                          std::string(to_string(s.vocab())) + " schedule with " +
+                          std::to_string(m) + " microbatches");
         continue;
       }
       if (a.microbatch < 0 || a.microbatch >= m)
-        return fail(r, i, "mapping", at(s, r, i) + ": microbatch outside [0, " + std::to_string(m) + ")");
+        return fail(r, i, "mapping",
+                    at(s, r, i) + ": microbatch outside [0, " + std::to_string(m) + ")");
       if (is_vocab_compute(a.kind)) {
         if (!vocab || a.stage != r || a.chunk != 0 || a.peer != -1)
-          return fail(r, i, "mapping", at(s, r, i) + ": vocabulary passes need a vocabulary-parallel "
-                                                     "schedule and carry their own rank as stage");
+          return fail(r, i, "mapping",
+                      at(s, r, i) +
+                          ": vocabulary passes need a vocabulary-parallel "
+                          "schedule and carry their own rank as stage");
         continue;
       }
       if (a.stage < 0 || a.stage >= S)
-        return fail(r, i, "mapping", at(s, r, i) + ": stage outside [0, " + std::to_string(S) + ")");
+        return fail(r, i, "mapping",
+                    at(s, r, i) + ": stage outside [0, " + std::to_string(S) + ")");
       if (s.stage_to_rank(a.stage) != r)
-        return fail(r, i, "mapping", at(s, r, i) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
-                                         std::to_string(s.stage_to_rank(a.stage)));
+        return fail(r, i, "mapping",
+                    at(s, r, i) + ": stage " + std::to_string(a.stage) + " belongs to rank " +
+                        std::to_string(s.stage_to_rank(a.stage)));
       action want = a;
       s.resolve(want);
       if (!(want == a))
-        return fail(r, i, "mapping", at(s, r, i) + ": chunk or peer disagrees with the stage mapping");
+        return fail(r, i, "mapping",
+                    at(s, r, i) + ": chunk or peer disagrees with the stage mapping");
       if (is_p2p(a.kind)) {
         bool const toward_next = a.kind == op::send_forward || a.kind == op::recv_backward;
         int const other = toward_next ? a.stage + 1 : a.stage - 1;
         if (other < 0 || other >= S)
-          return fail(r, i, "pairing", at(s, r, i) + ": no stage " + std::to_string(other) + " to exchange with");
+          return fail(r, i, "pairing",
+                      at(s, r, i) + ": no stage " + std::to_string(other) + " to exchange with");
         if (s.stage_to_rank(other) == r)
-          return fail(r, i, "pairing", at(s, r, i) + ": stages on one rank hand over locally, without send/recv");
+          return fail(r, i, "pairing",
+                      at(s, r, i) + ": stages on one rank hand over locally, without send/recv");
       }
     }
   }
-  if (!indexable(s)) return fail(-1, -1, "completeness", "expected " + indexable_message(s) + ", actual more");
+  if (!indexable(s))
+    return fail(-1, -1, "completeness", "expected " + indexable_message(s) + ", actual more");
   return {};
 }
 
@@ -217,8 +238,8 @@ inline void require_mapping(schedule const& s, char const* who) {
   auto const r = check_mapping(s);
   if (!r.ok)
     WEFT_THROW(schedule_error, who, ": invalid schedule: rank ", r.issue.rank, ", action ",
-               r.issue.index < 0 ? std::string("(missing)") : std::to_string(r.issue.index), ", rule `",
-               r.issue.rule, "`: ", r.issue.message);
+               r.issue.index < 0 ? std::string("(missing)") : std::to_string(r.issue.index),
+               ", rule `", r.issue.rule, "`: ", r.issue.message);
 }
 
 }  // namespace detail
@@ -246,24 +267,26 @@ inline validation_result check(schedule const& s) {
       auto const w = index.find(op::backward_weight, st, mb);
       auto const name = ::weft::detail::concat("(stage ", st, ", microbatch ", mb, ")");
       if (f.count != 1)
-        return fail(owner, -1, "completeness", name + " has " + std::to_string(f.count) + " forwards, needs 1");
+        return fail(owner, -1, "completeness",
+                    name + " has " + std::to_string(f.count) + " forwards, needs 1");
       bool const full = b.count == 1 && in.count == 0 && w.count == 0;
       bool const split = b.count == 0 && in.count == 1 && w.count == 1;
       if (!full && !split)
         return fail(owner, -1, "completeness",
-                    name + " needs one B, or one I and one W; has B x" + std::to_string(b.count) + ", I x" +
-                        std::to_string(in.count) + ", W x" + std::to_string(w.count));
+                    name + " needs one B, or one I and one W; has B x" + std::to_string(b.count) +
+                        ", I x" + std::to_string(in.count) + ", W x" + std::to_string(w.count));
     }
   }
   if (vocab)
     for (int r = 0; r < p; ++r)
       for (int mb = 0; mb < m; ++mb)
-        for (op k : {op::vocab_forward, op::vocab_backward, op::input_forward, op::input_backward}) {
+        for (op k :
+             {op::vocab_forward, op::vocab_backward, op::input_forward, op::input_backward}) {
           auto const l = index.find(k, r, mb);
           if (l.count != 1)
             return fail(r, -1, "completeness",
-                        ::weft::detail::concat("rank ", r, " has ", l.count, " x ", to_string(k), " of microbatch ",
-                                               mb, ", needs 1"));
+                        ::weft::detail::concat("rank ", r, " has ", l.count, " x ", to_string(k),
+                                               " of microbatch ", mb, ", needs 1"));
         }
   {
     auto const required = detail::required_collectives(s);
@@ -298,8 +321,9 @@ inline validation_result check(schedule const& s) {
       auto [it, fresh] = last.try_emplace({static_cast<int>(a.kind), a.stage}, a.microbatch);
       if (!fresh) {
         if (a.microbatch <= it->second)
-          return fail(r, i, "fifo", at(s, r, i) + ": microbatch " + std::to_string(a.microbatch) + " after " +
-                                        std::to_string(it->second) + " of the same op and stage");
+          return fail(r, i, "fifo",
+                      at(s, r, i) + ": microbatch " + std::to_string(a.microbatch) + " after " +
+                          std::to_string(it->second) + " of the same op and stage");
         it->second = a.microbatch;
       }
     }
@@ -315,34 +339,39 @@ inline validation_result check(schedule const& s) {
         if (n.what == detail::need::type::collective) {
           int const c = index.collective_pos(r, n.tag, n.mb);
           if (c < 0 || c > i)
-            return fail(r, i, "dependency", at(s, r, i) + " needs collective " +
-                                                to_string(schedule::make_collective(n.tag, n.mb)) +
-                                                " completed before it on rank " + std::to_string(r));
+            return fail(r, i, "dependency",
+                        at(s, r, i) + " needs collective " +
+                            to_string(schedule::make_collective(n.tag, n.mb)) +
+                            " completed before it on rank " + std::to_string(r));
           continue;
         }
         auto const l = index.resolve(n);
         if (l.count == 0) continue;  // completeness already holds, so only optional producers
         if (l.rank == r) {
           if (l.pos > i)
-            return fail(r, i, "dependency", at(s, r, i) + " runs before its producer " + at(s, l.rank, l.pos));
+            return fail(r, i, "dependency",
+                        at(s, r, i) + " runs before its producer " + at(s, l.rank, l.pos));
           continue;
         }
         if (!is_compute(a.kind))
-          return fail(r, i, "dependency", at(s, r, i) + " needs " + at(s, l.rank, l.pos) + " on another rank");
+          return fail(r, i, "dependency",
+                      at(s, r, i) + " needs " + at(s, l.rank, l.pos) + " on another rank");
         if (!lowered) continue;
         action recv;
         if (!detail::recv_for_need(a, n, recv)) continue;
         auto const rl = index.find(recv.kind, recv.stage, recv.microbatch);
         if (rl.count == 0 || rl.rank != r || rl.pos > i)
-          return fail(r, i, "dependency", at(s, r, i) + " needs " + to_string(recv) + " before it on rank " +
-                                              std::to_string(r));
+          return fail(r, i, "dependency",
+                      at(s, r, i) + " needs " + to_string(recv) + " before it on rank " +
+                          std::to_string(r));
       }
     }
   }
 
   // 5. Pairing and pairwise order of point-to-point ops.
   if (lowered) {
-    std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>> seq;  // (from,to) -> (stage,mb,dir)
+    std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>>
+        seq;  // (from,to) -> (stage,mb,dir)
     for (int r = 0; r < p; ++r) {
       auto const& prog = s.actions(r);
       for (int i = 0; i < static_cast<int>(prog.size()); ++i) {
@@ -351,8 +380,9 @@ inline validation_result check(schedule const& s) {
         auto const want = detail::partner_of(a);
         auto const l = index.find(want.kind, want.stage, want.microbatch);
         if (l.count != 1 || l.rank != a.peer)
-          return fail(r, i, "pairing", at(s, r, i) + " has no matching " + to_string(want) + " on rank " +
-                                           std::to_string(a.peer));
+          return fail(r, i, "pairing",
+                      at(s, r, i) + " has no matching " + to_string(want) + " on rank " +
+                          std::to_string(a.peer));
         // Record the message (identified by its sending stage) in the order this rank sees it.
         int const send_stage = is_send(a.kind) ? a.stage : want.stage;
         int const dir = (a.kind == op::send_forward || a.kind == op::recv_forward) ? 0 : 1;
@@ -363,8 +393,9 @@ inline validation_result check(schedule const& s) {
       auto const it = seq.find({pair.second, pair.first});
       if (it == seq.end() || it->second != mine)
         return fail(pair.first, -1, "p2p-order",
-                    ::weft::detail::concat("ranks ", pair.first, " and ", pair.second,
-                                           " post their sends and recvs to each other in different orders"));
+                    ::weft::detail::concat(
+                        "ranks ", pair.first, " and ", pair.second,
+                        " post their sends and recvs to each other in different orders"));
     }
   }
 
@@ -380,9 +411,10 @@ inline validation_result check(schedule const& s) {
         auto const& a = prog[static_cast<std::size_t>(i)];
         if (a.kind != op::collective) continue;
         if (k >= ref.size() || !(ref[k] == a))
-          return fail(r, i, "collective-order", at(s, r, i) + " is collective #" + std::to_string(k) +
-                                                    " here but rank 0's #" + std::to_string(k) + " is " +
-                                                    (k < ref.size() ? to_string(ref[k]) : std::string("none")));
+          return fail(r, i, "collective-order",
+                      at(s, r, i) + " is collective #" + std::to_string(k) +
+                          " here but rank 0's #" + std::to_string(k) + " is " +
+                          (k < ref.size() ? to_string(ref[k]) : std::string("none")));
         ++k;
       }
     }
@@ -398,7 +430,8 @@ inline validation_result check(schedule const& s) {
         auto const j = pos[static_cast<std::size_t>(q)];
         if (j < s.actions(q).size()) stuck += " " + at(s, q, static_cast<int>(j)) + ";";
       }
-      return fail(r, static_cast<int>(i), "deadlock", "the rendezvous replay cannot progress; waiting:" + stuck);
+      return fail(r, static_cast<int>(i), "deadlock",
+                  "the rendezvous replay cannot progress; waiting:" + stuck);
     }
   }
   return {};
@@ -409,8 +442,8 @@ inline void validate(schedule const& s) {
   auto const r = check(s);
   if (!r.ok)
     WEFT_THROW(schedule_error, "invalid schedule: rank ", r.issue.rank, ", action ",
-               r.issue.index < 0 ? std::string("(missing)") : std::to_string(r.issue.index), ", rule `",
-               r.issue.rule, "`: ", r.issue.message);
+               r.issue.index < 0 ? std::string("(missing)") : std::to_string(r.issue.index),
+               ", rule `", r.issue.rule, "`: ", r.issue.message);
 }
 
 }  // namespace weft::pipeline

@@ -35,7 +35,8 @@ class group_layout {
   [[nodiscard]] std::vector<index_t> assign(index_t n, index_t& groups) const {
     std::vector<index_t> out(static_cast<std::size_t>(n));
     if (size_ > 0) {
-      WEFT_EXPECTS_SHAPE(n % size_ == 0, "scores", ::weft::detail::concat("a multiple of group size ", size_, " items"), n);
+      WEFT_EXPECTS_SHAPE(n % size_ == 0, "scores",
+                         ::weft::detail::concat("a multiple of group size ", size_, " items"), n);
       for (index_t i = 0; i < n; ++i) out[static_cast<std::size_t>(i)] = i / size_;
       groups = n / size_;
       return out;
@@ -43,7 +44,8 @@ class group_layout {
     WEFT_EXPECTS_SHAPE(static_cast<index_t>(ids_.size()) == n, "group_ids", n, ids_.size());
     std::unordered_map<std::int64_t, index_t> dense;
     for (index_t i = 0; i < n; ++i) {
-      auto const [it, inserted] = dense.try_emplace(ids_[static_cast<std::size_t>(i)], static_cast<index_t>(dense.size()));
+      auto const [it, inserted] =
+          dense.try_emplace(ids_[static_cast<std::size_t>(i)], static_cast<index_t>(dense.size()));
       out[static_cast<std::size_t>(i)] = it->second;
     }
     groups = static_cast<index_t>(dense.size());
@@ -67,7 +69,8 @@ struct group_stats {
 };
 
 template <class T>
-[[nodiscard]] group_stats compute_group_stats(std::span<T const> scores, group_layout const& groups) {
+[[nodiscard]] group_stats compute_group_stats(std::span<T const> scores,
+                                              group_layout const& groups) {
   group_stats s;
   index_t g = 0;
   s.group_of = groups.assign(static_cast<index_t>(scores.size()), g);
@@ -79,8 +82,10 @@ template <class T>
   for (std::size_t i = 0; i < scores.size(); ++i) {
     auto const k = static_cast<std::size_t>(s.group_of[i]);
     double const r = static_cast<double>(scores[i]);
-    if (s.count[k] == 0) first[k] = r;
-    else if (!(r == first[k])) s.constant[k] = 0;  // NaN scores are never constant
+    if (s.count[k] == 0)
+      first[k] = r;
+    else if (!(r == first[k]))
+      s.constant[k] = 0;  // NaN scores are never constant
     s.mean[k] += r;
     s.count[k] += 1;
   }
@@ -96,15 +101,15 @@ template <class T>
 }
 
 struct grpo_options {
-  bool norm_by_std = true;     // false: Dr. GRPO (A = R - mean)
-  double eps = 1e-6;           // verl 1e-6, TRL 1e-4, OpenRLHF 1e-9
+  bool norm_by_std = true;  // false: Dr. GRPO (A = R - mean)
+  double eps = 1e-6;        // verl 1e-6, TRL 1e-4, OpenRLHF 1e-9
   singleton_group singleton = singleton_group::zero;
 };
 
 namespace detail {
 template <class T>
 void grpo_advantages_impl(std::span<T const> scores, group_layout const& groups, std::span<T> out,
-                     grpo_options const& opt = {}) {
+                          grpo_options const& opt = {}) {
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   WEFT_EXPECTS(opt.eps >= 0, "eps", ">= 0", opt.eps);
   auto const s = compute_group_stats(scores, groups);
@@ -113,7 +118,8 @@ void grpo_advantages_impl(std::span<T const> scores, group_layout const& groups,
     double const r = static_cast<double>(scores[i]);
     double a = 0;
     if (s.count[k] == 1) {
-      a = opt.singleton == singleton_group::zero ? 0.0 : (opt.norm_by_std ? r / (1.0 + opt.eps) : r);
+      a = opt.singleton == singleton_group::zero ? 0.0
+                                                 : (opt.norm_by_std ? r / (1.0 + opt.eps) : r);
     } else if (!s.constant[k]) {
       a = r - s.mean[k];
       if (opt.norm_by_std) a /= s.std[k] + opt.eps;
@@ -128,14 +134,15 @@ void grpo_advantages_impl(std::span<T const> scores, group_layout const& groups,
 //! scores need not equal them, so R - mean is not tested but skipped). With norm_by_std = false,
 //! Dr. GRPO's A_i = R_i - mean_g.
 template <FlatArray SR, MutableFlatArray OR>
-void grpo_advantages(SR&& scores, group_layout const& groups, OR&& out, grpo_options const& opt = {}) {
+void grpo_advantages(SR&& scores, group_layout const& groups, OR&& out,
+                     grpo_options const& opt = {}) {
   detail::grpo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"), opt);
 }
 
 namespace detail {
 template <class T>
-void dr_grpo_advantages_impl(std::span<T const> scores, group_layout const& groups, std::span<T> out,
-                        singleton_group singleton = singleton_group::zero) {
+void dr_grpo_advantages_impl(std::span<T const> scores, group_layout const& groups,
+                             std::span<T> out, singleton_group singleton = singleton_group::zero) {
   grpo_advantages(scores, groups, out, grpo_options{false, 0.0, singleton});
 }
 }  // namespace detail
@@ -144,13 +151,14 @@ void dr_grpo_advantages_impl(std::span<T const> scores, group_layout const& grou
 template <FlatArray SR, MutableFlatArray OR>
 void dr_grpo_advantages(SR&& scores, group_layout const& groups, OR&& out,
                         singleton_group singleton = singleton_group::zero) {
-  detail::dr_grpo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"), singleton);
+  detail::dr_grpo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"),
+                                  singleton);
 }
 
 namespace detail {
 template <class T>
 void rloo_advantages_impl(std::span<T const> scores, group_layout const& groups, std::span<T> out,
-                     singleton_group singleton = singleton_group::zero) {
+                          singleton_group singleton = singleton_group::zero) {
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   auto const s = compute_group_stats(scores, groups);
   for (std::size_t i = 0; i < scores.size(); ++i) {
@@ -166,14 +174,17 @@ void rloo_advantages_impl(std::span<T const> scores, group_layout const& groups,
 
 //! RLOO: A_i = R_i - mean_{j != i} R_j = n/(n-1) (R_i - mean_g).
 template <FlatArray SR, MutableFlatArray OR>
-void rloo_advantages(SR&& scores, group_layout const& groups, OR&& out, singleton_group singleton = singleton_group::zero) {
-  detail::rloo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"), singleton);
+void rloo_advantages(SR&& scores, group_layout const& groups, OR&& out,
+                     singleton_group singleton = singleton_group::zero) {
+  detail::rloo_advantages_impl(as_flat_const(scores, "scores"), groups, as_flat(out, "out"),
+                               singleton);
 }
 
 namespace detail {
 template <class T, class L>
-void opo_advantages_impl(std::span<T const> scores, std::span<L const> lengths, group_layout const& groups,
-                    std::span<T> out, singleton_group singleton = singleton_group::zero) {
+void opo_advantages_impl(std::span<T const> scores, std::span<L const> lengths,
+                         group_layout const& groups, std::span<T> out,
+                         singleton_group singleton = singleton_group::zero) {
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   WEFT_EXPECTS_SHAPE(lengths.size() == scores.size(), "lengths", scores.size(), lengths.size());
   index_t g = 0;
@@ -205,21 +216,22 @@ void opo_advantages_impl(std::span<T const> scores, std::span<L const> lengths, 
 template <FlatArray SR, FlatArray LR, MutableFlatArray OR>
 void opo_advantages(SR&& scores, LR&& lengths, group_layout const& groups, OR&& out,
                     singleton_group singleton = singleton_group::zero) {
-  detail::opo_advantages_impl(as_flat_const(scores, "scores"), as_flat_const(lengths, "lengths"), groups,
-                              as_flat(out, "out"), singleton);
+  detail::opo_advantages_impl(as_flat_const(scores, "scores"), as_flat_const(lengths, "lengths"),
+                              groups, as_flat(out, "out"), singleton);
 }
 
 namespace detail {
 template <class T, class M>
-void sequence_scores_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
-                     std::span<T> out) {
+void sequence_scores_impl(token_layout const& layout, std::span<T const> token_rewards,
+                          std::span<M const> mask, std::span<T> out) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_tokens(mask, layout, "mask");
   detail::expect_rows(out, layout, "out");
   for (index_t i = 0; i < layout.rows(); ++i) {
     double s = 0;
     for (index_t t = layout.row_begin(i); t < layout.row_end(i); ++t)
-      if (detail::valid(mask[static_cast<std::size_t>(t)])) s += static_cast<double>(token_rewards[static_cast<std::size_t>(t)]);
+      if (detail::valid(mask[static_cast<std::size_t>(t)]))
+        s += static_cast<double>(token_rewards[static_cast<std::size_t>(t)]);
     out[static_cast<std::size_t>(i)] = static_cast<T>(s);
   }
 }
@@ -228,14 +240,14 @@ void sequence_scores_impl(token_layout const& layout, std::span<T const> token_r
 //! R_i = sum of the row's valid token rewards (the outcome reward sits on its last valid token).
 template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
 void sequence_scores(token_layout const& layout, RR&& token_rewards, MR&& mask, OR&& out) {
-  detail::sequence_scores_impl(layout, as_flat_const(token_rewards, "token_rewards"), as_flat_const(mask, "mask"),
-                               as_flat(out, "out"));
+  detail::sequence_scores_impl(layout, as_flat_const(token_rewards, "token_rewards"),
+                               as_flat_const(mask, "mask"), as_flat(out, "out"));
 }
 
 namespace detail {
 template <class T, class M>
-void broadcast_to_tokens_impl(token_layout const& layout, std::span<T const> row_values, std::span<M const> mask,
-                         std::span<T> out) {
+void broadcast_to_tokens_impl(token_layout const& layout, std::span<T const> row_values,
+                              std::span<M const> mask, std::span<T> out) {
   detail::expect_rows(row_values, layout, "row_values");
   detail::expect_tokens(mask, layout, "mask");
   detail::expect_tokens(out, layout, "out");
@@ -250,8 +262,8 @@ void broadcast_to_tokens_impl(token_layout const& layout, std::span<T const> row
 //! out_t = row_values_i * m_t: a per-sequence advantage on every valid token, 0 elsewhere.
 template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
 void broadcast_to_tokens(token_layout const& layout, RR&& row_values, MR&& mask, OR&& out) {
-  detail::broadcast_to_tokens_impl(layout, as_flat_const(row_values, "row_values"), as_flat_const(mask, "mask"),
-                                   as_flat(out, "out"));
+  detail::broadcast_to_tokens_impl(layout, as_flat_const(row_values, "row_values"),
+                                   as_flat_const(mask, "mask"), as_flat(out, "out"));
 }
 
 //! Sums over valid tokens for whitening; they add across micro-batches and ranks, so a
@@ -271,7 +283,8 @@ struct whiten_stats {
 
 namespace detail {
 template <class T, class M>
-[[nodiscard]] whiten_stats whiten_statistics_impl(std::span<T const> values, std::span<M const> mask) {
+[[nodiscard]] whiten_stats whiten_statistics_impl(std::span<T const> values,
+                                                  std::span<M const> mask) {
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
   whiten_stats s;
   for (std::size_t k = 0; k < values.size(); ++k)
@@ -287,13 +300,14 @@ template <class T, class M>
 
 template <FlatArray VR, FlatArray MR>
 [[nodiscard]] whiten_stats whiten_statistics(VR&& values, MR&& mask) {
-  return detail::whiten_statistics_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"));
+  return detail::whiten_statistics_impl(as_flat_const(values, "values"),
+                                        as_flat_const(mask, "mask"));
 }
 
 namespace detail {
 template <class T, class M>
-void masked_whiten_impl(std::span<T const> values, std::span<M const> mask, std::span<T> out, whiten_stats const& stats,
-                   bool shift_mean = true, double eps = 1e-8) {
+void masked_whiten_impl(std::span<T const> values, std::span<M const> mask, std::span<T> out,
+                        whiten_stats const& stats, bool shift_mean = true, double eps = 1e-8) {
   WEFT_EXPECTS_SHAPE(out.size() == values.size(), "out", values.size(), out.size());
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
   double const mean = stats.mean();
@@ -307,16 +321,16 @@ void masked_whiten_impl(std::span<T const> values, std::span<M const> mask, std:
 
 //! masked_whiten with statistics supplied by the caller (e.g. all-reduced over ranks).
 template <FlatArray VR, FlatArray MR, MutableFlatArray OR>
-void masked_whiten(VR&& values, MR&& mask, OR&& out, whiten_stats const& stats, bool shift_mean = true,
-                   double eps = 1e-8) {
-  detail::masked_whiten_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"), as_flat(out, "out"), stats,
-                             shift_mean, eps);
+void masked_whiten(VR&& values, MR&& mask, OR&& out, whiten_stats const& stats,
+                   bool shift_mean = true, double eps = 1e-8) {
+  detail::masked_whiten_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"),
+                             as_flat(out, "out"), stats, shift_mean, eps);
 }
 
 namespace detail {
 template <class T, class M>
-void masked_whiten_own_impl(std::span<T const> values, std::span<M const> mask, std::span<T> out, bool shift_mean = true,
-                   double eps = 1e-8) {
+void masked_whiten_own_impl(std::span<T const> values, std::span<M const> mask, std::span<T> out,
+                            bool shift_mean = true, double eps = 1e-8) {
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
   whiten_stats s = whiten_statistics(values, mask);
   double const mean = s.mean();
@@ -338,14 +352,14 @@ void masked_whiten_own_impl(std::span<T const> values, std::span<M const> mask, 
 //! back. In place is allowed (out may alias values). Two passes, so the variance is exact-ish.
 template <FlatArray VR, FlatArray MR, MutableFlatArray OR>
 void masked_whiten(VR&& values, MR&& mask, OR&& out, bool shift_mean = true, double eps = 1e-8) {
-  detail::masked_whiten_own_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"), as_flat(out, "out"),
-                                 shift_mean, eps);
+  detail::masked_whiten_own_impl(as_flat_const(values, "values"), as_flat_const(mask, "mask"),
+                                 as_flat(out, "out"), shift_mean, eps);
 }
 
 namespace detail {
 template <class T, class M>
-void discounted_returns_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
-                        double gamma, std::span<T> out) {
+void discounted_returns_impl(token_layout const& layout, std::span<T const> token_rewards,
+                             std::span<M const> mask, double gamma, std::span<T> out) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_tokens(mask, layout, "mask");
   detail::expect_tokens(out, layout, "out");
@@ -364,15 +378,16 @@ void discounted_returns_impl(token_layout const& layout, std::span<T const> toke
 //! REINFORCE++ returns G_t = r_t + gamma G_{t+1} per row, where the running return is reset
 //! (multiplied by m_t) after each token, so a masked tail does not leak into earlier tokens.
 template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
-void discounted_returns(token_layout const& layout, RR&& token_rewards, MR&& mask, double gamma, OR&& out) {
-  detail::discounted_returns_impl(layout, as_flat_const(token_rewards, "token_rewards"), as_flat_const(mask, "mask"),
-                                  gamma, as_flat(out, "out"));
+void discounted_returns(token_layout const& layout, RR&& token_rewards, MR&& mask, double gamma,
+                        OR&& out) {
+  detail::discounted_returns_impl(layout, as_flat_const(token_rewards, "token_rewards"),
+                                  as_flat_const(mask, "mask"), gamma, as_flat(out, "out"));
 }
 
 namespace detail {
 template <class T, class M>
-void reinforce_pp_advantages_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<M const> mask,
-                             double gamma, std::span<T> out) {
+void reinforce_pp_advantages_impl(token_layout const& layout, std::span<T const> token_rewards,
+                                  std::span<M const> mask, double gamma, std::span<T> out) {
   discounted_returns(layout, token_rewards, mask, gamma, out);
   masked_whiten(std::span<T const>(out.data(), out.size()), mask, out);
 }
@@ -380,16 +395,18 @@ void reinforce_pp_advantages_impl(token_layout const& layout, std::span<T const>
 
 //! REINFORCE++ (arXiv 2501.03262): whiten(discounted returns) over the batch's valid tokens.
 template <FlatArray RR, FlatArray MR, MutableFlatArray OR>
-void reinforce_pp_advantages(token_layout const& layout, RR&& token_rewards, MR&& mask, double gamma, OR&& out) {
+void reinforce_pp_advantages(token_layout const& layout, RR&& token_rewards, MR&& mask,
+                             double gamma, OR&& out) {
   detail::reinforce_pp_advantages_impl(layout, as_flat_const(token_rewards, "token_rewards"),
                                        as_flat_const(mask, "mask"), gamma, as_flat(out, "out"));
 }
 
 namespace detail {
 template <class T, class M>
-void reinforce_pp_baseline_advantages_impl(token_layout const& layout, std::span<T const> scores, group_layout const& groups,
-                                      std::span<M const> mask, std::span<T> out,
-                                      singleton_group singleton = singleton_group::zero) {
+void reinforce_pp_baseline_advantages_impl(token_layout const& layout, std::span<T const> scores,
+                                           group_layout const& groups, std::span<M const> mask,
+                                           std::span<T> out,
+                                           singleton_group singleton = singleton_group::zero) {
   detail::expect_rows(scores, layout, "scores");
   std::vector<T> centred(scores.size());
   dr_grpo_advantages(scores, groups, std::span<T>(centred), singleton);
@@ -401,16 +418,19 @@ void reinforce_pp_baseline_advantages_impl(token_layout const& layout, std::span
 //! REINFORCE++ with baseline: (R_i - mean_g) on every valid token, whitened over the batch, masked.
 //! A singleton group gives 0 before whitening by default, R with keep_score (verl).
 template <FlatArray SR, FlatArray MR, MutableFlatArray OR>
-void reinforce_pp_baseline_advantages(token_layout const& layout, SR&& scores, group_layout const& groups, MR&& mask,
-                                      OR&& out, singleton_group singleton = singleton_group::zero) {
+void reinforce_pp_baseline_advantages(token_layout const& layout, SR&& scores,
+                                      group_layout const& groups, MR&& mask, OR&& out,
+                                      singleton_group singleton = singleton_group::zero) {
   detail::reinforce_pp_baseline_advantages_impl(layout, as_flat_const(scores, "scores"), groups,
-                                                as_flat_const(mask, "mask"), as_flat(out, "out"), singleton);
+                                                as_flat_const(mask, "mask"), as_flat(out, "out"),
+                                                singleton);
 }
 
 namespace detail {
 template <class T, class M>
-void remax_advantages_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<T const> baselines,
-                      std::span<M const> mask, std::span<T> advantages, std::span<T> returns) {
+void remax_advantages_impl(token_layout const& layout, std::span<T const> token_rewards,
+                           std::span<T const> baselines, std::span<M const> mask,
+                           std::span<T> advantages, std::span<T> returns) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_rows(baselines, layout, "baselines");
   detail::expect_tokens(mask, layout, "mask");
@@ -423,7 +443,9 @@ void remax_advantages_impl(token_layout const& layout, std::span<T const> token_
       bool const v = detail::valid(mask[k]);
       run += v ? static_cast<double>(token_rewards[k]) : 0.0;
       returns[k] = v ? static_cast<T>(run) : T(0);
-      advantages[k] = v ? static_cast<T>(run - static_cast<double>(baselines[static_cast<std::size_t>(i)])) : T(0);
+      advantages[k] =
+          v ? static_cast<T>(run - static_cast<double>(baselines[static_cast<std::size_t>(i)]))
+            : T(0);
     }
   }
 }
@@ -432,8 +454,8 @@ void remax_advantages_impl(token_layout const& layout, std::span<T const> token_
 //! ReMax (arXiv 2310.10505): returns_t = sum_{s >= t} r_s m_s, A_t = (returns_t - b_i) m_t with b_i
 //! the reward of the greedy rollout of row i.
 template <FlatArray RR, FlatArray BR, FlatArray MR, MutableFlatArray AR, MutableFlatArray OR>
-void remax_advantages(token_layout const& layout, RR&& token_rewards, BR&& baselines, MR&& mask, AR&& advantages,
-                      OR&& returns) {
+void remax_advantages(token_layout const& layout, RR&& token_rewards, BR&& baselines, MR&& mask,
+                      AR&& advantages, OR&& returns) {
   detail::remax_advantages_impl(layout, as_flat_const(token_rewards, "token_rewards"),
                                 as_flat_const(baselines, "baselines"), as_flat_const(mask, "mask"),
                                 as_flat(advantages, "advantages"), as_flat(returns, "returns"));
@@ -447,8 +469,10 @@ struct gae_options {
 
 namespace detail {
 template <class T, class M>
-void gae_advantages_impl(token_layout const& layout, std::span<T const> token_rewards, std::span<T const> values,
-                    std::span<M const> mask, std::span<T> advantages, std::span<T> returns, gae_options const& opt = {}) {
+void gae_advantages_impl(token_layout const& layout, std::span<T const> token_rewards,
+                         std::span<T const> values, std::span<M const> mask,
+                         std::span<T> advantages, std::span<T> returns,
+                         gae_options const& opt = {}) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_tokens(values, layout, "values");
   detail::expect_tokens(mask, layout, "mask");
@@ -471,7 +495,8 @@ void gae_advantages_impl(token_layout const& layout, std::span<T const> token_re
       returns[k] = static_cast<T>(last + v);
     }
   }
-  if (opt.whiten) masked_whiten(std::span<T const>(advantages.data(), advantages.size()), mask, advantages);
+  if (opt.whiten)
+    masked_whiten(std::span<T const>(advantages.data(), advantages.size()), mask, advantages);
 }
 }  // namespace detail
 
@@ -480,11 +505,11 @@ void gae_advantages_impl(token_layout const& layout, std::span<T const> token_re
 //! then whitened over valid tokens (options.whiten). Masked positions of both outputs are 0, so
 //! values at masked positions never affect any output.
 template <FlatArray RR, FlatArray VR, FlatArray MR, MutableFlatArray AR, MutableFlatArray OR>
-void gae_advantages(token_layout const& layout, RR&& token_rewards, VR&& values, MR&& mask, AR&& advantages,
-                    OR&& returns, gae_options const& opt = {}) {
-  detail::gae_advantages_impl(layout, as_flat_const(token_rewards, "token_rewards"), as_flat_const(values, "values"),
-                              as_flat_const(mask, "mask"), as_flat(advantages, "advantages"),
-                              as_flat(returns, "returns"), opt);
+void gae_advantages(token_layout const& layout, RR&& token_rewards, VR&& values, MR&& mask,
+                    AR&& advantages, OR&& returns, gae_options const& opt = {}) {
+  detail::gae_advantages_impl(layout, as_flat_const(token_rewards, "token_rewards"),
+                              as_flat_const(values, "values"), as_flat_const(mask, "mask"),
+                              as_flat(advantages, "advantages"), as_flat(returns, "returns"), opt);
 }
 
 }  // namespace weft::rl

@@ -25,7 +25,8 @@ namespace weft::rl {
 //! - dr_grpo_norm:        w = m / (B * L_norm)   (Dr. GRPO paper, TRL `dr_grpo`; L_norm constant)
 //! - verl_token_sum_norm: w = m / L_norm         (what verl's `seq-mean-token-sum-norm` computes:
 //!                                                no division by B; verl's L_norm is
-//!                                                `loss_scale_factor`, by default the padded length)
+//!                                                `loss_scale_factor`, by default the padded
+//!                                                length)
 //! N = valid tokens and B = rows with at least one valid token, both over the whole optimizer-step
 //! mini-batch on every data-parallel rank; L_i = valid tokens of row i. The two constant-length
 //! modes differ by the factor B, which is why neither is called seq_mean_token_sum_norm here.
@@ -56,7 +57,8 @@ inline loss_agg loss_agg_from_verl(std::string_view verl_mode) {
   if (verl_mode == "seq-mean-token-sum") return loss_agg::seq_mean_token_sum;
   if (verl_mode == "seq-mean-token-sum-norm") return loss_agg::verl_token_sum_norm;
   WEFT_EXPECTS(false, "verl_mode",
-               "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm", verl_mode);
+               "token-mean, seq-mean-token-mean, seq-mean-token-sum or seq-mean-token-sum-norm",
+               verl_mode);
   return loss_agg::token_mean;
 }
 
@@ -108,7 +110,7 @@ template <comm::CollectiveIn<host_space> C>
 namespace detail {
 template <class T, class M>
 void aggregation_weights_impl(loss_agg mode, token_layout const& layout, std::span<M const> mask,
-                         batch_counts global, std::span<T> weights, double norm_length = 0) {
+                              batch_counts global, std::span<T> weights, double norm_length = 0) {
   detail::expect_tokens(mask, layout, "mask");
   detail::expect_tokens(weights, layout, "weights");
   WEFT_EXPECTS(global.tokens >= 0 && global.sequences >= 0 && std::isfinite(global.tokens) &&
@@ -117,13 +119,15 @@ void aggregation_weights_impl(loss_agg mode, token_layout const& layout, std::sp
                ::weft::detail::concat(global.tokens, " tokens, ", global.sequences, " sequences"));
   if (mode == loss_agg::dr_grpo_norm || mode == loss_agg::verl_token_sum_norm) {
     WEFT_EXPECTS(norm_length > 0 && std::isfinite(norm_length), "norm_length",
-                 ::weft::detail::concat("a positive constant length for ", to_string(mode)), norm_length);
+                 ::weft::detail::concat("a positive constant length for ", to_string(mode)),
+                 norm_length);
   }
   batch_counts const local = count_tokens(layout, mask);
-  WEFT_EXPECTS(global.tokens >= local.tokens && global.sequences >= local.sequences, "global",
-               ::weft::detail::concat("counts of the whole mini-batch, at least this batch's ", local.tokens,
-                                      " valid tokens in ", local.sequences, " non-empty rows"),
-               ::weft::detail::concat(global.tokens, " tokens, ", global.sequences, " sequences"));
+  WEFT_EXPECTS(
+      global.tokens >= local.tokens && global.sequences >= local.sequences, "global",
+      ::weft::detail::concat("counts of the whole mini-batch, at least this batch's ", local.tokens,
+                             " valid tokens in ", local.sequences, " non-empty rows"),
+      ::weft::detail::concat(global.tokens, " tokens, ", global.sequences, " sequences"));
   for (index_t i = 0; i < layout.rows(); ++i) {
     index_t const b = layout.row_begin(i);
     index_t const e = layout.row_end(i);
@@ -135,8 +139,12 @@ void aggregation_weights_impl(loss_agg mode, token_layout const& layout, std::sp
       case loss_agg::seq_mean_token_mean:
         w = global.sequences > 0 && n > 0 ? 1.0 / (global.sequences * static_cast<double>(n)) : 0.0;
         break;
-      case loss_agg::seq_mean_token_sum: w = global.sequences > 0 ? 1.0 / global.sequences : 0.0; break;
-      case loss_agg::dr_grpo_norm: w = global.sequences > 0 ? 1.0 / (global.sequences * norm_length) : 0.0; break;
+      case loss_agg::seq_mean_token_sum:
+        w = global.sequences > 0 ? 1.0 / global.sequences : 0.0;
+        break;
+      case loss_agg::dr_grpo_norm:
+        w = global.sequences > 0 ? 1.0 / (global.sequences * norm_length) : 0.0;
+        break;
       case loss_agg::verl_token_sum_norm: w = 1.0 / norm_length; break;
     }
     for (index_t t = b; t < e; ++t) {
@@ -155,10 +163,10 @@ void aggregation_weights_impl(loss_agg mode, token_layout const& layout, std::sp
 //! batch's own (a count of the wrong batch, or a local one passed for a global one) throw
 //! invalid_argument_error before anything is written: they would zero or inflate valid weights.
 template <FlatArray MR, MutableFlatArray WR>
-void aggregation_weights(loss_agg mode, token_layout const& layout, MR&& mask, batch_counts global, WR&& weights,
-                         double norm_length = 0) {
-  detail::aggregation_weights_impl(mode, layout, as_flat_const(mask, "mask"), global, as_flat(weights, "weights"),
-                                   norm_length);
+void aggregation_weights(loss_agg mode, token_layout const& layout, MR&& mask, batch_counts global,
+                         WR&& weights, double norm_length = 0) {
+  detail::aggregation_weights_impl(mode, layout, as_flat_const(mask, "mask"), global,
+                                   as_flat(weights, "weights"), norm_length);
 }
 
 namespace detail {
@@ -176,7 +184,8 @@ template <class T, class W>
 //! quantity (entropy, KL) under weights from aggregation_weights.
 template <FlatArray VR, FlatArray WR>
 [[nodiscard]] double weighted_sum(VR&& values, WR&& weights) {
-  return detail::weighted_sum_impl(as_flat_const(values, "values"), as_flat_const(weights, "weights"));
+  return detail::weighted_sum_impl(as_flat_const(values, "values"),
+                                   as_flat_const(weights, "weights"));
 }
 
 }  // namespace weft::rl

@@ -1,7 +1,7 @@
-// weft/rl/dynamic_sampling.hpp — the DAPO recipe's pieces beyond the loss (Yu et al., "DAPO: An Open-Source
-// LLM Reinforcement Learning System at Scale", arXiv 2503.14476): overlong reward shaping (soft
-// punishment, Eq. 13) and overlong filtering, the dynamic-sampling batch builder that drops
-// zero-variance groups and sizes the next generation request, and rl_config with its presets.
+// weft/rl/dynamic_sampling.hpp — the DAPO recipe's pieces beyond the loss (Yu et al., "DAPO: An
+// Open-Source LLM Reinforcement Learning System at Scale", arXiv 2503.14476): overlong reward
+// shaping (soft punishment, Eq. 13) and overlong filtering, the dynamic-sampling batch builder that
+// drops zero-variance groups and sizes the next generation request, and rl_config with its presets.
 #pragma once
 
 #include <weft/core/config.hpp>
@@ -44,7 +44,8 @@ struct overlong_shaping {
     index_t const expected = max_length - cache_length;
     if (length <= expected) return 0.0;
     if (length > max_length) return -penalty_factor;
-    return static_cast<double>(expected - length) / static_cast<double>(cache_length) * penalty_factor;
+    return static_cast<double>(expected - length) / static_cast<double>(cache_length) *
+           penalty_factor;
   }
   //! rewards[i] += penalty(lengths[i]).
   template <FlatArray LR, MutableFlatArray RR>
@@ -54,34 +55,38 @@ struct overlong_shaping {
     using T = flat_value_t<RR>;
     WEFT_EXPECTS_SHAPE(rewards.size() == lengths.size(), "rewards", lengths.size(), rewards.size());
     for (std::size_t i = 0; i < lengths.size(); ++i)
-      rewards[i] = static_cast<T>(static_cast<double>(rewards[i]) + penalty(static_cast<index_t>(lengths[i])));
+      rewards[i] = static_cast<T>(static_cast<double>(rewards[i]) +
+                                  penalty(static_cast<index_t>(lengths[i])));
   }
 };
 
 namespace detail {
 template <class B, class M>
-void mask_truncated_impl(token_layout const& layout, std::span<B const> truncated, std::span<M> mask) {
+void mask_truncated_impl(token_layout const& layout, std::span<B const> truncated,
+                         std::span<M> mask) {
   detail::expect_rows(truncated, layout, "truncated");
   detail::expect_tokens(mask, layout, "mask");
   for (index_t i = 0; i < layout.rows(); ++i)
     if (truncated[static_cast<std::size_t>(i)] != B{})
-      for (index_t t = layout.row_begin(i); t < layout.row_end(i); ++t) mask[static_cast<std::size_t>(t)] = M{};
+      for (index_t t = layout.row_begin(i); t < layout.row_end(i); ++t)
+        mask[static_cast<std::size_t>(t)] = M{};
 }
 }  // namespace detail
 
-//! Overlong filtering (DAPO, arXiv 2503.14476, section 3.4; TRL `mask_truncated_completions`): zeroes the loss mask of every
-//! row whose response was truncated (truncated[i] != 0), so it contributes no gradient.
+//! Overlong filtering (DAPO, arXiv 2503.14476, section 3.4; TRL `mask_truncated_completions`):
+//! zeroes the loss mask of every row whose response was truncated (truncated[i] != 0), so it
+//! contributes no gradient.
 template <FlatArray BR, MutableFlatArray MR>
 void mask_truncated(token_layout const& layout, BR&& truncated, MR&& mask) {
   detail::mask_truncated_impl(layout, as_flat_const(truncated, "truncated"), as_flat(mask, "mask"));
 }
 
 struct dynamic_sampling_options {
-  index_t target_groups = 512;    // prompts (groups) per training batch
-  index_t max_rounds = 10;        // generation rounds before giving up; <= 0: unlimited
-  index_t first_request = 0;      // prompts to request in round 1 (0: target_groups)
-  double margin = 1.1;            // over-request factor on top of the observed keep rate
-  index_t max_request = 0;        // cap on one request (0: none)
+  index_t target_groups = 512;  // prompts (groups) per training batch
+  index_t max_rounds = 10;      // generation rounds before giving up; <= 0: unlimited
+  index_t first_request = 0;    // prompts to request in round 1 (0: target_groups)
+  double margin = 1.1;          // over-request factor on top of the observed keep rate
+  index_t max_request = 0;      // cap on one request (0: none)
 };
 
 //! One kept response: the round it came from and its index among that round's responses.
@@ -109,17 +114,21 @@ class dynamic_sampler {
   //! Adds one generation round; returns how many of its groups were kept (before truncation).
   //! Throws invalid_argument_error once max_rounds rounds have not filled the batch.
   template <FlatArray GR, FlatArray MR>
-    requires std::same_as<flat_value_t<GR>, std::int64_t>
-  index_t add_round(GR&& group_ids_in, MR&& metric_in) {
+  requires std::same_as<flat_value_t<GR>, std::int64_t> index_t add_round(GR&& group_ids_in,
+                                                                          MR&& metric_in) {
     std::span<std::int64_t const> const group_ids = as_flat_const(group_ids_in, "group_ids");
     auto const metric = as_flat_const(metric_in, "metric");
-    WEFT_EXPECTS_SHAPE(metric.size() == group_ids.size(), "metric", group_ids.size(), metric.size());
+    WEFT_EXPECTS_SHAPE(metric.size() == group_ids.size(), "metric", group_ids.size(),
+                       metric.size());
     WEFT_EXPECTS(!full(), "dynamic_sampler", "not yet full (call reset() after taking the batch)",
                  "full");
     index_t groups = 0;
-    auto const group_of = group_layout::by_id(group_ids).assign(static_cast<index_t>(group_ids.size()), groups);
-    std::vector<double> lo(static_cast<std::size_t>(groups), std::numeric_limits<double>::infinity());
-    std::vector<double> hi(static_cast<std::size_t>(groups), -std::numeric_limits<double>::infinity());
+    auto const group_of =
+        group_layout::by_id(group_ids).assign(static_cast<index_t>(group_ids.size()), groups);
+    std::vector<double> lo(static_cast<std::size_t>(groups),
+                           std::numeric_limits<double>::infinity());
+    std::vector<double> hi(static_cast<std::size_t>(groups),
+                           -std::numeric_limits<double>::infinity());
     std::vector<index_t> count(static_cast<std::size_t>(groups), 0);
     for (std::size_t i = 0; i < group_ids.size(); ++i) {
       auto const g = static_cast<std::size_t>(group_of[i]);
@@ -139,12 +148,14 @@ class dynamic_sampler {
       }
     }
     for (std::size_t i = 0; i < group_ids.size(); ++i)
-      if (slot[static_cast<std::size_t>(group_of[i])] >= 0) selected_.push_back({rounds_, static_cast<index_t>(i)});
+      if (slot[static_cast<std::size_t>(group_of[i])] >= 0)
+        selected_.push_back({rounds_, static_cast<index_t>(i)});
     ++rounds_;
     seen_groups_ += groups;
     kept_seen_ += kept_now;
     if (!full() && opt_.max_rounds > 0 && rounds_ >= opt_.max_rounds) {
-      WEFT_THROW(invalid_argument_error, "weft::rl::dynamic_sampler: ", kept_groups_, " of ", opt_.target_groups,
+      WEFT_THROW(invalid_argument_error, "weft::rl::dynamic_sampler: ", kept_groups_, " of ",
+                 opt_.target_groups,
                  " groups with non-zero reward variance after max_rounds = ", opt_.max_rounds,
                  " generation rounds (the data may be too easy or too hard for the policy)");
     }
@@ -157,7 +168,8 @@ class dynamic_sampler {
   [[nodiscard]] index_t seen_groups() const noexcept { return seen_groups_; }
   //! Fraction of generated groups that had non-zero variance (1 before any round).
   [[nodiscard]] double keep_rate() const noexcept {
-    return seen_groups_ > 0 ? static_cast<double>(kept_seen_) / static_cast<double>(seen_groups_) : 1.0;
+    return seen_groups_ > 0 ? static_cast<double>(kept_seen_) / static_cast<double>(seen_groups_)
+                            : 1.0;
   }
   //! Responses of the batch, group by group in arrival order: feed these to advantages and loss.
   [[nodiscard]] std::vector<kept_sample> const& selected() const noexcept { return selected_; }
@@ -174,7 +186,8 @@ class dynamic_sampler {
     } else if (kept_seen_ == 0) {
       want = std::max(seen_groups_ / rounds_, missing);
     } else {
-      want = static_cast<index_t>(std::ceil(static_cast<double>(missing) / keep_rate() * opt_.margin));
+      want =
+          static_cast<index_t>(std::ceil(static_cast<double>(missing) / keep_rate() * opt_.margin));
     }
     want = std::max(want, missing);
     if (opt_.max_request > 0) want = std::min(want, opt_.max_request);
@@ -195,11 +208,19 @@ class dynamic_sampler {
   std::vector<kept_sample> selected_;
 };
 
-enum class advantage_kind : unsigned char { grpo, rloo, opo, reinforce_pp, reinforce_pp_baseline, remax, gae };
+enum class advantage_kind : unsigned char {
+  grpo,
+  rloo,
+  opo,
+  reinforce_pp,
+  reinforce_pp_baseline,
+  remax,
+  gae
+};
 
 struct advantage_config {
   advantage_kind kind = advantage_kind::grpo;
-  bool norm_by_std = true;   // grpo: false = Dr. GRPO
+  bool norm_by_std = true;  // grpo: false = Dr. GRPO
   double eps = 1e-6;
   double gamma = 1.0;
   double lambda = 1.0;
@@ -245,7 +266,9 @@ struct rl_config {
 
   //! The constant length of dr_grpo_norm / verl_token_sum_norm (verl's loss_scale_factor default
   //! is the padded response length, i.e. max_response_length).
-  [[nodiscard]] double norm_length() const noexcept { return static_cast<double>(max_response_length); }
+  [[nodiscard]] double norm_length() const noexcept {
+    return static_cast<double>(max_response_length);
+  }
   [[nodiscard]] overlong_shaping shaping() const noexcept {
     return {max_response_length, overlong.buffer_length, overlong.penalty_factor};
   }
@@ -257,8 +280,8 @@ struct rl_config {
     WEFT_EXPECTS(entropy_coeff >= 0, "entropy_coeff", ">= 0", entropy_coeff);
     if (overlong.soft_punishment) shaping().validate();
     if (dynamic_sampling.enable)
-      WEFT_EXPECTS(group_size >= 2, "group_size", ">= 2 with dynamic sampling (groups of one are never filtered)",
-                   group_size);
+      WEFT_EXPECTS(group_size >= 2, "group_size",
+                   ">= 2 with dynamic sampling (groups of one are never filtered)", group_size);
   }
 
   //! GRPO as in DeepSeekMath and verl's docs: symmetric clip 0.2, dual clip 3, per-sequence

@@ -23,16 +23,16 @@ enum class simd_level : int { base = 0, avx2 = 1, avx512 = 2 };
 // forces them everywhere (e.g. to compare against the baseline build).
 #if defined(__x86_64__) && !defined(__CUDACC__) && (defined(__GNUC__) || defined(__clang__)) && \
     !defined(WEFT_RL_NO_MULTIVERSION)
-#  define WEFT_RL_MULTIVERSION 1
-#  define WEFT_RL_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#  if defined(__clang__)
-#    define WEFT_RL_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
-#  else  // GCC's generic tuning would otherwise keep 256-bit vectors under AVX-512
-#    define WEFT_RL_TARGET_AVX512 \
-      __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")))
-#  endif
+#define WEFT_RL_MULTIVERSION 1
+#define WEFT_RL_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#if defined(__clang__)
+#define WEFT_RL_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")))
+#else  // GCC's generic tuning would otherwise keep 256-bit vectors under AVX-512
+#define WEFT_RL_TARGET_AVX512 \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,prefer-vector-width=512")))
+#endif
 #else
-#  define WEFT_RL_MULTIVERSION 0
+#define WEFT_RL_MULTIVERSION 0
 #endif
 
 namespace weft::rl::detail {
@@ -55,4 +55,3 @@ inline simd_level host_simd_level() noexcept {
 }
 
 }  // namespace weft::rl::detail
-

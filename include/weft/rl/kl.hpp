@@ -80,12 +80,13 @@ struct kl_token {
 
 namespace detail {
 template <class T, class M>
-void kl_penalty_impl(kl_kind kind, std::span<T const> logp, std::span<T const> ref_logp, std::span<M const> mask,
-                std::span<T> value, std::span<T> grad = {}) {
+void kl_penalty_impl(kl_kind kind, std::span<T const> logp, std::span<T const> ref_logp,
+                     std::span<M const> mask, std::span<T> value, std::span<T> grad = {}) {
   WEFT_EXPECTS_SHAPE(ref_logp.size() == logp.size(), "ref_logp", logp.size(), ref_logp.size());
   WEFT_EXPECTS_SHAPE(mask.size() == logp.size(), "mask", logp.size(), mask.size());
   WEFT_EXPECTS_SHAPE(value.size() == logp.size(), "value", logp.size(), value.size());
-  if (!grad.empty()) WEFT_EXPECTS_SHAPE(grad.size() == logp.size(), "grad", logp.size(), grad.size());
+  if (!grad.empty())
+    WEFT_EXPECTS_SHAPE(grad.size() == logp.size(), "grad", logp.size(), grad.size());
   kl_token<T> const fn{kind};
   for (std::size_t k = 0; k < logp.size(); ++k) {
     bool const v = detail::valid(mask[k]);
@@ -101,13 +102,14 @@ template <FlatArray LR, FlatArray RR, FlatArray MR, MutableFlatArray VR,
           MutableFlatArray GR = std::span<flat_value_t<VR>>>
 void kl_penalty(kl_kind kind, LR&& logp, RR&& ref_logp, MR&& mask, VR&& value, GR&& grad = GR{}) {
   detail::kl_penalty_impl(kind, as_flat_const(logp, "logp"), as_flat_const(ref_logp, "ref_logp"),
-                          as_flat_const(mask, "mask"), as_flat(value, "value"), as_flat(grad, "grad"));
+                          as_flat_const(mask, "mask"), as_flat(value, "value"),
+                          as_flat(grad, "grad"));
 }
 
 namespace detail {
 template <class T, class M>
 double kl_loss_impl(kl_kind kind, double coef, std::span<T const> logp, std::span<T const> ref_logp,
-               std::span<M const> mask, std::span<T const> weights, std::span<T> dlogp) {
+                    std::span<M const> mask, std::span<T const> weights, std::span<T> dlogp) {
   WEFT_EXPECTS_SHAPE(ref_logp.size() == logp.size(), "ref_logp", logp.size(), ref_logp.size());
   WEFT_EXPECTS_SHAPE(mask.size() == logp.size(), "mask", logp.size(), mask.size());
   WEFT_EXPECTS_SHAPE(weights.size() == logp.size(), "weights", logp.size(), weights.size());
@@ -124,19 +126,21 @@ double kl_loss_impl(kl_kind kind, double coef, std::span<T const> logp, std::spa
 }
 }  // namespace detail
 
-//! KL as a loss term: returns coef * sum_t w_t k(l_t, l_ref_t) and adds coef * w_t k'(l_t) to dlogp.
-//! `weights` come from aggregation_weights (token-mean in verl and TRL).
+//! KL as a loss term: returns coef * sum_t w_t k(l_t, l_ref_t) and adds coef * w_t k'(l_t) to
+//! dlogp. `weights` come from aggregation_weights (token-mean in verl and TRL).
 template <FlatArray LR, FlatArray RR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
-double kl_loss(kl_kind kind, double coef, LR&& logp, RR&& ref_logp, MR&& mask, WR&& weights, DR&& dlogp) {
-  return detail::kl_loss_impl(kind, coef, as_flat_const(logp, "logp"), as_flat_const(ref_logp, "ref_logp"),
-                              as_flat_const(mask, "mask"), as_flat_const(weights, "weights"), as_flat(dlogp, "dlogp"));
+double kl_loss(kl_kind kind, double coef, LR&& logp, RR&& ref_logp, MR&& mask, WR&& weights,
+               DR&& dlogp) {
+  return detail::kl_loss_impl(kind, coef, as_flat_const(logp, "logp"),
+                              as_flat_const(ref_logp, "ref_logp"), as_flat_const(mask, "mask"),
+                              as_flat_const(weights, "weights"), as_flat(dlogp, "dlogp"));
 }
 
 namespace detail {
 template <class T, class M>
 double kl_is_corrected_loss_impl(double coef, std::span<T const> logp, std::span<T const> old_logp,
-                            std::span<T const> ref_logp, std::span<M const> mask, std::span<T const> weights,
-                            std::span<T> dlogp) {
+                                 std::span<T const> ref_logp, std::span<M const> mask,
+                                 std::span<T const> weights, std::span<T> dlogp) {
   WEFT_EXPECTS_SHAPE(old_logp.size() == logp.size(), "old_logp", logp.size(), old_logp.size());
   WEFT_EXPECTS_SHAPE(ref_logp.size() == logp.size(), "ref_logp", logp.size(), ref_logp.size());
   WEFT_EXPECTS_SHAPE(mask.size() == logp.size(), "mask", logp.size(), mask.size());
@@ -152,52 +156,61 @@ double kl_is_corrected_loss_impl(double coef, std::span<T const> logp, std::span
     T const r = cuda::std::exp(d < T(-20) ? T(-20) : (d > T(20) ? T(20) : d));
     auto const kv = fn(logp[k], ref_logp[k]);
     sum += static_cast<double>(weights[k]) * static_cast<double>(r * kv.value);
-    dlogp[k] += static_cast<T>(coef) * weights[k] * ((r_clamped ? T(0) : r * kv.value) + r * kv.grad);
+    dlogp[k] +=
+        static_cast<T>(coef) * weights[k] * ((r_clamped ? T(0) : r * kv.value) + r * kv.grad);
   }
   return coef * sum;
 }
 }  // namespace detail
 
 //! DeepSeek-V3.2 / TRL `use_bias_correction_kl`: coef * sum w r k3 with r = exp(l - l_old) the
-//! differentiable ratio. d(r k3)/dl = r k3 + r (1 - e^{-x}) = r (l - l_ref) pointwise (x = l - l_ref),
-//! so on samples from pi_old its expectation is the reverse-KL gradient. Where a clamp is active
-//! the clamped factor contributes no derivative. A token with l = l_old = -inf (no ratio) adds
-//! nothing, as in policy_loss.
+//! differentiable ratio. d(r k3)/dl = r k3 + r (1 - e^{-x}) = r (l - l_ref) pointwise (x = l -
+//! l_ref), so on samples from pi_old its expectation is the reverse-KL gradient. Where a clamp is
+//! active the clamped factor contributes no derivative. A token with l = l_old = -inf (no ratio)
+//! adds nothing, as in policy_loss.
 template <FlatArray LR, FlatArray OR, FlatArray RR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
-double kl_is_corrected_loss(double coef, LR&& logp, OR&& old_logp, RR&& ref_logp, MR&& mask, WR&& weights,
-                            DR&& dlogp) {
-  return detail::kl_is_corrected_loss_impl(coef, as_flat_const(logp, "logp"), as_flat_const(old_logp, "old_logp"),
-                                           as_flat_const(ref_logp, "ref_logp"), as_flat_const(mask, "mask"),
-                                           as_flat_const(weights, "weights"), as_flat(dlogp, "dlogp"));
+double kl_is_corrected_loss(double coef, LR&& logp, OR&& old_logp, RR&& ref_logp, MR&& mask,
+                            WR&& weights, DR&& dlogp) {
+  return detail::kl_is_corrected_loss_impl(
+      coef, as_flat_const(logp, "logp"), as_flat_const(old_logp, "old_logp"),
+      as_flat_const(ref_logp, "ref_logp"), as_flat_const(mask, "mask"),
+      as_flat_const(weights, "weights"), as_flat(dlogp, "dlogp"));
 }
 
 namespace detail {
 template <class T, class M>
-void apply_kl_penalty_impl(kl_kind kind, double beta, std::span<T const> old_logp, std::span<T const> ref_logp,
-                      std::span<M const> mask, std::span<T> rewards) {
-  WEFT_EXPECTS_SHAPE(ref_logp.size() == old_logp.size(), "ref_logp", old_logp.size(), ref_logp.size());
+void apply_kl_penalty_impl(kl_kind kind, double beta, std::span<T const> old_logp,
+                           std::span<T const> ref_logp, std::span<M const> mask,
+                           std::span<T> rewards) {
+  WEFT_EXPECTS_SHAPE(ref_logp.size() == old_logp.size(), "ref_logp", old_logp.size(),
+                     ref_logp.size());
   WEFT_EXPECTS_SHAPE(mask.size() == old_logp.size(), "mask", old_logp.size(), mask.size());
   WEFT_EXPECTS_SHAPE(rewards.size() == old_logp.size(), "rewards", old_logp.size(), rewards.size());
   kl_token<T> const fn{kind};
   for (std::size_t k = 0; k < rewards.size(); ++k)
-    if (detail::valid(mask[k])) rewards[k] -= static_cast<T>(beta) * fn(old_logp[k], ref_logp[k]).value;
+    if (detail::valid(mask[k]))
+      rewards[k] -= static_cast<T>(beta) * fn(old_logp[k], ref_logp[k]).value;
 }
 }  // namespace detail
 
-//! KL in the reward (verl apply_kl_penalty): rewards_t -= beta * k(l_old_t, l_ref_t) on valid tokens.
+//! KL in the reward (verl apply_kl_penalty): rewards_t -= beta * k(l_old_t, l_ref_t) on valid
+//! tokens.
 template <FlatArray OR, FlatArray RR, FlatArray MR, MutableFlatArray WR>
-void apply_kl_penalty(kl_kind kind, double beta, OR&& old_logp, RR&& ref_logp, MR&& mask, WR&& rewards) {
-  detail::apply_kl_penalty_impl(kind, beta, as_flat_const(old_logp, "old_logp"), as_flat_const(ref_logp, "ref_logp"),
-                                as_flat_const(mask, "mask"), as_flat(rewards, "rewards"));
+void apply_kl_penalty(kl_kind kind, double beta, OR&& old_logp, RR&& ref_logp, MR&& mask,
+                      WR&& rewards) {
+  detail::apply_kl_penalty_impl(kind, beta, as_flat_const(old_logp, "old_logp"),
+                                as_flat_const(ref_logp, "ref_logp"), as_flat_const(mask, "mask"),
+                                as_flat(rewards, "rewards"));
 }
 
 namespace detail {
 template <class T, class M>
-double entropy_bonus_impl(double coef, std::span<T const> entropy, std::span<M const> mask, std::span<T const> weights,
-                     std::span<T> d_entropy) {
+double entropy_bonus_impl(double coef, std::span<T const> entropy, std::span<M const> mask,
+                          std::span<T const> weights, std::span<T> d_entropy) {
   WEFT_EXPECTS_SHAPE(mask.size() == entropy.size(), "mask", entropy.size(), mask.size());
   WEFT_EXPECTS_SHAPE(weights.size() == entropy.size(), "weights", entropy.size(), weights.size());
-  WEFT_EXPECTS_SHAPE(d_entropy.size() == entropy.size(), "d_entropy", entropy.size(), d_entropy.size());
+  WEFT_EXPECTS_SHAPE(d_entropy.size() == entropy.size(), "d_entropy", entropy.size(),
+                     d_entropy.size());
   double sum = 0;
   for (std::size_t k = 0; k < entropy.size(); ++k) {
     bool const v = detail::valid(mask[k]);
@@ -213,8 +226,9 @@ double entropy_bonus_impl(double coef, std::span<T const> entropy, std::span<M c
 //! issue #3986: seq-mean-token-sum-norm makes it meaningless).
 template <FlatArray HR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
 double entropy_bonus(double coef, HR&& entropy, MR&& mask, WR&& weights, DR&& d_entropy) {
-  return detail::entropy_bonus_impl(coef, as_flat_const(entropy, "entropy"), as_flat_const(mask, "mask"),
-                                    as_flat_const(weights, "weights"), as_flat(d_entropy, "d_entropy"));
+  return detail::entropy_bonus_impl(coef, as_flat_const(entropy, "entropy"),
+                                    as_flat_const(mask, "mask"), as_flat_const(weights, "weights"),
+                                    as_flat(d_entropy, "d_entropy"));
 }
 
 template <class T>
@@ -222,8 +236,8 @@ struct value_token {
   T clip;  // c_v (verl critic.cliprange_value 0.5)
 
   struct result {
-    T loss;      // 0.5 * max((v - R)^2, (vclip - R)^2)
-    T grad;      // d loss / d v
+    T loss;        // 0.5 * max((v - R)^2, (vclip - R)^2)
+    T grad;        // d loss / d v
     bool clipped;  // the clipped branch won strictly
   };
   WEFT_HD result operator()(T v, T v_old, T ret) const noexcept {
@@ -246,11 +260,13 @@ struct value_loss_result {
 
 namespace detail {
 template <class T, class M>
-value_loss_result value_loss_impl(double clip, std::span<T const> values, std::span<T const> old_values,
-                             std::span<T const> returns, std::span<M const> mask, std::span<T const> weights,
-                             std::span<T> dvalues) {
+value_loss_result value_loss_impl(double clip, std::span<T const> values,
+                                  std::span<T const> old_values, std::span<T const> returns,
+                                  std::span<M const> mask, std::span<T const> weights,
+                                  std::span<T> dvalues) {
   WEFT_EXPECTS(clip >= 0, "clip", ">= 0", clip);
-  WEFT_EXPECTS_SHAPE(old_values.size() == values.size(), "old_values", values.size(), old_values.size());
+  WEFT_EXPECTS_SHAPE(old_values.size() == values.size(), "old_values", values.size(),
+                     old_values.size());
   WEFT_EXPECTS_SHAPE(returns.size() == values.size(), "returns", values.size(), returns.size());
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
   WEFT_EXPECTS_SHAPE(weights.size() == values.size(), "weights", values.size(), weights.size());
@@ -272,12 +288,13 @@ value_loss_result value_loss_impl(double clip, std::span<T const> values, std::s
 }
 }  // namespace detail
 
-//! PPO clipped value loss 0.5 * sum w max((v-R)^2, (clip(v, v_old +- c) - R)^2) (with verl PR #2016's
-//! 1/2); writes dvalues = w (v - R) where the unclipped branch wins, else 0.
+//! PPO clipped value loss 0.5 * sum w max((v-R)^2, (clip(v, v_old +- c) - R)^2) (with verl PR
+//! #2016's 1/2); writes dvalues = w (v - R) where the unclipped branch wins, else 0.
 template <FlatArray VR, FlatArray OR, FlatArray RR, FlatArray MR, FlatArray WR, MutableFlatArray DR>
-value_loss_result value_loss(double clip, VR&& values, OR&& old_values, RR&& returns, MR&& mask, WR&& weights,
-                             DR&& dvalues) {
-  return detail::value_loss_impl(clip, as_flat_const(values, "values"), as_flat_const(old_values, "old_values"),
+value_loss_result value_loss(double clip, VR&& values, OR&& old_values, RR&& returns, MR&& mask,
+                             WR&& weights, DR&& dvalues) {
+  return detail::value_loss_impl(clip, as_flat_const(values, "values"),
+                                 as_flat_const(old_values, "old_values"),
                                  as_flat_const(returns, "returns"), as_flat_const(mask, "mask"),
                                  as_flat_const(weights, "weights"), as_flat(dvalues, "dvalues"));
 }

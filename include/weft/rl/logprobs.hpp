@@ -51,7 +51,8 @@ struct logit_grad {
 
   WEFT_HD C operator()(C x) const noexcept {
     C d = (x - lse) - lse_lo;
-    d = select(d < cuda::std::numeric_limits<C>::lowest(), cuda::std::numeric_limits<C>::lowest(), d);
+    d = select(d < cuda::std::numeric_limits<C>::lowest(), cuda::std::numeric_limits<C>::lowest(),
+               d);
     C const p = exp_fn{}(d);
     C const g = -p * (g_logp + g_ent * (d + entropy)) * inv_tau;
     return select(p == C(0), C(0), g);
@@ -103,7 +104,8 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, com
     while (width < len) width *= 2;
     index_t const half = width / 2;
     for (index_t j = len; j < width; ++j) buf[j] = -cuda::std::numeric_limits<C>::infinity();
-    for (index_t j = 0; j < half; ++j) tbuf[j] = select(buf[j + half] > buf[j], buf[j + half], buf[j]);
+    for (index_t j = 0; j < half; ++j)
+      tbuf[j] = select(buf[j + half] > buf[j], buf[j + half], buf[j]);
     for (index_t h = half / 2; h >= 1; h /= 2)
       for (index_t j = 0; j < h; ++j) tbuf[j] = select(tbuf[j + h] > tbuf[j], tbuf[j + h], tbuf[j]);
     C const m = tbuf[0];
@@ -114,8 +116,9 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, com
         for (index_t j = 0; j < len; ++j) saved_exp[c0 + j] = m;
         chunk_max[c0 / logit_chunk] = static_cast<double>(m);
       }
-      acc = softmax_merge{}(acc, softmax_stats<double>{0.0, std::numeric_limits<double>::quiet_NaN(),
-                                                        std::numeric_limits<double>::quiet_NaN()});
+      acc =
+          softmax_merge{}(acc, softmax_stats<double>{0.0, std::numeric_limits<double>::quiet_NaN(),
+                                                     std::numeric_limits<double>::quiet_NaN()});
       continue;
     }
     if (!(m > -cuda::std::numeric_limits<C>::infinity())) {  // all -inf: adds nothing
@@ -172,28 +175,36 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, com
 //! dz[0, n) for one row (or shard) given the row's lse and entropy; `target` is the column of
 //! the target within z, or -1 if it lies elsewhere. Writes every element once.
 template <class L, class D>
-WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy,
-                                        double g_logp, double g_ent, index_t target, D* dz) {
+WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, compute_t<L> inv_tau, double lse,
+                                        double entropy, double g_logp, double g_ent, index_t target,
+                                        D* dz) {
   using C = compute_t<L>;
   if (lse == -cuda::std::numeric_limits<double>::infinity() || !(g_logp != 0.0 || g_ent != 0.0)) {
     for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
     return;
   }
   C const lse_hi = static_cast<C>(lse);
-  logit_grad<C> const fn{lse_hi, static_cast<C>(lse - static_cast<double>(lse_hi)), static_cast<C>(entropy),
-                         static_cast<C>(g_logp), static_cast<C>(g_ent), inv_tau};
+  logit_grad<C> const fn{lse_hi,
+                         static_cast<C>(lse - static_cast<double>(lse_hi)),
+                         static_cast<C>(entropy),
+                         static_cast<C>(g_logp),
+                         static_cast<C>(g_ent),
+                         inv_tau};
   for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(fn(load_logit<C>(z, j, inv_tau)));
   if (target >= 0) {  // add the indicator term before the one rounding to D
-    dz[target] = static_cast<D>(fn(load_logit<C>(z, target, inv_tau)) + static_cast<C>(g_logp) * inv_tau);
+    dz[target] =
+        static_cast<D>(fn(load_logit<C>(z, target, inv_tau)) + static_cast<C>(g_logp) * inv_tau);
   }
 }
 
 //! row_backward from the forward's saved e^{x - m_c}: p_v = e^{x_v - m_c} e^{m_c - lse}, one
 //! exponential per chunk instead of one per logit. Same formula and guards as logit_grad.
 template <class L, class D>
-WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, compute_t<L> inv_tau, double lse,
-                                              double entropy, double g_logp, double g_ent, index_t target,
-                                              compute_t<L> const* saved_exp, double const* chunk_max, D* dz) {
+WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, compute_t<L> inv_tau,
+                                              double lse, double entropy, double g_logp,
+                                              double g_ent, index_t target,
+                                              compute_t<L> const* saved_exp,
+                                              double const* chunk_max, D* dz) {
   using C = compute_t<L>;
   if (lse == -cuda::std::numeric_limits<double>::infinity() || !(g_logp != 0.0 || g_ent != 0.0)) {
     for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(C(0));
@@ -215,53 +226,66 @@ WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, compute_t<L
   for (index_t c0 = 0; c0 < n; c0 += logit_chunk) {
     index_t const len = n - c0 < logit_chunk ? n - c0 : logit_chunk;
     double const mc = chunk_max[c0 / logit_chunk];
-    C const f = mc == -cuda::std::numeric_limits<double>::infinity() ? C(0) : static_cast<C>(std::exp(mc - lse));
-    for (index_t j = c0; j < c0 + len; ++j) dz[j] = static_cast<D>(grad(load_logit<C>(z, j, inv_tau), saved_exp[j], f));
+    C const f = mc == -cuda::std::numeric_limits<double>::infinity()
+                    ? C(0)
+                    : static_cast<C>(std::exp(mc - lse));
+    for (index_t j = c0; j < c0 + len; ++j)
+      dz[j] = static_cast<D>(grad(load_logit<C>(z, j, inv_tau), saved_exp[j], f));
     if (target >= c0 && target < c0 + len)  // the indicator term, before the one rounding to D
-      dz[target] = static_cast<D>(grad(load_logit<C>(z, target, inv_tau), saved_exp[target], f) + gl * inv_tau);
+      dz[target] = static_cast<D>(grad(load_logit<C>(z, target, inv_tau), saved_exp[target], f) +
+                                  gl * inv_tau);
   }
 }
 
 #if WEFT_RL_MULTIVERSION
 // The same bodies compiled for AVX2+FMA and AVX-512 (see simd_level in exp.hpp).
 template <class L>
-WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_avx2(L const* z, index_t n, compute_t<L> inv_tau) {
+WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_avx2(L const* z, index_t n,
+                                                         compute_t<L> inv_tau) {
   return row_stats_impl(z, n, inv_tau);
 }
 template <class L>
-WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_avx512(L const* z, index_t n, compute_t<L> inv_tau) {
+WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_avx512(L const* z, index_t n,
+                                                             compute_t<L> inv_tau) {
   return row_stats_impl(z, n, inv_tau);
 }
 template <class L, class D>
 WEFT_RL_TARGET_AVX2 void row_backward_avx2(L const* z, index_t n, compute_t<L> inv_tau, double lse,
-                                           double entropy, double g_logp, double g_ent, index_t target, D* dz) {
+                                           double entropy, double g_logp, double g_ent,
+                                           index_t target, D* dz) {
   row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
 }
 template <class L, class D>
-WEFT_RL_TARGET_AVX512 void row_backward_avx512(L const* z, index_t n, compute_t<L> inv_tau, double lse,
-                                               double entropy, double g_logp, double g_ent, index_t target, D* dz) {
+WEFT_RL_TARGET_AVX512 void row_backward_avx512(L const* z, index_t n, compute_t<L> inv_tau,
+                                               double lse, double entropy, double g_logp,
+                                               double g_ent, index_t target, D* dz) {
   row_backward_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
 }
 template <class L>
-WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_saved_avx2(L const* z, index_t n, compute_t<L> inv_tau,
-                                                                compute_t<L>* e, double* cm) {
+WEFT_RL_TARGET_AVX2 softmax_stats<double> row_stats_saved_avx2(L const* z, index_t n,
+                                                               compute_t<L> inv_tau,
+                                                               compute_t<L>* e, double* cm) {
   return row_stats_impl(z, n, inv_tau, e, cm);
 }
 template <class L>
-WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_saved_avx512(L const* z, index_t n, compute_t<L> inv_tau,
-                                                                    compute_t<L>* e, double* cm) {
+WEFT_RL_TARGET_AVX512 softmax_stats<double> row_stats_saved_avx512(L const* z, index_t n,
+                                                                   compute_t<L> inv_tau,
+                                                                   compute_t<L>* e, double* cm) {
   return row_stats_impl(z, n, inv_tau, e, cm);
 }
 template <class L, class D>
-WEFT_RL_TARGET_AVX2 void row_backward_saved_avx2(L const* z, index_t n, compute_t<L> inv_tau, double lse,
-                                                 double entropy, double g_logp, double g_ent, index_t target,
+WEFT_RL_TARGET_AVX2 void row_backward_saved_avx2(L const* z, index_t n, compute_t<L> inv_tau,
+                                                 double lse, double entropy, double g_logp,
+                                                 double g_ent, index_t target,
                                                  compute_t<L> const* e, double const* cm, D* dz) {
   row_backward_saved_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
 }
 template <class L, class D>
-WEFT_RL_TARGET_AVX512 void row_backward_saved_avx512(L const* z, index_t n, compute_t<L> inv_tau, double lse,
-                                                     double entropy, double g_logp, double g_ent, index_t target,
-                                                     compute_t<L> const* e, double const* cm, D* dz) {
+WEFT_RL_TARGET_AVX512 void row_backward_saved_avx512(L const* z, index_t n, compute_t<L> inv_tau,
+                                                     double lse, double entropy, double g_logp,
+                                                     double g_ent, index_t target,
+                                                     compute_t<L> const* e, double const* cm,
+                                                     D* dz) {
   row_backward_saved_impl(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
 }
 #endif
@@ -280,13 +304,16 @@ softmax_stats<double> row_stats_saved(L const* z, index_t n, compute_t<L> inv_ta
 }
 
 template <class L, class D>
-void row_backward_saved(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy, double g_logp,
-                        double g_ent, index_t target, compute_t<L> const* e, double const* cm, D* dz) {
+void row_backward_saved(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy,
+                        double g_logp, double g_ent, index_t target, compute_t<L> const* e,
+                        double const* cm, D* dz) {
 #if WEFT_RL_MULTIVERSION
   switch (host_simd_level()) {
     case simd_level::avx512:
-      return row_backward_saved_avx512(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
-    case simd_level::avx2: return row_backward_saved_avx2(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
+      return row_backward_saved_avx512(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm,
+                                       dz);
+    case simd_level::avx2:
+      return row_backward_saved_avx2(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, e, cm, dz);
     case simd_level::base: break;
   }
 #endif
@@ -306,12 +333,14 @@ softmax_stats<double> row_stats(L const* z, index_t n, compute_t<L> inv_tau) {
 }
 
 template <class L, class D>
-void row_backward(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy, double g_logp,
-                  double g_ent, index_t target, D* dz) {
+void row_backward(L const* z, index_t n, compute_t<L> inv_tau, double lse, double entropy,
+                  double g_logp, double g_ent, index_t target, D* dz) {
 #if WEFT_RL_MULTIVERSION
   switch (host_simd_level()) {
-    case simd_level::avx512: return row_backward_avx512(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
-    case simd_level::avx2: return row_backward_avx2(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
+    case simd_level::avx512:
+      return row_backward_avx512(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
+    case simd_level::avx2:
+      return row_backward_avx2(z, n, inv_tau, lse, entropy, g_logp, g_ent, target, dz);
     case simd_level::base: break;
   }
 #endif
@@ -324,14 +353,16 @@ void row_backward(L const* z, index_t n, compute_t<L> inv_tau, double lse, doubl
 template <class L>
 compute_t<L> inverse_temperature(double temperature) {
   using C = compute_t<L>;
-  WEFT_EXPECTS(temperature > 0 && std::isfinite(temperature), "temperature", "> 0 and finite", temperature);
+  WEFT_EXPECTS(temperature > 0 && std::isfinite(temperature), "temperature", "> 0 and finite",
+               temperature);
   double const inv = 1.0 / temperature;
   WEFT_EXPECTS(inv <= static_cast<double>(std::numeric_limits<C>::max()) &&
                    inv >= static_cast<double>(std::numeric_limits<C>::min()),
                "temperature",
-               ::weft::detail::concat("a value whose inverse is a finite normal ", sizeof(C) == 4 ? "f32" : "f64",
-                                      " (about [", 1.0 / static_cast<double>(std::numeric_limits<C>::max()), ", ",
-                                      1.0 / static_cast<double>(std::numeric_limits<C>::min()), "])"),
+               ::weft::detail::concat(
+                   "a value whose inverse is a finite normal ", sizeof(C) == 4 ? "f32" : "f64",
+                   " (about [", 1.0 / static_cast<double>(std::numeric_limits<C>::max()), ", ",
+                   1.0 / static_cast<double>(std::numeric_limits<C>::min()), "])"),
                temperature);
   return static_cast<C>(inv);
 }
@@ -341,9 +372,11 @@ void check_logprob_args(std::span<L const> logits, index_t vocab, std::span<I co
                         logprob_options const& opt) {
   WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
   (void)inverse_temperature<L>(opt.temperature);
-  WEFT_EXPECTS_SHAPE(static_cast<index_t>(logits.size()) == checked_elements(targets.size(), vocab, "logits"),
-                     "logits", ::weft::detail::concat("tokens * vocab = ", targets.size(), " * ", vocab, " elements"),
-                     logits.size());
+  WEFT_EXPECTS_SHAPE(
+      static_cast<index_t>(logits.size()) == checked_elements(targets.size(), vocab, "logits"),
+      "logits",
+      ::weft::detail::concat("tokens * vocab = ", targets.size(), " * ", vocab, " elements"),
+      logits.size());
 }
 
 template <class I>
@@ -351,9 +384,10 @@ void check_targets(std::span<I const> targets, index_t vocab, logprob_options co
   for (std::size_t k = 0; k < targets.size(); ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);
     if (o == opt.ignore_index) continue;
-    WEFT_EXPECTS(o >= 0 && o < vocab, "targets",
-                 ::weft::detail::concat("ids in [0, ", vocab, ") or ignore_index ", opt.ignore_index),
-                 ::weft::detail::concat(o, " at token ", k));
+    WEFT_EXPECTS(
+        o >= 0 && o < vocab, "targets",
+        ::weft::detail::concat("ids in [0, ", vocab, ") or ignore_index ", opt.ignore_index),
+        ::weft::detail::concat(o, " at token ", k));
   }
 }
 
@@ -362,11 +396,13 @@ void check_targets(std::span<I const> targets, index_t vocab, logprob_options co
 namespace detail {
 template <class L, class I, class T>
 void log_prob_forward_impl(std::span<L const> logits, index_t vocab, std::span<I const> targets,
-                      logprob_options const& opt, std::span<T> logp, std::span<T> entropy, std::span<T> lse = {}) {
+                           logprob_options const& opt, std::span<T> logp, std::span<T> entropy,
+                           std::span<T> lse = {}) {
   detail::check_logprob_args(logits, vocab, targets, opt);
   WEFT_EXPECTS_SHAPE(logp.size() == targets.size(), "logp", targets.size(), logp.size());
   WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
-  if (!lse.empty()) WEFT_EXPECTS_SHAPE(lse.size() == targets.size(), "lse", targets.size(), lse.size());
+  if (!lse.empty())
+    WEFT_EXPECTS_SHAPE(lse.size() == targets.size(), "lse", targets.size(), lse.size());
   detail::check_targets(targets, vocab, opt);
   using C = compute_t<L>;
   C const inv_tau = detail::inverse_temperature<L>(opt.temperature);
@@ -394,23 +430,27 @@ void log_prob_forward_impl(std::span<L const> logits, index_t vocab, std::span<I
 //! the backward. `logits` is [tokens, vocab] row-major. Reads the logits once.
 template <FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER,
           MutableFlatArray SR = std::span<flat_value_t<PR>>>
-void log_prob_forward(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt, PR&& logp, ER&& entropy,
-                      SR&& lse = SR{}) {
-  detail::log_prob_forward_impl(as_flat_const(logits, "logits"), vocab, as_flat_const(targets, "targets"), opt,
-                                as_flat(logp, "logp"), as_flat(entropy, "entropy"), as_flat(lse, "lse"));
+void log_prob_forward(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt,
+                      PR&& logp, ER&& entropy, SR&& lse = SR{}) {
+  detail::log_prob_forward_impl(as_flat_const(logits, "logits"), vocab,
+                                as_flat_const(targets, "targets"), opt, as_flat(logp, "logp"),
+                                as_flat(entropy, "entropy"), as_flat(lse, "lse"));
 }
 
 namespace detail {
 template <class L, class I, class T, class D>
 void log_prob_backward_impl(std::span<L const> logits, index_t vocab, std::span<I const> targets,
-                       logprob_options const& opt, std::span<T const> lse, std::span<T const> entropy,
-                       std::span<T const> d_logp, std::span<T const> d_entropy, std::span<D> dlogits) {
+                            logprob_options const& opt, std::span<T const> lse,
+                            std::span<T const> entropy, std::span<T const> d_logp,
+                            std::span<T const> d_entropy, std::span<D> dlogits) {
   detail::check_logprob_args(logits, vocab, targets, opt);
   WEFT_EXPECTS_SHAPE(lse.size() == targets.size(), "lse", targets.size(), lse.size());
   WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
-  if (!d_logp.empty()) WEFT_EXPECTS_SHAPE(d_logp.size() == targets.size(), "d_logp", targets.size(), d_logp.size());
+  if (!d_logp.empty())
+    WEFT_EXPECTS_SHAPE(d_logp.size() == targets.size(), "d_logp", targets.size(), d_logp.size());
   if (!d_entropy.empty())
-    WEFT_EXPECTS_SHAPE(d_entropy.size() == targets.size(), "d_entropy", targets.size(), d_entropy.size());
+    WEFT_EXPECTS_SHAPE(d_entropy.size() == targets.size(), "d_entropy", targets.size(),
+                       d_entropy.size());
   WEFT_EXPECTS_SHAPE(dlogits.size() == logits.size(), "dlogits", logits.size(), dlogits.size());
   detail::check_targets(targets, vocab, opt);
   using C = compute_t<L>;
@@ -422,8 +462,8 @@ void log_prob_backward_impl(std::span<L const> logits, index_t vocab, std::span<
     bool const ignored = o == opt.ignore_index;
     double const gl = ignored || d_logp.empty() ? 0.0 : static_cast<double>(d_logp[k]);
     double const ge = ignored || d_entropy.empty() ? 0.0 : static_cast<double>(d_entropy[k]);
-    detail::row_backward(z, vocab, inv_tau, static_cast<double>(lse[k]), static_cast<double>(entropy[k]), gl, ge,
-                         ignored ? index_t{-1} : o, dz);
+    detail::row_backward(z, vocab, inv_tau, static_cast<double>(lse[k]),
+                         static_cast<double>(entropy[k]), gl, ge, ignored ? index_t{-1} : o, dz);
   }
 }
 }  // namespace detail
@@ -431,14 +471,16 @@ void log_prob_backward_impl(std::span<L const> logits, index_t vocab, std::span<
 //! Backward: dlogits[t, v] = (g_logp[t] (1[v = o_t] - p_v) - g_ent[t] p_v (log p_v + H_t)) / tau
 //! from the forward's lse and entropy. Either upstream may be empty (= zero). Reads the logits
 //! once and writes dlogits once; ignored tokens get a zero row.
-template <FlatArray LR, FlatArray IR, FlatArray SR, FlatArray HR, FlatArray GR = std::span<flat_value_t<SR> const>,
-          FlatArray GER = std::span<flat_value_t<SR> const>, MutableFlatArray DR = std::span<flat_value_t<LR>>>
-void log_prob_backward(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt, SR&& lse, HR&& entropy,
-                       GR&& d_logp, GER&& d_entropy, DR&& dlogits) {
-  detail::log_prob_backward_impl(as_flat_const(logits, "logits"), vocab, as_flat_const(targets, "targets"), opt,
-                                 as_flat_const(lse, "lse"), as_flat_const(entropy, "entropy"),
-                                 as_flat_const(d_logp, "d_logp"), as_flat_const(d_entropy, "d_entropy"),
-                                 as_flat(dlogits, "dlogits"));
+template <FlatArray LR, FlatArray IR, FlatArray SR, FlatArray HR,
+          FlatArray GR = std::span<flat_value_t<SR> const>,
+          FlatArray GER = std::span<flat_value_t<SR> const>,
+          MutableFlatArray DR = std::span<flat_value_t<LR>>>
+void log_prob_backward(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt,
+                       SR&& lse, HR&& entropy, GR&& d_logp, GER&& d_entropy, DR&& dlogits) {
+  detail::log_prob_backward_impl(
+      as_flat_const(logits, "logits"), vocab, as_flat_const(targets, "targets"), opt,
+      as_flat_const(lse, "lse"), as_flat_const(entropy, "entropy"), as_flat_const(d_logp, "d_logp"),
+      as_flat_const(d_entropy, "d_entropy"), as_flat(dlogits, "dlogits"));
 }
 
 //! Upstream gradients of one token, returned by the callback of log_prob_fused.
@@ -449,8 +491,9 @@ struct logprob_grads {
 
 namespace detail {
 template <class L, class I, class T, class D, class GradFn>
-void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I const> targets, logprob_options const& opt,
-                    std::span<T> logp, std::span<T> entropy, GradFn&& grad_fn, std::span<D> dlogits) {
+void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I const> targets,
+                         logprob_options const& opt, std::span<T> logp, std::span<T> entropy,
+                         GradFn&& grad_fn, std::span<D> dlogits) {
   detail::check_logprob_args(logits, vocab, targets, opt);
   WEFT_EXPECTS_SHAPE(logp.size() == targets.size(), "logp", targets.size(), logp.size());
   WEFT_EXPECTS_SHAPE(entropy.size() == targets.size(), "entropy", targets.size(), entropy.size());
@@ -461,8 +504,8 @@ void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I c
   // One row's e^{x - m_c} (V values, in cache for the backward) and chunk maxima.
   constexpr bool save = std::is_same_v<C, float>;
   std::vector<C> saved_exp(save ? static_cast<std::size_t>(vocab) : 0);
-  std::vector<double> chunk_max(save ? static_cast<std::size_t>((vocab + detail::logit_chunk - 1) / detail::logit_chunk)
-                                     : 0);
+  std::vector<double> chunk_max(
+      save ? static_cast<std::size_t>((vocab + detail::logit_chunk - 1) / detail::logit_chunk) : 0);
   for (std::size_t k = 0; k < targets.size(); ++k) {
     auto const o = static_cast<std::int64_t>(targets[k]);
     L const* z = logits.data() + static_cast<index_t>(k) * vocab;
@@ -475,8 +518,9 @@ void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I c
     // f32 compute keeps the forward's exponentials for the backward (one exp per logit instead
     // of two; dlogits then differ from log_prob_backward's by a few ulp of p). f64 recomputes,
     // so its fused result has the same bits as forward then backward.
-    auto const s = save ? detail::row_stats_saved(z, vocab, inv_tau, saved_exp.data(), chunk_max.data())
-                        : detail::row_stats(z, vocab, inv_tau);
+    auto const s =
+        save ? detail::row_stats_saved(z, vocab, inv_tau, saved_exp.data(), chunk_max.data())
+             : detail::row_stats(z, vocab, inv_tau);
     double const l = softmax_finish{}.lse(s);
     double const h = softmax_finish{}.entropy(s);
     double const lp = l > -std::numeric_limits<double>::infinity()
@@ -486,8 +530,8 @@ void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I c
     entropy[k] = static_cast<T>(h);
     logprob_grads const g = grad_fn(static_cast<index_t>(k), static_cast<T>(lp), static_cast<T>(h));
     if (save)
-      detail::row_backward_saved(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o, saved_exp.data(),
-                                 chunk_max.data(), dz);
+      detail::row_backward_saved(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o,
+                                 saved_exp.data(), chunk_max.data(), dz);
     else
       detail::row_backward(z, vocab, inv_tau, l, h, g.d_logp, g.d_entropy, o, dz);
   }
@@ -498,11 +542,13 @@ void log_prob_fused_impl(std::span<L const> logits, index_t vocab, std::span<I c
 //! `grad_fn(token, logp, entropy) -> logprob_grads` (the per-token loss gradient, e.g. from a
 //! ppo_clip_token), then the row's dlogits while the row is still in cache: the logits come from
 //! memory once and dlogits go to memory once. Needs the loss to be per-token given its weights.
-template <FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER, class GradFn, MutableFlatArray DR>
-void log_prob_fused(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt, PR&& logp, ER&& entropy,
-                    GradFn&& grad_fn, DR&& dlogits) {
-  detail::log_prob_fused_impl(as_flat_const(logits, "logits"), vocab, as_flat_const(targets, "targets"), opt,
-                              as_flat(logp, "logp"), as_flat(entropy, "entropy"), std::forward<GradFn>(grad_fn),
+template <FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER, class GradFn,
+          MutableFlatArray DR>
+void log_prob_fused(LR&& logits, index_t vocab, IR&& targets, logprob_options const& opt, PR&& logp,
+                    ER&& entropy, GradFn&& grad_fn, DR&& dlogits) {
+  detail::log_prob_fused_impl(as_flat_const(logits, "logits"), vocab,
+                              as_flat_const(targets, "targets"), opt, as_flat(logp, "logp"),
+                              as_flat(entropy, "entropy"), std::forward<GradFn>(grad_fn),
                               as_flat(dlogits, "dlogits"));
 }
 

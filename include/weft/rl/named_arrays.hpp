@@ -26,9 +26,9 @@ class named_array {
   // The first clause keeps copies of named arrays away from the FlatArray check (which asks
   // whether the type is copyable, which would ask this constructor again).
   template <class R>
-    requires(!std::is_base_of_v<named_array, std::remove_cvref_t<R>>) && FlatArray<R> &&
-            std::same_as<flat_value_t<R>, E>
-  explicit named_array(R&& r) : s_(as_flat_const(r, Tag::name)) {}
+  requires(!std::is_base_of_v<named_array, std::remove_cvref_t<R>>) &&
+      FlatArray<R>&& std::same_as<flat_value_t<R>, E> explicit named_array(R&& r)
+      : s_(as_flat_const(r, Tag::name)) {}
 
   [[nodiscard]] E const* data() const noexcept { return s_.data(); }
   [[nodiscard]] std::size_t size() const noexcept { return s_.size(); }
@@ -40,16 +40,16 @@ class named_array {
   std::span<E const> s_;
 };
 
-#define WEFT_RL_NAMED_ARRAY(type, label)                                    \
-  struct type##_tag {                                                       \
-    static constexpr char const* name = label;                              \
-  };                                                                        \
-  template <class E>                                                        \
-  struct type : named_array<type##_tag, E> {                                \
-    using named_array<type##_tag, E>::named_array;                          \
-  };                                                                        \
-  template <FlatArray R>                                                    \
-  type(R&&) -> type<flat_value_t<R>>
+#define WEFT_RL_NAMED_ARRAY(type, label)           \
+  struct type##_tag {                              \
+    static constexpr char const* name = label;     \
+  };                                               \
+  template <class E>                               \
+  struct type : named_array<type##_tag, E> {       \
+    using named_array<type##_tag, E>::named_array; \
+  };                                               \
+  template <FlatArray R>                           \
+  type(R&&)->type<flat_value_t<R>>
 
 //! The current policy's log-probs l (the differentiable input).
 WEFT_RL_NAMED_ARRAY(new_logp, "logp");

@@ -54,7 +54,7 @@ struct policy_loss_config {
   double clip_low = 0.2;
   double clip_high = 0.28;
   double dual_clip = 3.0;
-  double log_ratio_clamp = 20.0;   // verl PR #1779; gspo clamps the sequence log-ratio at +10
+  double log_ratio_clamp = 20.0;  // verl PR #1779; gspo clamps the sequence log-ratio at +10
   double gspo_log_ratio_max = 10.0;
 
   void validate() const {
@@ -92,12 +92,19 @@ struct policy_metrics {
 
   static constexpr std::size_t num_sums = 9;
   [[nodiscard]] std::array<double, num_sums> sums() const noexcept {
-    return {tokens, clipped_low, clipped_high, dual_clipped, log_ratio_clamped, neg_log_ratio_sum,
-            ratio_sum, ratio_sq_sum, neg_log_ratio_raw_sum};
+    return {tokens,       clipped_low,       clipped_high,
+            dual_clipped, log_ratio_clamped, neg_log_ratio_sum,
+            ratio_sum,    ratio_sq_sum,      neg_log_ratio_raw_sum};
   }
   void set_sums(std::array<double, num_sums> const& s) noexcept {
-    tokens = s[0]; clipped_low = s[1]; clipped_high = s[2]; dual_clipped = s[3];
-    log_ratio_clamped = s[4]; neg_log_ratio_sum = s[5]; ratio_sum = s[6]; ratio_sq_sum = s[7];
+    tokens = s[0];
+    clipped_low = s[1];
+    clipped_high = s[2];
+    dual_clipped = s[3];
+    log_ratio_clamped = s[4];
+    neg_log_ratio_sum = s[5];
+    ratio_sum = s[6];
+    ratio_sq_sum = s[7];
     neg_log_ratio_raw_sum = s[8];
   }
   policy_metrics& operator+=(policy_metrics const& o) noexcept {
@@ -110,7 +117,9 @@ struct policy_metrics {
     return *this;
   }
 
-  [[nodiscard]] double frac(double count) const noexcept { return tokens > 0 ? count / tokens : 0.0; }
+  [[nodiscard]] double frac(double count) const noexcept {
+    return tokens > 0 ? count / tokens : 0.0;
+  }
   [[nodiscard]] double clip_frac_low() const noexcept { return frac(clipped_low); }
   [[nodiscard]] double clip_frac_high() const noexcept { return frac(clipped_high); }
   [[nodiscard]] double clip_frac() const noexcept { return frac(clipped_low + clipped_high); }
@@ -203,10 +212,16 @@ struct ppo_clip_token {
     bool const dual = neg & (r > dual_clip);
     T const rc = select(clip_high, hi, select(clip_low, lo, select(dual, dual_clip, r)));
     bool const keep = (pos | neg) & !(clip_high | clip_low | dual) & !clamped & !drop;
-    unsigned const flags = (clamped ? unsigned(pg_log_ratio_clamped) : 0u) | (clip_high ? unsigned(pg_clipped_high) : 0u) |
-                           (clip_low ? unsigned(pg_clipped_low) : 0u) | (dual ? unsigned(pg_dual_clipped) : 0u) |
-                           (drop ? unsigned(pg_dropped) : 0u);
-    return {select((pos | neg) & !drop, -adv * rc, T(0)), select(keep, -adv * r, T(0)), r, -dc, flags, -delta};
+    unsigned const flags =
+        (clamped ? unsigned(pg_log_ratio_clamped) : 0u) |
+        (clip_high ? unsigned(pg_clipped_high) : 0u) | (clip_low ? unsigned(pg_clipped_low) : 0u) |
+        (dual ? unsigned(pg_dual_clipped) : 0u) | (drop ? unsigned(pg_dropped) : 0u);
+    return {select((pos | neg) & !drop, -adv * rc, T(0)),
+            select(keep, -adv * r, T(0)),
+            r,
+            -dc,
+            flags,
+            -delta};
   }
 };
 
@@ -230,9 +245,11 @@ struct cispo_token {
     bool const rhigh = r > hi;
     T const rc = select(rlow, lo, select(rhigh, hi, r));
     unsigned const flags = ((above | below) ? unsigned(pg_log_ratio_clamped) : 0u) |
-                           (rlow ? unsigned(pg_clipped_low) : 0u) | (rhigh ? unsigned(pg_clipped_high) : 0u) |
+                           (rlow ? unsigned(pg_clipped_low) : 0u) |
+                           (rhigh ? unsigned(pg_clipped_high) : 0u) |
                            (drop ? unsigned(pg_dropped) : 0u);
-    return {select(drop, T(0), -rc * adv * logp), select(drop, T(0), -rc * adv), r, -dc, flags, -delta};
+    return {
+        select(drop, T(0), -rc * adv * logp), select(drop, T(0), -rc * adv), r, -dc, flags, -delta};
   }
 };
 
@@ -242,8 +259,12 @@ struct reinforce_token {
   WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
     bool const drop = logp == -cuda::std::numeric_limits<T>::infinity();
     T const dc = select(drop, T(0), logp - old_logp);
-    return {select(drop, T(0), -adv * logp), select(drop, T(0), -adv), exp_fn{}(dc), -dc,
-            drop ? unsigned(pg_dropped) : 0u, -dc};
+    return {select(drop, T(0), -adv * logp),
+            select(drop, T(0), -adv),
+            exp_fn{}(dc),
+            -dc,
+            drop ? unsigned(pg_dropped) : 0u,
+            -dc};
   }
 };
 
@@ -311,8 +332,8 @@ inline constexpr index_t token_block = 512;
 inline constexpr index_t metric_lanes = 8;
 
 template <bool HasIsw, class T, class M, class Fn>
-WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp,
-                                             policy_loss_result& res) {
+WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> const& in,
+                                             std::span<T> dlogp, policy_loss_result& res) {
   constexpr index_t W = metric_lanes;
   constexpr T inf = std::numeric_limits<T>::infinity();
   index_t const n = static_cast<index_t>(in.logp.size());
@@ -323,14 +344,14 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
   T const* w = in.weights.data();
   T const* isw = HasIsw ? in.rollout_is_weights.data() : nullptr;
   T* dl = dlogp.data();
-  double acc_loss[W] = {}, acc_tok[W] = {}, acc_lo[W] = {}, acc_hi[W] = {}, acc_dual[W] = {}, acc_clamp[W] = {},
-         acc_nlr[W] = {}, acc_r[W] = {}, acc_r2[W] = {}, acc_raw[W] = {};
+  double acc_loss[W] = {}, acc_tok[W] = {}, acc_lo[W] = {}, acc_hi[W] = {}, acc_dual[W] = {},
+         acc_clamp[W] = {}, acc_nlr[W] = {}, acc_r[W] = {}, acc_r2[W] = {}, acc_raw[W] = {};
   T rmin[W], rmax[W];
   for (index_t l = 0; l < W; ++l) rmin[l] = inf, rmax[l] = -inf;
   constexpr index_t tree_lanes = 16;
   alignas(64) T b_r2[token_block];
-  alignas(64) T b_loss[token_block], b_r[token_block], b_nlr[token_block], b_rmin[token_block], b_rmax[token_block],
-      b_raw[token_block];
+  alignas(64) T b_loss[token_block], b_r[token_block], b_nlr[token_block], b_rmin[token_block],
+      b_rmax[token_block], b_raw[token_block];
   alignas(64) std::uint32_t b_flags[token_block + 16];
   constexpr index_t CW = 16;                // lanes of the integer counts
   constexpr std::uint32_t valid_bit = 16u;  // beside the pg_flag bits
@@ -345,8 +366,10 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
       index_t const k = t0 + j;
       // Compared as T: a byte mask beside float compares otherwise stops GCC's vectoriser.
       bool v;
-      if constexpr (std::is_arithmetic_v<M>) v = static_cast<T>(mask[k]) != T(0);
-      else v = valid(mask[k]);
+      if constexpr (std::is_arithmetic_v<M>)
+        v = static_cast<T>(mask[k]) != T(0);
+      else
+        v = valid(mask[k]);
       pg_token<T> const p = fn(lp[k], old[k], adv[k]);
       v = v & ((p.flags & pg_dropped) == 0u);  // dropped tokens count nowhere, as if masked
       T scale = w[k];
@@ -435,20 +458,21 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
 
 #if WEFT_RL_MULTIVERSION
 template <bool HasIsw, class T, class M, class Fn>
-WEFT_RL_TARGET_AVX2 void policy_token_loop_avx2(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp,
-                                                policy_loss_result& res) {
+WEFT_RL_TARGET_AVX2 void policy_token_loop_avx2(Fn const& fn, policy_inputs<T, M> const& in,
+                                                std::span<T> dlogp, policy_loss_result& res) {
   policy_token_loop_impl<HasIsw>(fn, in, dlogp, res);
 }
 template <bool HasIsw, class T, class M, class Fn>
-WEFT_RL_TARGET_AVX512 void policy_token_loop_avx512(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp,
-                                                    policy_loss_result& res) {
+WEFT_RL_TARGET_AVX512 void policy_token_loop_avx512(Fn const& fn, policy_inputs<T, M> const& in,
+                                                    std::span<T> dlogp, policy_loss_result& res) {
   policy_token_loop_impl<HasIsw>(fn, in, dlogp, res);
 }
 #endif
 
 //! Adds the per-token loss, metrics and gradient of `fn` over all tokens to `res` / `dlogp`.
 template <bool HasIsw, class T, class M, class Fn>
-void policy_token_loop(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp, policy_loss_result& res) {
+void policy_token_loop(Fn const& fn, policy_inputs<T, M> const& in, std::span<T> dlogp,
+                       policy_loss_result& res) {
 #if WEFT_RL_MULTIVERSION
   switch (host_simd_level()) {
     case simd_level::avx512: return policy_token_loop_avx512<HasIsw>(fn, in, dlogp, res);
@@ -464,12 +488,14 @@ void policy_token_loop(Fn const& fn, policy_inputs<T, M> const& in, std::span<T>
 namespace detail {
 template <class T, class M>
 policy_loss_result policy_loss_impl(policy_loss_config const& cfg, token_layout const& layout,
-                               policy_inputs<T, M> const& in, std::span<T> dlogp) {
+                                    policy_inputs<T, M> const& in, std::span<T> dlogp) {
   static_assert(std::is_floating_point_v<T>, "weft::rl::policy_loss: T must be float or double");
   cfg.validate();
   detail::expect_tokens(in.logp, layout, "logp");
-  if (cfg.kind == policy_loss_kind::reinforce) detail::expect_tokens_or_empty(in.old_logp, layout, "old_logp");
-  else detail::expect_tokens(in.old_logp, layout, "old_logp");
+  if (cfg.kind == policy_loss_kind::reinforce)
+    detail::expect_tokens_or_empty(in.old_logp, layout, "old_logp");
+  else
+    detail::expect_tokens(in.old_logp, layout, "old_logp");
   detail::expect_tokens(in.advantages, layout, "advantages");
   detail::expect_tokens(in.mask, layout, "mask");
   detail::expect_tokens(in.weights, layout, "weights");
@@ -487,8 +513,10 @@ policy_loss_result policy_loss_impl(policy_loss_config const& cfg, token_layout 
   // branch-free pass of per-token math (vectorises), then the sums in double over metric_lanes
   // fixed lanes (a map per lane, so it vectorises without reassociation; the order is fixed).
   auto per_token = [&](auto const& fn) {
-    if (has_isw) detail::policy_token_loop<true>(fn, in, dlogp, res);
-    else detail::policy_token_loop<false>(fn, in, dlogp, res);
+    if (has_isw)
+      detail::policy_token_loop<true>(fn, in, dlogp, res);
+    else
+      detail::policy_token_loop<false>(fn, in, dlogp, res);
   };
 
   switch (cfg.kind) {
@@ -517,7 +545,9 @@ policy_loss_result policy_loss_impl(policy_loss_config const& cfg, token_layout 
       policy_metrics& m = res.metrics;
       // A token with l = l_old = -inf is dropped (its log-ratio is undefined): it counts as masked.
       constexpr T ninf = -std::numeric_limits<T>::infinity();
-      auto live = [&](index_t t) { return detail::valid(mask[t]) && !(lp[t] == ninf && old[t] == ninf); };
+      auto live = [&](index_t t) {
+        return detail::valid(mask[t]) && !(lp[t] == ninf && old[t] == ninf);
+      };
       for (index_t i = 0; i < layout.rows(); ++i) {
         index_t const b = layout.row_begin(i);
         index_t const e = layout.row_end(i);
@@ -573,7 +603,8 @@ policy_loss_result policy_loss_impl(policy_loss_config const& cfg, token_layout 
         m.ratio_min = std::min(m.ratio_min, sd);
         m.ratio_max = std::max(m.ratio_max, sd);
         T const g = clamped ? T(0) : dsum * s / static_cast<T>(n);
-        for (index_t t = b; t < e; ++t) dlogp[static_cast<std::size_t>(t)] = select(live(t), g, T(0));
+        for (index_t t = b; t < e; ++t)
+          dlogp[static_cast<std::size_t>(t)] = select(live(t), g, T(0));
       }
       break;
     }

@@ -1,5 +1,5 @@
-// weft/rl/token_layout.hpp — how the tokens of an RL batch are laid out: `token_layout` (padded [B, T]
-// rows or packed sequences described by `cu_seqlens`), and the checks and view-to-span helpers
+// weft/rl/token_layout.hpp — how the tokens of an RL batch are laid out: `token_layout` (padded [B,
+// T] rows or packed sequences described by `cu_seqlens`), and the checks and view-to-span helpers
 // every rl entry point uses, so a bad shape throws shape_error naming the argument.
 #pragma once
 
@@ -25,7 +25,8 @@ template <class R>
 concept contiguous_sized = std::ranges::contiguous_range<R> && std::ranges::sized_range<R>;
 
 template <class R>
-concept host_tensor_like = TensorIn<std::remove_cvref_t<R>, host_space> || requires(std::remove_reference_t<R>& r) {
+concept host_tensor_like = TensorIn<std::remove_cvref_t<R>, host_space> ||
+    requires(std::remove_reference_t<R>& r) {
   { r.view() } -> TensorIn<host_space>;
 };
 
@@ -46,9 +47,11 @@ auto flat_span(R& r, std::string_view name) {
 inline index_t checked_elements(std::size_t rows, index_t cols, std::string_view name) {
   WEFT_EXPECTS_SHAPE(cols >= 0, name, "a non-negative row length", cols);
   constexpr auto max = std::numeric_limits<index_t>::max();
-  WEFT_EXPECTS_SHAPE(rows <= static_cast<std::size_t>(max) && (cols == 0 || static_cast<index_t>(rows) <= max / cols),
-                     name, ::weft::detail::concat("rows * row length = ", rows, " * ", cols, " within int64"),
-                     "an overflowing product");
+  WEFT_EXPECTS_SHAPE(
+      rows <= static_cast<std::size_t>(max) &&
+          (cols == 0 || static_cast<index_t>(rows) <= max / cols),
+      name, ::weft::detail::concat("rows * row length = ", rows, " * ", cols, " within int64"),
+      "an overflowing product");
   return static_cast<index_t>(rows) * cols;
 }
 
@@ -62,7 +65,8 @@ concept FlatArray = detail::contiguous_sized<R> || detail::host_tensor_like<R>;
 
 //! The element type a FlatArray exposes (const for a const vector or a const view).
 template <FlatArray R>
-using flat_element_t = typename decltype(detail::flat_span(std::declval<std::remove_reference_t<R>&>(), ""))::element_type;
+using flat_element_t = typename decltype(detail::flat_span(
+    std::declval<std::remove_reference_t<R>&>(), ""))::element_type;
 template <FlatArray R>
 using flat_value_t = std::remove_const_t<flat_element_t<R>>;
 
@@ -77,7 +81,8 @@ template <FlatArray R>
 }
 //! The same, read-only.
 template <FlatArray R>
-[[nodiscard]] std::span<flat_value_t<R> const> as_flat_const(R&& r, std::string_view name = "array") {
+[[nodiscard]] std::span<flat_value_t<R> const> as_flat_const(R&& r,
+                                                             std::string_view name = "array") {
   return detail::flat_span(r, name);
 }
 
@@ -104,24 +109,25 @@ class token_layout {
 
   //! Packed rows: cu_seqlens has rows+1 non-decreasing offsets starting at 0.
   template <class Int>
-    requires std::is_integral_v<Int>
+  requires std::is_integral_v<Int>
   static token_layout packed(std::span<Int const> cu_seqlens) {
     WEFT_EXPECTS_SHAPE(!cu_seqlens.empty(), "cu_seqlens", "rows + 1 >= 1 offsets", 0);
-    WEFT_EXPECTS_SHAPE(cu_seqlens[0] == 0, "cu_seqlens[0]", 0, static_cast<long long>(cu_seqlens[0]));
+    WEFT_EXPECTS_SHAPE(cu_seqlens[0] == 0, "cu_seqlens[0]", 0,
+                       static_cast<long long>(cu_seqlens[0]));
     token_layout l;
     l.packed_ = true;
     l.offsets_.assign(cu_seqlens.begin(), cu_seqlens.end());
     for (std::size_t i = 1; i < l.offsets_.size(); ++i) {
-      WEFT_EXPECTS_SHAPE(l.offsets_[i] >= l.offsets_[i - 1], "cu_seqlens",
-                         "non-decreasing offsets", ::weft::detail::concat("offset ", i, " = ", l.offsets_[i],
-                                                                 " < ", l.offsets_[i - 1]));
+      WEFT_EXPECTS_SHAPE(
+          l.offsets_[i] >= l.offsets_[i - 1], "cu_seqlens", "non-decreasing offsets",
+          ::weft::detail::concat("offset ", i, " = ", l.offsets_[i], " < ", l.offsets_[i - 1]));
     }
     l.rows_ = static_cast<index_t>(l.offsets_.size()) - 1;
     return l;
   }
   //! Any FlatArray of integers (std::vector, std::array, a weft view, ...).
   template <FlatArray R>
-    requires std::is_integral_v<flat_value_t<R>>
+  requires std::is_integral_v<flat_value_t<R>>
   static token_layout packed(R&& cu_seqlens) {
     return packed(as_flat_const(cu_seqlens, "cu_seqlens"));
   }
@@ -141,7 +147,8 @@ class token_layout {
   [[nodiscard]] index_t max_row_length() const noexcept {
     if (!packed_) return cols_;
     index_t m = 0;
-    for (index_t i = 0; i < rows_; ++i) m = row_end(i) - row_begin(i) > m ? row_end(i) - row_begin(i) : m;
+    for (index_t i = 0; i < rows_; ++i)
+      m = row_end(i) - row_begin(i) > m ? row_end(i) - row_begin(i) : m;
     return m;
   }
 
@@ -157,8 +164,9 @@ namespace detail {
 //! Throws shape_error unless the per-token array `name` has one element per token.
 template <class S>
 void expect_tokens(S const& s, token_layout const& layout, std::string_view name) {
-  WEFT_EXPECTS_SHAPE(static_cast<index_t>(s.size()) == layout.tokens(), name,
-                     ::weft::detail::concat(layout.tokens(), " elements (one per token of the layout)"), s.size());
+  WEFT_EXPECTS_SHAPE(
+      static_cast<index_t>(s.size()) == layout.tokens(), name,
+      ::weft::detail::concat(layout.tokens(), " elements (one per token of the layout)"), s.size());
 }
 
 //! As expect_tokens, but an empty span means "not given".
@@ -170,7 +178,8 @@ void expect_tokens_or_empty(S const& s, token_layout const& layout, std::string_
 template <class S>
 void expect_rows(S const& s, token_layout const& layout, std::string_view name) {
   WEFT_EXPECTS_SHAPE(static_cast<index_t>(s.size()) == layout.rows(), name,
-                     ::weft::detail::concat(layout.rows(), " elements (one per row of the layout)"), s.size());
+                     ::weft::detail::concat(layout.rows(), " elements (one per row of the layout)"),
+                     s.size());
 }
 
 template <class M>
@@ -190,8 +199,7 @@ template <TensorIn<host_space> V>
 
 //! The layout of a padded rank-2 view [B, T].
 template <TensorIn<host_space> V>
-  requires(V::rank() == 2)
-[[nodiscard]] token_layout padded_layout(V const& v) {
+requires(V::rank() == 2) [[nodiscard]] token_layout padded_layout(V const& v) {
   return token_layout::padded(static_cast<index_t>(v.extent(0)), static_cast<index_t>(v.extent(1)));
 }
 

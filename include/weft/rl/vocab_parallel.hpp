@@ -34,7 +34,8 @@ struct vocab_shard {
   static vocab_shard even(index_t vocab, int parts, int rank) {
     WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
     WEFT_EXPECTS(parts >= 1, "parts", ">= 1", parts);
-    WEFT_EXPECTS(rank >= 0 && rank < parts, "rank", ::weft::detail::concat("in [0, ", parts, ")"), rank);
+    WEFT_EXPECTS(rank >= 0 && rank < parts, "rank", ::weft::detail::concat("in [0, ", parts, ")"),
+                 rank);
     index_t const base = vocab / parts;
     index_t const extra = vocab % parts;
     index_t const r = rank;
@@ -44,7 +45,8 @@ struct vocab_shard {
   static constexpr index_t max_vocab = index_t{1} << 48;
 
   void validate() const {
-    WEFT_EXPECTS(vocab >= 1 && vocab <= max_vocab, "shard.vocab", ::weft::detail::concat("in [1, 2^48]"), vocab);
+    WEFT_EXPECTS(vocab >= 1 && vocab <= max_vocab, "shard.vocab",
+                 ::weft::detail::concat("in [1, 2^48]"), vocab);
     WEFT_EXPECTS(begin >= 0 && size >= 0 && begin <= vocab && size <= vocab - begin, "shard",
                  ::weft::detail::concat("columns inside [0, ", vocab, ")"),
                  ::weft::detail::concat("begin ", begin, ", size ", size));
@@ -63,7 +65,8 @@ void put_shard(W* table, int rank, vocab_shard const& sh) {
   index_t const v[3] = {sh.begin, sh.begin + sh.size, sh.vocab};
   for (std::size_t j = 0; j < 3; ++j) {
     table[shard_slots * static_cast<std::size_t>(rank) + 2 * j] = static_cast<W>(v[j] >> 24);
-    table[shard_slots * static_cast<std::size_t>(rank) + 2 * j + 1] = static_cast<W>(v[j] & 0xFFFFFF);
+    table[shard_slots * static_cast<std::size_t>(rank) + 2 * j + 1] =
+        static_cast<W>(v[j] & 0xFFFFFF);
   }
 }
 
@@ -83,8 +86,8 @@ void check_shard_tiling(W const* table, int ranks) {
   std::string all;
   for (int r = 0; r < ranks; ++r) {
     b[static_cast<std::size_t>(r)] = {get(r, 0), get(r, 1), get(r, 2), r};
-    all += ::weft::detail::concat(r == 0 ? "" : ", ", "rank ", r, ": [", get(r, 0), ", ", get(r, 1), ") of ",
-                                  get(r, 2));
+    all += ::weft::detail::concat(r == 0 ? "" : ", ", "rank ", r, ": [", get(r, 0), ", ", get(r, 1),
+                                  ") of ", get(r, 2));
   }
   index_t const vocab = b[0].vocab;
   bool ok = true;
@@ -98,24 +101,29 @@ void check_shard_tiling(W const* table, int ranks) {
     covered = x.end;
   }
   ok = ok && covered == vocab;
-  WEFT_EXPECTS(ok, "shard", "shards of all ranks that agree on the vocabulary and tile [0, vocab) exactly", all);
+  WEFT_EXPECTS(ok, "shard",
+               "shards of all ranks that agree on the vocabulary and tile [0, vocab) exactly", all);
 }
 
 }  // namespace detail
 
 namespace detail {
 template <comm::CollectiveIn<host_space> C, class L, class I, class T>
-void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits, vocab_shard const& shard,
-                                     std::span<I const> targets, logprob_options const& opt, std::span<T> logp,
-                                     std::span<T> entropy, std::span<T> lse = {}) {
+void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits,
+                                          vocab_shard const& shard, std::span<I const> targets,
+                                          logprob_options const& opt, std::span<T> logp,
+                                          std::span<T> entropy, std::span<T> lse = {}) {
   using W = compute_t<L>;  // wire type: the compute type travels, so ranks merge exact statistics
   using CT = compute_t<L>;
   shard.validate();
   CT const inv_tau = detail::inverse_temperature<L>(opt.temperature);
   auto const n = targets.size();
-  WEFT_EXPECTS_SHAPE(static_cast<index_t>(local_logits.size()) == detail::checked_elements(n, shard.size, "local_logits"),
-                     "local_logits", ::weft::detail::concat("tokens * shard.size = ", n, " * ", shard.size, " elements"),
-                     local_logits.size());
+  WEFT_EXPECTS_SHAPE(
+      static_cast<index_t>(local_logits.size()) ==
+          detail::checked_elements(n, shard.size, "local_logits"),
+      "local_logits",
+      ::weft::detail::concat("tokens * shard.size = ", n, " * ", shard.size, " elements"),
+      local_logits.size());
   WEFT_EXPECTS_SHAPE(logp.size() == n, "logp", n, logp.size());
   WEFT_EXPECTS_SHAPE(entropy.size() == n, "entropy", n, entropy.size());
   if (!lse.empty()) WEFT_EXPECTS_SHAPE(lse.size() == n, "lse", n, lse.size());
@@ -128,9 +136,11 @@ void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits
       maxima[k] = -std::numeric_limits<W>::infinity();
       continue;
     }
-    local[k] = detail::row_stats(local_logits.data() + static_cast<index_t>(k) * shard.size, shard.size, inv_tau);
+    local[k] = detail::row_stats(local_logits.data() + static_cast<index_t>(k) * shard.size,
+                                 shard.size, inv_tau);
     // A poisoned row (NaN or +inf logit) takes no part in the max; its NaN sum poisons the total.
-    maxima[k] = local[k].sum != local[k].sum ? -std::numeric_limits<W>::infinity() : static_cast<W>(local[k].max);
+    maxima[k] = local[k].sum != local[k].sum ? -std::numeric_limits<W>::infinity()
+                                             : static_cast<W>(local[k].max);
   }
   detail::put_shard(maxima.data() + n, tp.rank(), shard);
   comm::all_reduce(tp, std::as_const(maxima), global_max, comm::reduce_kind::max).wait();
@@ -151,8 +161,8 @@ void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits
       t = static_cast<W>(e * (local[k].ent + d * local[k].sum));
     }
     if (o != opt.ignore_index && o >= shard.begin && o < shard.begin + shard.size)
-      zo = static_cast<W>(detail::load_logit<CT>(local_logits.data() + static_cast<index_t>(k) * shard.size,
-                                                 o - shard.begin, inv_tau));
+      zo = static_cast<W>(detail::load_logit<CT>(
+          local_logits.data() + static_cast<index_t>(k) * shard.size, o - shard.begin, inv_tau));
     part[3 * k] = s;
     part[3 * k + 1] = t;
     part[3 * k + 2] = zo;
@@ -164,10 +174,13 @@ void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits
       if (!lse.empty()) lse[k] = T(0);
       continue;
     }
-    softmax_stats<double> const g{static_cast<double>(global_max[k]), static_cast<double>(total[3 * k]),
+    softmax_stats<double> const g{static_cast<double>(global_max[k]),
+                                  static_cast<double>(total[3 * k]),
                                   static_cast<double>(total[3 * k + 1])};
     double const l = softmax_finish{}.lse(g);
-    logp[k] = static_cast<T>(l > -std::numeric_limits<double>::infinity() ? static_cast<double>(total[3 * k + 2]) - l : l);
+    logp[k] = static_cast<T>(l > -std::numeric_limits<double>::infinity()
+                                 ? static_cast<double>(total[3 * k + 2]) - l
+                                 : l);
     entropy[k] = static_cast<T>(softmax_finish{}.entropy(g));
     if (!lse.empty()) lse[k] = static_cast<T>(l);
   }
@@ -184,32 +197,39 @@ void vocab_parallel_log_prob_forward_impl(C& tp, std::span<L const> local_logits
 //! invalid_argument_error before writing anything unless the shards agree on the vocabulary and
 //! tile [0, vocab) (a gap, an overlap or a disagreement would give wrong log-probs silently).
 //! A NaN or +inf logit on any rank makes its token's outputs NaN on every rank.
-template <comm::CollectiveIn<host_space> C, FlatArray LR, FlatArray IR, MutableFlatArray PR, MutableFlatArray ER,
-          MutableFlatArray SR = std::span<flat_value_t<PR>>>
-void vocab_parallel_log_prob_forward(C& tp, LR&& local_logits, vocab_shard const& shard, IR&& targets,
-                                     logprob_options const& opt, PR&& logp, ER&& entropy, SR&& lse = SR{}) {
-  detail::vocab_parallel_log_prob_forward_impl(tp, as_flat_const(local_logits, "local_logits"), shard,
-                                               as_flat_const(targets, "targets"), opt, as_flat(logp, "logp"),
-                                               as_flat(entropy, "entropy"), as_flat(lse, "lse"));
+template <comm::CollectiveIn<host_space> C, FlatArray LR, FlatArray IR, MutableFlatArray PR,
+          MutableFlatArray ER, MutableFlatArray SR = std::span<flat_value_t<PR>>>
+void vocab_parallel_log_prob_forward(C& tp, LR&& local_logits, vocab_shard const& shard,
+                                     IR&& targets, logprob_options const& opt, PR&& logp,
+                                     ER&& entropy, SR&& lse = SR{}) {
+  detail::vocab_parallel_log_prob_forward_impl(
+      tp, as_flat_const(local_logits, "local_logits"), shard, as_flat_const(targets, "targets"),
+      opt, as_flat(logp, "logp"), as_flat(entropy, "entropy"), as_flat(lse, "lse"));
 }
 
 namespace detail {
 template <class L, class I, class T, class D>
-void vocab_parallel_log_prob_backward_impl(std::span<L const> local_logits, vocab_shard const& shard,
-                                      std::span<I const> targets, logprob_options const& opt, std::span<T const> lse,
-                                      std::span<T const> entropy, std::span<T const> d_logp,
-                                      std::span<T const> d_entropy, std::span<D> local_dlogits) {
+void vocab_parallel_log_prob_backward_impl(std::span<L const> local_logits,
+                                           vocab_shard const& shard, std::span<I const> targets,
+                                           logprob_options const& opt, std::span<T const> lse,
+                                           std::span<T const> entropy, std::span<T const> d_logp,
+                                           std::span<T const> d_entropy,
+                                           std::span<D> local_dlogits) {
   shard.validate();
   auto const n = targets.size();
-  WEFT_EXPECTS_SHAPE(static_cast<index_t>(local_logits.size()) == detail::checked_elements(n, shard.size, "local_logits"),
-                     "local_logits", ::weft::detail::concat("tokens * shard.size = ", n, " * ", shard.size, " elements"),
-                     local_logits.size());
-  WEFT_EXPECTS_SHAPE(local_dlogits.size() == local_logits.size(), "local_dlogits", local_logits.size(),
-                     local_dlogits.size());
+  WEFT_EXPECTS_SHAPE(
+      static_cast<index_t>(local_logits.size()) ==
+          detail::checked_elements(n, shard.size, "local_logits"),
+      "local_logits",
+      ::weft::detail::concat("tokens * shard.size = ", n, " * ", shard.size, " elements"),
+      local_logits.size());
+  WEFT_EXPECTS_SHAPE(local_dlogits.size() == local_logits.size(), "local_dlogits",
+                     local_logits.size(), local_dlogits.size());
   WEFT_EXPECTS_SHAPE(lse.size() == n, "lse", n, lse.size());
   WEFT_EXPECTS_SHAPE(entropy.size() == n, "entropy", n, entropy.size());
   if (!d_logp.empty()) WEFT_EXPECTS_SHAPE(d_logp.size() == n, "d_logp", n, d_logp.size());
-  if (!d_entropy.empty()) WEFT_EXPECTS_SHAPE(d_entropy.size() == n, "d_entropy", n, d_entropy.size());
+  if (!d_entropy.empty())
+    WEFT_EXPECTS_SHAPE(d_entropy.size() == n, "d_entropy", n, d_entropy.size());
   detail::check_targets(targets, shard.vocab, opt);
   using CT = compute_t<L>;
   CT const inv_tau = detail::inverse_temperature<L>(opt.temperature);
@@ -218,9 +238,11 @@ void vocab_parallel_log_prob_backward_impl(std::span<L const> local_logits, voca
     bool const ignored = o == opt.ignore_index;
     double const gl = ignored || d_logp.empty() ? 0.0 : static_cast<double>(d_logp[k]);
     double const ge = ignored || d_entropy.empty() ? 0.0 : static_cast<double>(d_entropy[k]);
-    index_t const local_target = !ignored && o >= shard.begin && o < shard.begin + shard.size ? o - shard.begin : -1;
-    detail::row_backward(local_logits.data() + static_cast<index_t>(k) * shard.size, shard.size, inv_tau,
-                         static_cast<double>(lse[k]), static_cast<double>(entropy[k]), gl, ge, local_target,
+    index_t const local_target =
+        !ignored && o >= shard.begin && o < shard.begin + shard.size ? o - shard.begin : -1;
+    detail::row_backward(local_logits.data() + static_cast<index_t>(k) * shard.size, shard.size,
+                         inv_tau, static_cast<double>(lse[k]), static_cast<double>(entropy[k]), gl,
+                         ge, local_target,
                          local_dlogits.data() + static_cast<index_t>(k) * shard.size);
   }
 }
@@ -229,11 +251,13 @@ void vocab_parallel_log_prob_backward_impl(std::span<L const> local_logits, voca
 //! Backward of the sharded forward: the rank's dlogits columns from the global lse and entropy
 //! (which every rank got from the forward). No communication at all, so the shard is trusted as
 //! the forward (which checked the tiling) saw it.
-template <FlatArray LR, FlatArray IR, FlatArray SR, FlatArray HR, FlatArray GR = std::span<flat_value_t<SR> const>,
-          FlatArray GER = std::span<flat_value_t<SR> const>, MutableFlatArray DR = std::span<flat_value_t<LR>>>
+template <FlatArray LR, FlatArray IR, FlatArray SR, FlatArray HR,
+          FlatArray GR = std::span<flat_value_t<SR> const>,
+          FlatArray GER = std::span<flat_value_t<SR> const>,
+          MutableFlatArray DR = std::span<flat_value_t<LR>>>
 void vocab_parallel_log_prob_backward(LR&& local_logits, vocab_shard const& shard, IR&& targets,
-                                      logprob_options const& opt, SR&& lse, HR&& entropy, GR&& d_logp,
-                                      GER&& d_entropy, DR&& local_dlogits) {
+                                      logprob_options const& opt, SR&& lse, HR&& entropy,
+                                      GR&& d_logp, GER&& d_entropy, DR&& local_dlogits) {
   detail::vocab_parallel_log_prob_backward_impl(
       as_flat_const(local_logits, "local_logits"), shard, as_flat_const(targets, "targets"), opt,
       as_flat_const(lse, "lse"), as_flat_const(entropy, "entropy"), as_flat_const(d_logp, "d_logp"),

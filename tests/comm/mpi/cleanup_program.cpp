@@ -1,5 +1,5 @@
-// tests/comm/mpi/cleanup_program.cpp — after a timeout_error a surviving rank can clean up and exit.
-// Usage: cleanup_program late|missing abort|return [all_reduce|send]
+// tests/comm/mpi/cleanup_program.cpp — after a timeout_error a surviving rank can clean up and
+// exit. Usage: cleanup_program late|missing abort|return [all_reduce|send]
 //   late:    the last rank takes part 1 s late; missing: it never does (hangs 2 s, then goes to
 //            MPI_Finalize). The others give up after 200 ms (timeout_error).
 //   abort:   a survivor ends the job with MPI_Abort(3) (the recommended pattern when a peer may

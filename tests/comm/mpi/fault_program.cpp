@@ -1,5 +1,5 @@
-// tests/comm/mpi/fault_program.cpp — a small MPI program that provokes one fault, run under mpiexec by
-// CTest: `skip <op>` (the last rank never calls <op>; the others wait 200 ms and throw
+// tests/comm/mpi/fault_program.cpp — a small MPI program that provokes one fault, run under mpiexec
+// by CTest: `skip <op>` (the last rank never calls <op>; the others wait 200 ms and throw
 // timeout_error) or `mismatch` (debug fingerprints on; rank 0 calls all_reduce, the others
 // all_gather: every rank throws mismatch_error). An uncaught comm_error ends the job with
 // MPI_Abort(3), as a real program's main would; the test expects the message and a non-zero exit.
@@ -21,7 +21,8 @@ namespace {
 long long thread_cpu_ms() {
   rusage u{};
   getrusage(RUSAGE_THREAD, &u);
-  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000LL + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1000;
+  return (u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1000LL +
+         (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1000;
 }
 
 using clock_type = std::chrono::steady_clock;
@@ -76,14 +77,17 @@ int main(int argc, char** argv) {
     } else if (mode == "mismatch") {
       std::vector<float> v(4, 1.0f);
       std::vector<float> all(4 * static_cast<std::size_t>(c.size()));
-      if (c.rank() == 0) weft::comm::all_reduce(c, v);
-      else weft::comm::all_gather(c, v, all);
+      if (c.rank() == 0)
+        weft::comm::all_reduce(c, v);
+      else
+        weft::comm::all_gather(c, v, all);
     } else {
       std::fprintf(stderr, "usage: fault_program skip <op> | mismatch\n");
       MPI_Abort(MPI_COMM_WORLD, 2);
     }
   } catch (weft::comm_error const& e) {
-    auto const ms = std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count();
+    auto const ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(clock_type::now() - t0).count();
     std::fprintf(stderr, "rank %d threw after %lld ms (%lld ms of CPU): %s\n", rank,
                  static_cast<long long>(ms), thread_cpu_ms() - cpu0, e.what());
     std::fflush(stderr);

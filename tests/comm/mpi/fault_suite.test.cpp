@@ -47,54 +47,53 @@ int world_size() {
 }  // namespace
 
 TEST_SUITE("mpi") {
+  TEST_CASE("fault suite (mpi): a rank that throws reaches every rank as an exception") {
+    if (world_size() < 2) return;
+    mpi_harness h;
+    faults::thrown_rank(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): a rank that throws reaches every rank as an exception") {
-  if (world_size() < 2) return;
-  mpi_harness h;
-  faults::thrown_rank(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): a missing rank is a timeout_error naming it") {
+    if (world_size() < 2) return;
+    mpi_harness h;
+    faults::missing_rank(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): a missing rank is a timeout_error naming it") {
-  if (world_size() < 2) return;
-  mpi_harness h;
-  faults::missing_rank(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): mismatched calls name both fingerprints; the fault poisons") {
+    if (world_size() < 2) return;
+    mpi_harness h;
+    faults::mismatched_call(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): mismatched calls name both fingerprints; the fault poisons") {
-  if (world_size() < 2) return;
-  mpi_harness h;
-  faults::mismatched_call(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): after abort() every operation throws peer_aborted_error") {
+    mpi_harness h;
+    faults::abort_then_operate(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): after abort() every operation throws peer_aborted_error") {
-  mpi_harness h;
-  faults::abort_then_operate(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): zero-count operations are recorded in the history") {
+    mpi_harness h;
+    faults::zero_counts_recorded(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): zero-count operations are recorded in the history") {
-  mpi_harness h;
-  faults::zero_counts_recorded(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): in-place all_to_all") {
+    mpi_harness h;
+    faults::in_place_all_to_all(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): in-place all_to_all") {
-  mpi_harness h;
-  faults::in_place_all_to_all(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): zero-length send and recv are local no-ops") {
+    if (world_size() < 2) return;
+    mpi_harness h;
+    faults::zero_length_p2p_is_local(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): zero-length send and recv are local no-ops") {
-  if (world_size() < 2) return;
-  mpi_harness h;
-  faults::zero_length_p2p_is_local(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): messages to one's own rank follow the one rule") {
+    mpi_harness h;
+    faults::self_message_rule(h, world_size());
+  }
 
-TEST_CASE("fault suite (mpi): messages to one's own rank follow the one rule") {
-  mpi_harness h;
-  faults::self_message_rule(h, world_size());
-}
-
-TEST_CASE("fault suite (mpi): one message text per argument check") {
-  mpi_harness h;
-  faults::one_message_per_check(h, world_size());
-}
+  TEST_CASE("fault suite (mpi): one message text per argument check") {
+    mpi_harness h;
+    faults::one_message_per_check(h, world_size());
+  }
 
 }  // TEST_SUITE("mpi")

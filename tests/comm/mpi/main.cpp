@@ -1,6 +1,6 @@
-// tests/comm/mpi/main.cpp — doctest's main for the MPI tests, run under mpiexec: every rank runs every
-// case; only rank 0 reports; the exit code is the largest failure count over the ranks, and an
-// uncaught comm_error ends the whole job with MPI_Abort (weft itself never calls it).
+// tests/comm/mpi/main.cpp — doctest's main for the MPI tests, run under mpiexec: every rank runs
+// every case; only rank 0 reports; the exit code is the largest failure count over the ranks, and
+// an uncaught comm_error ends the whole job with MPI_Abort (weft itself never calls it).
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 

@@ -32,8 +32,9 @@ TEST_CASE_TEMPLATE("nccl mock conformance: all_reduce, reduce, reduce_scatter(_v
   }
 }
 
-TEST_CASE_TEMPLATE("nccl mock conformance: broadcast, all_gather(_v), all_to_all(_v), gather, scatter",
-                   T, weft::f32, weft::f64, weft::bf16, weft::f16, weft::i32, weft::i64, weft::u8) {
+TEST_CASE_TEMPLATE(
+    "nccl mock conformance: broadcast, all_gather(_v), all_to_all(_v), gather, scatter", T,
+    weft::f32, weft::f64, weft::bf16, weft::f16, weft::i32, weft::i64, weft::u8) {
   auto const cfg = mock_config();
   for (int n = 1; n <= max_world; ++n) {
     CAPTURE(n);

@@ -25,7 +25,8 @@ struct device_buffer {
   T* p = nullptr;
   std::size_t n = 0;
   explicit device_buffer(std::vector<T> const& h) : n(h.size()) {
-    WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(n, 1) * sizeof(T)));
+    WEFT_CUDA_TRY(
+        cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(n, 1) * sizeof(T)));
     if (n > 0) WEFT_CUDA_TRY(cudaMemcpy(p, h.data(), n * sizeof(T), cudaMemcpyHostToDevice));
   }
   explicit device_buffer(std::size_t count) : device_buffer(std::vector<T>(count)) {}
@@ -112,8 +113,9 @@ TEST_CASE("gpu: host memory is rejected before NCCL sees it") {
   wc::threads::world(1).run([](wc::threads::communicator& host) {
     auto c = nc::communicator::create(host, 0, gpu_options());
     std::vector<float> h(4);
-    CHECK_THROWS_AS(c.all_reduce(wc::host_view(std::span<float>(h)), wc::host_view(std::span<float>(h))),
-                    weft::invalid_argument_error);
+    CHECK_THROWS_AS(
+        c.all_reduce(wc::host_view(std::span<float>(h)), wc::host_view(std::span<float>(h))),
+        weft::invalid_argument_error);
     CHECK(c.state() == wc::comm_state::healthy);
   });
 }

@@ -1,10 +1,11 @@
-// tests/comm/nccl/mock.test.cu — the NCCL backend's logic driven through the mock nccl_api on the CPU:
-// dtype and op mapping, bootstrap and split, every collective's argument plumbing and results,
-// grouped send/recv, ncclInProgress polling, error mapping, abort on timeout, fingerprints, history.
+// tests/comm/nccl/mock.test.cu — the NCCL backend's logic driven through the mock nccl_api on the
+// CPU: dtype and op mapping, bootstrap and split, every collective's argument plumbing and results,
+// grouped send/recv, ncclInProgress polling, error mapping, abort on timeout, fingerprints,
+// history.
 #if defined(__CUDACC__)
-#  include <weft/comm/nccl/communicator.cuh>
+#include <weft/comm/nccl/communicator.cuh>
 #else
-#  include <weft/comm/nccl/communicator.hpp>  // g++ iteration: the same logic without nvcc
+#include <weft/comm/nccl/communicator.hpp>  // g++ iteration: the same logic without nvcc
 #endif
 #include <weft/comm/threads/world.hpp>
 
@@ -183,11 +184,12 @@ TEST_CASE("init: argument checks throw before any call") {
   CHECK_THROWS_AS((void)nc::communicator::init(m.make_id(), 0, 1, -1, mock_options()),
                   weft::invalid_argument_error);
   CHECK(m.count("ncclCommInitRankConfig") == 0);
-  CHECK_THROWS_AS((void)nc::communicator::adopt(nullptr, mock_options()), weft::invalid_argument_error);
+  CHECK_THROWS_AS((void)nc::communicator::adopt(nullptr, mock_options()),
+                  weft::invalid_argument_error);
 }
 
-TEST_CASE_TEMPLATE("all_reduce maps every dtype and op, premul_sum through a created op", T, float, double,
-                   weft::bf16, weft::f16, std::int32_t, std::int64_t, std::uint8_t) {
+TEST_CASE_TEMPLATE("all_reduce maps every dtype and op, premul_sum through a created op", T, float,
+                   double, weft::bf16, weft::f16, std::int32_t, std::int64_t, std::uint8_t) {
   mock m;
   int const n = 3;
   auto w = make_world(m, n);
@@ -197,25 +199,29 @@ TEST_CASE_TEMPLATE("all_reduce maps every dtype and op, premul_sum through a cre
     wc::reduce_op op;
     int nccl_op;
   };
-  std::vector<case_t> cases = {{wc::reduce_kind::sum, ncclSum},  {wc::reduce_kind::prod, ncclProd},
-                               {wc::reduce_kind::min, ncclMin},  {wc::reduce_kind::max, ncclMax},
-                               {wc::reduce_kind::avg, ncclAvg},  {wc::reduce_op::premul(2.0), -1}};
+  std::vector<case_t> cases = {{wc::reduce_kind::sum, ncclSum}, {wc::reduce_kind::prod, ncclProd},
+                               {wc::reduce_kind::min, ncclMin}, {wc::reduce_kind::max, ncclMax},
+                               {wc::reduce_kind::avg, ncclAvg}, {wc::reduce_op::premul(2.0), -1}};
   for (auto const& cs : cases) {
     CAPTURE(to_string(cs.op.kind));
     std::vector<std::vector<T>> in(n, std::vector<T>(count)), out(n, std::vector<T>(count));
     for (int r = 0; r < n; ++r)
-      for (std::size_t i = 0; i < count; ++i) in[r][i] = static_cast<T>(static_cast<float>(input(r, i)));
+      for (std::size_t i = 0; i < count; ++i)
+        in[r][i] = static_cast<T>(static_cast<float>(input(r, i)));
     auto const before = m.count("ncclAllReduce");
     std::vector<wc::work> works;
-    for (int r = 0; r < n; ++r) works.push_back(w.ranks[r].all_reduce(dv(in[r]), dv(out[r]), cs.op));
+    for (int r = 0; r < n; ++r)
+      works.push_back(w.ranks[r].all_reduce(dv(in[r]), dv(out[r]), cs.op));
     for (auto& wk : works) wk.wait();
     auto calls = m.calls_named("ncclAllReduce");
     REQUIRE(calls.size() == before + n);
     for (std::size_t k = before; k < calls.size(); ++k) {
       CHECK(calls[k].type == static_cast<int>(nc::to_nccl(weft::dtype_of<T>)));
       CHECK(calls[k].count == count);
-      if (cs.nccl_op >= 0) CHECK(calls[k].op == cs.nccl_op);
-      else CHECK(calls[k].op >= static_cast<int>(ncclNumOps));
+      if (cs.nccl_op >= 0)
+        CHECK(calls[k].op == cs.nccl_op);
+      else
+        CHECK(calls[k].op >= static_cast<int>(ncclNumOps));
     }
     for (std::size_t i = 0; i < count; ++i) {
       double want = 0;
@@ -262,7 +268,8 @@ TEST_CASE("rooted collectives: broadcast, reduce, gather, scatter for every root
     }
     std::vector<wc::work> ws;
     // broadcast: root's first c elements to everyone's out[0..c)
-    for (int r = 0; r < n; ++r) ws.push_back(w.ranks[r].broadcast(dv(in[r], 0, c), dv(out[r], 0, c), root));
+    for (int r = 0; r < n; ++r)
+      ws.push_back(w.ranks[r].broadcast(dv(in[r], 0, c), dv(out[r], 0, c), root));
     for (auto& x : ws) x.wait();
     for (int r = 0; r < n; ++r)
       for (std::size_t i = 0; i < c; ++i) CHECK(out[r][i] == float(100 * root + int(i)));
@@ -275,7 +282,8 @@ TEST_CASE("rooted collectives: broadcast, reduce, gather, scatter for every root
       ws.push_back(w.ranks[r].reduce(dv(in[r], 0, c), dv(out[r], 0, r == root ? c : 0),
                                      wc::reduce_kind::sum, root));
     for (auto& x : ws) x.wait();
-    for (std::size_t i = 0; i < c; ++i) CHECK(out[root][i] == float(100 * (0 + 1 + 2 + 3) + 4 * int(i)));
+    for (std::size_t i = 0; i < c; ++i)
+      CHECK(out[root][i] == float(100 * (0 + 1 + 2 + 3) + 4 * int(i)));
     for (int r = 0; r < n; ++r)
       if (r != root) CHECK(out[r][0] == -1.f);
     for (auto const& call : m.calls_named("ncclReduce"))
@@ -284,7 +292,8 @@ TEST_CASE("rooted collectives: broadcast, reduce, gather, scatter for every root
     // gather: c from each rank into root's out (native ncclGather)
     for (auto& o : out) std::fill(o.begin(), o.end(), -1.f);
     for (int r = 0; r < n; ++r)
-      ws.push_back(w.ranks[r].gather(dv(in[r], 0, c), r == root ? dv(out[r]) : wc::buffer_view{}, root));
+      ws.push_back(
+          w.ranks[r].gather(dv(in[r], 0, c), r == root ? dv(out[r]) : wc::buffer_view{}, root));
     for (auto& x : ws) x.wait();
     for (int q = 0; q < n; ++q)
       for (std::size_t i = 0; i < c; ++i) CHECK(out[root][q * c + i] == float(100 * q + int(i)));
@@ -292,7 +301,8 @@ TEST_CASE("rooted collectives: broadcast, reduce, gather, scatter for every root
     // scatter: root's n*c split among ranks (native ncclScatter)
     for (auto& o : out) std::fill(o.begin(), o.end(), -1.f);
     for (int r = 0; r < n; ++r)
-      ws.push_back(w.ranks[r].scatter(r == root ? dv(in[r]) : wc::buffer_view{}, dv(out[r], 0, c), root));
+      ws.push_back(
+          w.ranks[r].scatter(r == root ? dv(in[r]) : wc::buffer_view{}, dv(out[r], 0, c), root));
     for (auto& x : ws) x.wait();
     for (int r = 0; r < n; ++r)
       for (std::size_t i = 0; i < c; ++i) CHECK(out[r][i] == float(100 * root + int(r * c + i)));
@@ -337,7 +347,8 @@ TEST_CASE("all_gather, reduce_scatter (in-place offset forms too) and native all
   ws.clear();
   // in-place reduce_scatter: out == in + rank * c
   buf = in;
-  for (int r = 0; r < n; ++r) ws.push_back(w.ranks[r].reduce_scatter(dv(buf[r]), dv(buf[r], r * c, c)));
+  for (int r = 0; r < n; ++r)
+    ws.push_back(w.ranks[r].reduce_scatter(dv(buf[r]), dv(buf[r], r * c, c)));
   for (auto& x : ws) x.wait();
   for (int r = 0; r < n; ++r) CHECK(buf[r][r * c] == 30 + 3 * int(r * c));
   ws.clear();
@@ -404,7 +415,8 @@ TEST_CASE("_v variants are grouped send/recv (all_gather_v, all_to_all_v) and gr
   for (int r = 0; r < n; ++r) part[r].assign(counts[r], -1);
   auto const reduces0 = m.count("ncclReduce");
   for (int r = 0; r < n; ++r)
-    ws.push_back(w.ranks[r].reduce_scatter_v(dv(full[r]), dv(part[r]), counts, wc::reduce_op::premul(0.5)));
+    ws.push_back(
+        w.ranks[r].reduce_scatter_v(dv(full[r]), dv(part[r]), counts, wc::reduce_op::premul(0.5)));
   for (auto& x : ws) x.wait();
   CHECK(part[0] == std::vector<double>{0.5 * 6 * 1, 0.5 * 6 * 2});
   CHECK(part[2] == std::vector<double>{0.5 * 6 * 3, 0.5 * 6 * 4, 0.5 * 6 * 5});
@@ -413,17 +425,20 @@ TEST_CASE("_v variants are grouped send/recv (all_gather_v, all_to_all_v) and gr
   ws.clear();
 
   // all_to_all_v: rank r sends (r + p) % 2 + 1 elements to p
-  std::vector<std::vector<std::size_t>> sc(n, std::vector<std::size_t>(n)), rc(n, std::vector<std::size_t>(n));
+  std::vector<std::vector<std::size_t>> sc(n, std::vector<std::size_t>(n)),
+      rc(n, std::vector<std::size_t>(n));
   for (int r = 0; r < n; ++r)
     for (int p = 0; p < n; ++p) sc[r][p] = rc[p][r] = std::size_t((r + p) % 2 + 1);
   std::vector<std::vector<double>> a(n), b(n);
   for (int r = 0; r < n; ++r) {
     std::size_t k = 0;
     for (int p = 0; p < n; ++p)
-      for (std::size_t i = 0; i < sc[r][p]; ++i) a[r].push_back(100.0 * r + 10.0 * p + double(i)), ++k;
+      for (std::size_t i = 0; i < sc[r][p]; ++i)
+        a[r].push_back(100.0 * r + 10.0 * p + double(i)), ++k;
     b[r].assign(std::accumulate(rc[r].begin(), rc[r].end(), std::size_t(0)), -1);
   }
-  for (int r = 0; r < n; ++r) ws.push_back(w.ranks[r].all_to_all_v(dv(a[r]), dv(b[r]), sc[r], rc[r]));
+  for (int r = 0; r < n; ++r)
+    ws.push_back(w.ranks[r].all_to_all_v(dv(a[r]), dv(b[r]), sc[r], rc[r]));
   for (auto& x : ws) x.wait();
   for (int r = 0; r < n; ++r) {
     std::vector<double> expect;
@@ -439,7 +454,7 @@ TEST_CASE("send, recv, isend, irecv and barrier with done() and wait_for() follo
   auto w = make_world(m, 2);
   std::vector<float> x = {1, 2, 3}, y(3, 0);
   auto s = w.ranks[0].isend(dv(x), 1);
-  CHECK_FALSE(s.done());              // the receiver has not posted
+  CHECK_FALSE(s.done());  // the receiver has not posted
   CHECK_FALSE(s.wait_for(5ms));
   auto r = w.ranks[1].irecv(dv(y), 0);
   CHECK(s.wait_for(1s));
@@ -532,13 +547,15 @@ TEST_CASE("invalid arguments throw before any NCCL call and leave the communicat
   CHECK_THROWS_AS(r0.all_reduce(host, dv(b)), weft::invalid_argument_error);
   CHECK_THROWS_AS(r0.all_reduce(other_dev, dv(b)), weft::invalid_argument_error);
   CHECK_THROWS_AS(r0.all_reduce(dv(a), dv(c)), weft::shape_error);
-  CHECK_THROWS_AS(r0.all_reduce(dv(c, 0, 4), dv(c, 2, 4)), weft::invalid_argument_error);  // overlap
+  CHECK_THROWS_AS(r0.all_reduce(dv(c, 0, 4), dv(c, 2, 4)),
+                  weft::invalid_argument_error);  // overlap
   CHECK_THROWS_AS(r0.broadcast(dv(a), dv(b), 2), weft::invalid_argument_error);
   CHECK_THROWS_AS(r0.reduce(dv(a), dv(b), wc::reduce_kind::sum, -1), weft::invalid_argument_error);
   CHECK_THROWS_AS(r0.all_gather(dv(a), dv(b)), weft::shape_error);
   CHECK_THROWS_AS(r0.reduce_scatter(dv(a), dv(a, 0, 3)), weft::shape_error);
   CHECK_THROWS_AS(r0.all_to_all(dv(c, 0, 3), dv(a, 0, 3)), weft::shape_error);
-  CHECK_THROWS_AS(r0.all_to_all(dv(c, 0, 4), dv(c, 2, 4)), weft::invalid_argument_error);  // overlap
+  CHECK_THROWS_AS(r0.all_to_all(dv(c, 0, 4), dv(c, 2, 4)),
+                  weft::invalid_argument_error);  // overlap
   CHECK_THROWS_AS(r0.gather(dv(a), dv(b), 0), weft::shape_error);
   CHECK_THROWS_AS(r0.scatter(dv(a), dv(b), 0), weft::shape_error);
   std::vector<std::size_t> bad_counts = {4};
@@ -631,8 +648,10 @@ TEST_CASE("error mapping: invalid argument keeps the communicator, fatal results
     if (fatal) {
       auto const before = m.calls().size();
       // rejected with the original fault's type
-      if (r == ncclRemoteError) CHECK_THROWS_AS(w.ranks[0].all_reduce(dv(x), dv(x)), weft::peer_aborted_error);
-      else CHECK_THROWS_AS(w.ranks[0].all_reduce(dv(x), dv(x)), weft::backend_error);
+      if (r == ncclRemoteError)
+        CHECK_THROWS_AS(w.ranks[0].all_reduce(dv(x), dv(x)), weft::peer_aborted_error);
+      else
+        CHECK_THROWS_AS(w.ranks[0].all_reduce(dv(x), dv(x)), weft::backend_error);
       CHECK_THROWS_AS(w.ranks[0].barrier(), weft::comm_error);
       CHECK_THROWS_AS(w.ranks[0].split(0, 0), weft::comm_error);
       CHECK(m.calls().size() == before);  // rejected at once
@@ -729,7 +748,8 @@ TEST_CASE("owned communicator: poisoned ones are aborted, not destroyed, at dest
   CHECK(m.count("ncclCommDestroy") == 1);  // the healthy rank 1 only
 }
 
-TEST_CASE("split: ncclCommSplit non-blocking, children ordered by key, negative color a non-member") {
+TEST_CASE(
+    "split: ncclCommSplit non-blocking, children ordered by key, negative color a non-member") {
   mock m;
   std::atomic<int> checked{0};
   wc::threads::world(4).run([&](wc::threads::communicator& host) {
@@ -856,7 +876,8 @@ TEST_CASE("events are destroyed with their work, premul ops never leak on a fail
     }
     CHECK(m.live_events() == 0);
     m.fail_next("ncclAllReduce", ncclInvalidArgument, 0);
-    CHECK_THROWS_AS(w.ranks[0].all_reduce(dv(x), dv(x), wc::reduce_op::premul(3.0)), weft::backend_error);
+    CHECK_THROWS_AS(w.ranks[0].all_reduce(dv(x), dv(x), wc::reduce_op::premul(3.0)),
+                    weft::backend_error);
     CHECK(m.count("ncclRedOpDestroy") == 2);
   }
   auto problems = m.problems();
@@ -864,7 +885,6 @@ TEST_CASE("events are destroyed with their work, premul ops never leak on a fail
   REQUIRE(problems.size() == 1);
   CHECK(problems[0].find("before any use") != std::string::npos);
 }
-
 
 TEST_CASE("all_to_all_v with a rank that moves nothing keeps every rank's sequence aligned") {
   mock m;
@@ -888,7 +908,8 @@ TEST_CASE("all_to_all_v with a rank that moves nothing keeps every rank's sequen
   CHECK(m.problems().empty());
 }
 
-TEST_CASE("deadlines also bound split, a stuck ncclInProgress enqueue and finalize at destruction") {
+TEST_CASE(
+    "deadlines also bound split, a stuck ncclInProgress enqueue and finalize at destruction") {
   mock m;
   auto o = mock_options();
   o.timeout = 60ms;
@@ -926,7 +947,8 @@ TEST_CASE("deadlines also bound split, a stuck ncclInProgress enqueue and finali
   CHECK(m.count("ncclCommAbort") == 4);  // split (parent and half-made child), enqueue, finalize
 }
 
-TEST_CASE("adopt: the wrapped handle is never destroyed by weft, and a failed query does not abort it") {
+TEST_CASE(
+    "adopt: the wrapped handle is never destroyed by weft, and a failed query does not abort it") {
   mock m;
   ncclComm_t raw = nullptr;
   {

@@ -1,7 +1,8 @@
 // tests/comm/nccl/mock_nccl.hpp — a mock of the NCCL and CUDA runtime calls behind weft's nccl_api:
 // a world of ranks (threads of this process) on host memory that records every call, executes
 // collectives once every rank has posted, orders work per (thread, stream), answers ncclInProgress
-// for a few polls, and injects errors. Buffers marked memory_kind::cuda are plain host vectors here.
+// for a few polls, and injects errors. Buffers marked memory_kind::cuda are plain host vectors
+// here.
 #pragma once
 
 #include <weft/comm/nccl/api.hpp>
@@ -32,12 +33,12 @@ struct call {
   void const* send = nullptr;
   void* recv = nullptr;
   std::size_t count = 0;
-  int type = -1;           // ncclDataType_t
-  int op = -1;             // ncclRedOp_t
+  int type = -1;  // ncclDataType_t
+  int op = -1;    // ncclRedOp_t
   int root_or_peer = -1;
   void* stream = nullptr;
-  int blocking = -1;       // ncclConfig_t::blocking for init and split
-  double scalar = 0.0;     // premul scalar as read by the mock
+  int blocking = -1;    // ncclConfig_t::blocking for init and split
+  double scalar = 0.0;  // premul scalar as read by the mock
 };
 
 struct group_state;
@@ -91,8 +92,8 @@ struct split_post {
 struct group_state {
   int size = 0;
   int joined = 0;
-  std::map<std::uint64_t, std::vector<post>> pending;               // collectives by seq
-  std::map<std::pair<int, int>, std::deque<post>> sends, recvs;      // (src, dst)
+  std::map<std::uint64_t, std::vector<post>> pending;            // collectives by seq
+  std::map<std::pair<int, int>, std::deque<post>> sends, recvs;  // (src, dst)
   std::map<std::uint64_t, std::vector<split_post>> splits;
 };
 
@@ -200,9 +201,9 @@ inline void store_int(ncclDataType_t t, void* p, std::size_t i, std::int64_t v) 
 class mock {
  public:
   // --- knobs ---
-  int in_progress_polls = 2;        // ncclInProgress answers of GetAsyncError after InProgress
-  int event_not_ready_polls = 2;    // cudaErrorNotReady answers before a reached event succeeds
-  bool enqueue_in_progress = false; // collectives and group ends answer ncclInProgress
+  int in_progress_polls = 2;         // ncclInProgress answers of GetAsyncError after InProgress
+  int event_not_ready_polls = 2;     // cudaErrorNotReady answers before a reached event succeeds
+  bool enqueue_in_progress = false;  // collectives and group ends answer ncclInProgress
   bool unique_id_fails = false;
 
   mock() { current() = this; }
@@ -286,7 +287,9 @@ class mock {
       if (c.name == name && (rank == -2 || c.rank == rank)) out.push_back(c);
     return out;
   }
-  std::size_t count(std::string const& name, int rank = -2) const { return calls_named(name, rank).size(); }
+  std::size_t count(std::string const& name, int rank = -2) const {
+    return calls_named(name, rank).size();
+  }
   //! Things the mock found wrong (mismatched posts, premul misuse, leaks); tests expect none.
   std::vector<std::string> problems() const {
     std::lock_guard lock(m_);
@@ -395,7 +398,9 @@ class mock {
                                        ncclConfig_t* config) {
     auto& M = self();
     std::lock_guard lock(M.m_);
-    M.calls_.push_back({.name = "ncclCommInitRankConfig", .rank = rank, .count = std::size_t(nranks),
+    M.calls_.push_back({.name = "ncclCommInitRankConfig",
+                        .rank = rank,
+                        .count = std::size_t(nranks),
                         .blocking = config ? config->blocking : -1});
     ncclResult_t r{};
     if (M.injected("ncclCommInitRankConfig", rank, r)) return r;
@@ -426,7 +431,10 @@ class mock {
     auto& M = self();
     std::lock_guard lock(M.m_);
     auto* p = as_obj(comm);
-    M.calls_.push_back({.name = "ncclCommSplit", .rank = p->rank, .op = color, .root_or_peer = key,
+    M.calls_.push_back({.name = "ncclCommSplit",
+                        .rank = p->rank,
+                        .op = color,
+                        .root_or_peer = key,
                         .blocking = config ? config->blocking : -1});
     ncclResult_t r{};
     if (M.injected("ncclCommSplit", p->rank, r)) return r;
@@ -549,10 +557,12 @@ class mock {
     std::lock_guard lock(M.m_);
     auto* c = as_obj(comm);
     double const s = load(t, scalar, 0);
-    M.calls_.push_back({.name = "ncclRedOpCreatePreMulSum", .rank = c->rank, .type = t, .scalar = s});
+    M.calls_.push_back(
+        {.name = "ncclRedOpCreatePreMulSum", .rank = c->rank, .type = t, .scalar = s});
     ncclResult_t r{};
     if (M.injected("ncclRedOpCreatePreMulSum", c->rank, r)) return r;
-    if (residence != ncclScalarHostImmediate) M.problems_.push_back("premul: scalar not host-immediate");
+    if (residence != ncclScalarHostImmediate)
+      M.problems_.push_back("premul: scalar not host-immediate");
     int const id = c->next_op++;
     c->ops[id] = {s, t, true, 0};
     *op = static_cast<ncclRedOp_t>(id);
@@ -575,8 +585,14 @@ class mock {
 
   // --- operations ---
   ncclResult_t enqueue(post p, std::string const& name) {
-    calls_.push_back({.name = name, .rank = p.rank, .send = p.send, .recv = p.recv, .count = p.count,
-                      .type = static_cast<int>(p.type), .op = p.op, .root_or_peer = p.root,
+    calls_.push_back({.name = name,
+                      .rank = p.rank,
+                      .send = p.send,
+                      .recv = p.recv,
+                      .count = p.count,
+                      .type = static_cast<int>(p.type),
+                      .op = p.op,
+                      .root_or_peer = p.root,
                       .stream = p.stream});
     ncclResult_t r{};
     if (injected(name, p.rank, r)) return r;
@@ -590,7 +606,8 @@ class mock {
         problems_.push_back(name + ": premul op unknown or destroyed");
         return ncclInvalidArgument;
       }
-      if (it->second.type != p.type) problems_.push_back(name + ": premul op created for another dtype");
+      if (it->second.type != p.type)
+        problems_.push_back(name + ": premul op created for another dtype");
       ++it->second.uses;
       p.premul = true;
       p.scalar = it->second.scalar;
@@ -613,7 +630,8 @@ class mock {
   void submit(post p) {
     auto& g = *p.c->g;
     if (p.kind == "send" || p.kind == "recv") {
-      auto const key = p.kind == "send" ? std::make_pair(p.rank, p.root) : std::make_pair(p.root, p.rank);
+      auto const key =
+          p.kind == "send" ? std::make_pair(p.rank, p.root) : std::make_pair(p.root, p.rank);
       (p.kind == "send" ? g.sends : g.recvs)[key].push_back(std::move(p));
       auto& s = g.sends[key];
       auto& r = g.recvs[key];
@@ -636,8 +654,8 @@ class mock {
     if (static_cast<int>(v.size()) < g.size) return;
     std::sort(v.begin(), v.end(), [](post const& a, post const& b) { return a.rank < b.rank; });
     for (auto const& q : v) {
-      if (q.kind != v[0].kind || q.count != v[0].count || q.type != v[0].type || q.root != v[0].root ||
-          q.premul != v[0].premul || (!q.premul && q.op != v[0].op)) {
+      if (q.kind != v[0].kind || q.count != v[0].count || q.type != v[0].type ||
+          q.root != v[0].root || q.premul != v[0].premul || (!q.premul && q.op != v[0].op)) {
         problems_.push_back("collective mismatch at seq " + std::to_string(seq) + ": " + v[0].kind +
                             " vs " + q.kind);
         return;  // like NCCL: never completes
@@ -654,7 +672,8 @@ class mock {
     auto const t = v[0].type;
     int const op = v[0].op;
     auto x = [&](post const& q) {
-      auto const s = q.premul ? static_cast<std::uint64_t>(static_cast<std::int64_t>(q.scalar)) : 1u;
+      auto const s =
+          q.premul ? static_cast<std::uint64_t>(static_cast<std::int64_t>(q.scalar)) : 1u;
       return wrap_int(t, static_cast<std::uint64_t>(load_int(t, q.send, offset + i)) * s);
     };
     std::int64_t acc = x(v[0]);
@@ -675,7 +694,8 @@ class mock {
   }
 
   //! Element i of the reduction of the posts' inputs from `offset`, stored into `o`.
-  static void store_reduced(std::vector<post> const& v, void* o, std::size_t offset, std::size_t i) {
+  static void store_reduced(std::vector<post> const& v, void* o, std::size_t offset,
+                            std::size_t i) {
     if (is_int(v[0].type)) {
       store_int(v[0].type, o, i, reduce_int_at(v, offset, i));
     } else {
@@ -686,14 +706,20 @@ class mock {
   static double reduce_at(std::vector<post> const& v, std::size_t offset, std::size_t i) {
     auto const t = v[0].type;
     int const op = v[0].op;
-    auto x = [&](post const& q) { return load(t, q.send, offset + i) * (q.premul ? q.scalar : 1.0); };
+    auto x = [&](post const& q) {
+      return load(t, q.send, offset + i) * (q.premul ? q.scalar : 1.0);
+    };
     double acc = x(v[0]);
     for (std::size_t r = 1; r < v.size(); ++r) {
       double const y = x(v[r]);
-      if (v[0].premul || op == ncclSum || op == ncclAvg) acc += y;
-      else if (op == ncclProd) acc *= y;
-      else if (op == ncclMin) acc = std::min(acc, y);
-      else if (op == ncclMax) acc = std::max(acc, y);
+      if (v[0].premul || op == ncclSum || op == ncclAvg)
+        acc += y;
+      else if (op == ncclProd)
+        acc *= y;
+      else if (op == ncclMin)
+        acc = std::min(acc, y);
+      else if (op == ncclMax)
+        acc = std::max(acc, y);
     }
     if (!v[0].premul && op == ncclAvg) {
       acc /= static_cast<double>(v.size());
@@ -740,7 +766,8 @@ class mock {
       } else if (k == "all_to_all") {
         auto* o = static_cast<unsigned char*>(result(r, n * size));
         for (std::size_t q = 0; q < size; ++q)
-          std::memcpy(o + q * n * es, static_cast<unsigned char const*>(v[q].send) + r * n * es, n * es);
+          std::memcpy(o + q * n * es, static_cast<unsigned char const*>(v[q].send) + r * n * es,
+                      n * es);
         lens[r] = n * size;
       } else if (k == "scatter") {
         void* o = result(r, n);
@@ -752,8 +779,9 @@ class mock {
       if (lens[r] > 0) std::memcpy(v[r].recv, out[r].data(), lens[r] * es);
   }
 
-  static ncclResult_t op_call(std::string kind, std::string name, void const* s, void* r, std::size_t count,
-                              ncclDataType_t t, int op, int root, ncclComm_t comm, cudaStream_t st) {
+  static ncclResult_t op_call(std::string kind, std::string name, void const* s, void* r,
+                              std::size_t count, ncclDataType_t t, int op, int root,
+                              ncclComm_t comm, cudaStream_t st) {
     auto& M = self();
     std::lock_guard lock(M.m_);
     post p;
@@ -769,28 +797,28 @@ class mock {
     p.stream = st;
     return M.enqueue(std::move(p), name);
   }
-  static ncclResult_t all_reduce(void const* s, void* r, std::size_t n, ncclDataType_t t, ncclRedOp_t op,
-                                 ncclComm_t c, cudaStream_t st) {
+  static ncclResult_t all_reduce(void const* s, void* r, std::size_t n, ncclDataType_t t,
+                                 ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
     return op_call("all_reduce", "ncclAllReduce", s, r, n, t, op, -1, c, st);
   }
   static ncclResult_t broadcast(void const* s, void* r, std::size_t n, ncclDataType_t t, int root,
                                 ncclComm_t c, cudaStream_t st) {
     return op_call("broadcast", "ncclBroadcast", s, r, n, t, -1, root, c, st);
   }
-  static ncclResult_t reduce(void const* s, void* r, std::size_t n, ncclDataType_t t, ncclRedOp_t op,
-                             int root, ncclComm_t c, cudaStream_t st) {
+  static ncclResult_t reduce(void const* s, void* r, std::size_t n, ncclDataType_t t,
+                             ncclRedOp_t op, int root, ncclComm_t c, cudaStream_t st) {
     return op_call("reduce", "ncclReduce", s, r, n, t, op, root, c, st);
   }
-  static ncclResult_t all_gather(void const* s, void* r, std::size_t n, ncclDataType_t t, ncclComm_t c,
-                                 cudaStream_t st) {
+  static ncclResult_t all_gather(void const* s, void* r, std::size_t n, ncclDataType_t t,
+                                 ncclComm_t c, cudaStream_t st) {
     return op_call("all_gather", "ncclAllGather", s, r, n, t, -1, -1, c, st);
   }
   static ncclResult_t reduce_scatter(void const* s, void* r, std::size_t n, ncclDataType_t t,
                                      ncclRedOp_t op, ncclComm_t c, cudaStream_t st) {
     return op_call("reduce_scatter", "ncclReduceScatter", s, r, n, t, op, -1, c, st);
   }
-  static ncclResult_t all_to_all(void const* s, void* r, std::size_t n, ncclDataType_t t, ncclComm_t c,
-                                 cudaStream_t st) {
+  static ncclResult_t all_to_all(void const* s, void* r, std::size_t n, ncclDataType_t t,
+                                 ncclComm_t c, cudaStream_t st) {
     return op_call("all_to_all", "ncclAlltoAll", s, r, n, t, -1, -1, c, st);
   }
   static ncclResult_t gather(void const* s, void* r, std::size_t n, ncclDataType_t t, int root,
@@ -927,10 +955,10 @@ class mock {
     M.calls_.push_back({.name = "cudaMemcpyAsync", .send = s, .recv = d, .count = n, .stream = st});
     // Runs when the stream reaches it; a host source is staged now, as CUDA does for pageable
     // memory, while a device source is read when the copy runs (after the work before it).
-    auto staged = kind == cudaMemcpyHostToDevice
-                      ? std::make_shared<std::vector<unsigned char>>(
-                            static_cast<unsigned char const*>(s), static_cast<unsigned char const*>(s) + n)
-                      : nullptr;
+    auto staged = kind == cudaMemcpyHostToDevice ? std::make_shared<std::vector<unsigned char>>(
+                                                       static_cast<unsigned char const*>(s),
+                                                       static_cast<unsigned char const*>(s) + n)
+                                                 : nullptr;
     auto q = M.queue(st);
     q->items.push_back({{}, [=] { std::memcpy(d, staged ? staged->data() : s, n); }, {}});
     progress(*q);

@@ -5,9 +5,9 @@
 #pragma once
 
 #if defined(__CUDACC__)
-#  include <weft/comm/nccl/communicator.cuh>
+#include <weft/comm/nccl/communicator.cuh>
 #else
-#  include <weft/comm/nccl/communicator.hpp>  // g++ iteration: the same logic without nvcc
+#include <weft/comm/nccl/communicator.hpp>  // g++ iteration: the same logic without nvcc
 #endif
 #include <weft/comm/threads/world.hpp>
 
@@ -57,7 +57,8 @@ void run_ranks(int n, F&& f, std::chrono::milliseconds timeout = default_test_ti
                bool fingerprints = false) {
   mock m;
   comm::threads::world(n, test_options()).run([&](comm::threads::communicator& host) {
-    auto c = comm::nccl::communicator::create(host, host.rank(), suite_options(timeout, fingerprints));
+    auto c =
+        comm::nccl::communicator::create(host, host.rank(), suite_options(timeout, fingerprints));
     f(c);
   });
 }

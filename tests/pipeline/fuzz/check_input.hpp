@@ -24,24 +24,22 @@ inline void check_text(std::string_view bytes) {
     return;
   }
   // A parsed schedule prints and parses back to itself.
-  if (!(parse_schedule(to_text(s)) == s)) throw std::logic_error("text round trip changed a schedule");
+  if (!(parse_schedule(to_text(s)) == s))
+    throw std::logic_error("text round trip changed a schedule");
   bool const valid = check(s).ok;
   try {
     validate(s);
-  } catch (weft::schedule_error const&) {
-  }
+  } catch (weft::schedule_error const&) {}
   try {
     (void)simulate(s);
-  } catch (weft::schedule_error const&) {
-  }
+  } catch (weft::schedule_error const&) {}
   if (valid && !s.has_p2p()) {
     auto const low = lower(s);
     validate(low);  // lowering a valid schedule gives a valid one: a schedule_error here is a bug
   } else {
     try {
       (void)lower(s);
-    } catch (weft::schedule_error const&) {
-    }
+    } catch (weft::schedule_error const&) {}
   }
 }
 
@@ -59,19 +57,17 @@ inline void check_csv(std::string_view bytes) {
   same.microbatches = s.num_microbatches();
   same.placement_override = static_cast<int>(s.style());
   same.vocab_override = static_cast<int>(s.vocab());
-  if (!(parse_csv(to_csv(s), same) == s)) throw std::logic_error("CSV round trip changed a schedule");
+  if (!(parse_csv(to_csv(s), same) == s))
+    throw std::logic_error("CSV round trip changed a schedule");
   try {
     validate(s);
-  } catch (weft::schedule_error const&) {
-  }
+  } catch (weft::schedule_error const&) {}
   try {
     (void)simulate(s);
-  } catch (weft::schedule_error const&) {
-  }
+  } catch (weft::schedule_error const&) {}
   try {
     (void)lower(s);
-  } catch (weft::schedule_error const&) {
-  }
+  } catch (weft::schedule_error const&) {}
 }
 
 }  // namespace weft_fuzz

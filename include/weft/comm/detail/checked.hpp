@@ -21,9 +21,9 @@ inline std::size_t checked_add(std::size_t a, std::size_t b, std::string_view wh
   std::size_t r = 0;
   if (__builtin_add_overflow(a, b, &r)) [[unlikely]]
     throw invalid_argument_error(
-        weft::detail::concat("argument `", what, "`: expected a sum that fits in std::size_t (at most ",
-                             std::numeric_limits<std::size_t>::max(), "), actual ", a, " + ", b,
-                             " overflows"),
+        weft::detail::concat(
+            "argument `", what, "`: expected a sum that fits in std::size_t (at most ",
+            std::numeric_limits<std::size_t>::max(), "), actual ", a, " + ", b, " overflows"),
         where);
   return r;
 }
@@ -34,10 +34,9 @@ inline std::size_t checked_mul(std::size_t a, std::size_t b, std::string_view wh
   std::size_t r = 0;
   if (__builtin_mul_overflow(a, b, &r)) [[unlikely]]
     throw invalid_argument_error(
-        weft::detail::concat("argument `", what,
-                             "`: expected a product that fits in std::size_t (at most ",
-                             std::numeric_limits<std::size_t>::max(), "), actual ", a, " * ", b,
-                             " overflows"),
+        weft::detail::concat(
+            "argument `", what, "`: expected a product that fits in std::size_t (at most ",
+            std::numeric_limits<std::size_t>::max(), "), actual ", a, " * ", b, " overflows"),
         where);
   return r;
 }
@@ -58,9 +57,9 @@ inline std::size_t checked_bytes(std::size_t count, dtype type, std::string_view
 //! off[0] = 0, off[i + 1] = counts[0] + ... + counts[i]: the element offsets of the blocks of a
 //! `_v` collective. Throws invalid_argument_error naming `name` when the sum, or the sum in bytes
 //! of elements of `type`, does not fit in std::size_t.
-inline std::vector<std::size_t> checked_offsets(std::span<std::size_t const> counts, dtype type,
-                                                std::string_view name,
-                                                source_location where = source_location::current()) {
+inline std::vector<std::size_t> checked_offsets(
+    std::span<std::size_t const> counts, dtype type, std::string_view name,
+    source_location where = source_location::current()) {
   std::vector<std::size_t> off(counts.size() + 1, 0);
   std::size_t const es = size_of(type);
   std::size_t const limit = std::numeric_limits<std::size_t>::max() / (es == 0 ? 1 : es);
@@ -68,10 +67,10 @@ inline std::vector<std::size_t> checked_offsets(std::span<std::size_t const> cou
     std::size_t next = 0;
     if (__builtin_add_overflow(off[i], counts[i], &next) || next > limit) [[unlikely]]
       throw invalid_argument_error(
-          weft::detail::concat("argument `", name, "`: expected a sum of counts of at most ", limit,
-                               " elements of ", type,
-                               " (their bytes must fit in std::size_t), actual ", name, "[0] + ... + ",
-                               name, "[", i, "] = ", off[i], " + ", counts[i], " overflows"),
+          weft::detail::concat(
+              "argument `", name, "`: expected a sum of counts of at most ", limit, " elements of ",
+              type, " (their bytes must fit in std::size_t), actual ", name, "[0] + ... + ", name,
+              "[", i, "] = ", off[i], " + ", counts[i], " overflows"),
           where);
     off[i + 1] = next;
   }
@@ -79,7 +78,8 @@ inline std::vector<std::size_t> checked_offsets(std::span<std::size_t const> cou
 }
 
 //! The sum of `counts`, checked as checked_offsets does.
-inline std::size_t checked_sum(std::span<std::size_t const> counts, dtype type, std::string_view name,
+inline std::size_t checked_sum(std::span<std::size_t const> counts, dtype type,
+                               std::string_view name,
                                source_location where = source_location::current()) {
   return checked_offsets(counts, type, name, where).back();
 }

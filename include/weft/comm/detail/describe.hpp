@@ -112,8 +112,7 @@ inline std::string diff_fields(fingerprint const& a, fingerprint const& b,
   if (a.root != b.root) add("root");
   if (is_reduction(a.op) && a.reduction != b.reduction) add("reduction");
   if (a.seq != b.seq) add("sequence");
-  if (has_counts(a.op) &&
-      (ca.size() != cb.size() || !std::equal(ca.begin(), ca.end(), cb.begin())))
+  if (has_counts(a.op) && (ca.size() != cb.size() || !std::equal(ca.begin(), ca.end(), cb.begin())))
     add("counts");
   return f;
 }
@@ -168,7 +167,7 @@ inline std::optional<std::string> compare_rows(std::span<std::int64_t const> all
   auto row = [&](std::size_t r) { return all.subspan(r * width, width); };
   auto fp = [&](std::size_t r) {
     auto const x = row(r);
-    return fingerprint{static_cast<op_kind>(x[0]), static_cast<dtype>(x[1]),
+    return fingerprint{static_cast<op_kind>(x[0]),     static_cast<dtype>(x[1]),
                        static_cast<std::size_t>(x[2]), static_cast<int>(x[3]),
                        static_cast<reduce_kind>(x[4]), static_cast<std::uint64_t>(x[5])};
   };
@@ -191,10 +190,9 @@ inline std::optional<std::string> compare_rows(std::span<std::int64_t const> all
     for (std::size_t r = 0; r < n; ++r)
       for (std::size_t s = 0; s < n; ++s)
         if (row(r)[6 + s] != row(s)[6 + n + r])
-          return a2a_mismatch(f0.seq, names.who(static_cast<int>(r)),
-                              static_cast<std::size_t>(row(r)[6 + s]),
-                              names.who(static_cast<int>(s)),
-                              static_cast<std::size_t>(row(s)[6 + n + r]));
+          return a2a_mismatch(
+              f0.seq, names.who(static_cast<int>(r)), static_cast<std::size_t>(row(r)[6 + s]),
+              names.who(static_cast<int>(s)), static_cast<std::size_t>(row(s)[6 + n + r]));
   return std::nullopt;
 }
 

@@ -129,8 +129,7 @@ inline void mark_failed(op_record& r, char const* what) noexcept {
   r.end = std::chrono::steady_clock::now();
   try {
     r.error = what;
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 }  // namespace weft::comm::detail

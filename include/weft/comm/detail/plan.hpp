@@ -38,7 +38,7 @@ struct call_plan {
   std::size_t send_bytes = 0;
   std::size_t recv_bytes = 0;
   int root_or_peer = -1;
-  bool is_root = true;   // rooted ops: this rank is the root (always true for the others)
+  bool is_root = true;    // rooted ops: this rank is the root (always true for the others)
   bool in_place = false;  // the one in-place form this op allows, detected once
   bool trivial = false;   // nothing to move: a local no-op, recorded like any other operation
   std::vector<std::size_t> offsets;   // _v ops: element offsets of the blocks (send side)
@@ -73,14 +73,16 @@ inline std::chrono::milliseconds call_timeout(op_options const& o, std::chrono::
 }
 
 inline void check_rank(endpoint const& ep, int r, char const* name) {
-  WEFT_EXPECTS(r >= 0 && r < ep.size, name, weft::detail::concat("a rank in [0, ", ep.size, ")"), r);
+  WEFT_EXPECTS(r >= 0 && r < ep.size, name, weft::detail::concat("a rank in [0, ", ep.size, ")"),
+               r);
 }
 
 inline void check_buffer(endpoint const& ep, buffer_view const& b, char const* name) {
   WEFT_EXPECTS(weft::detail::is_valid(b.type), weft::detail::concat(name, ".type"),
                "one of f32, f64, bf16, f16, i32, i64, u8", b.type);
   WEFT_EXPECTS(b.where == ep.where, weft::detail::concat(name, ".where"),
-               weft::detail::concat(to_string(ep.where), " memory (", ep.why, ")"), to_string(b.where));
+               weft::detail::concat(to_string(ep.where), " memory (", ep.why, ")"),
+               to_string(b.where));
   WEFT_EXPECTS(b.count == 0 || b.data != nullptr, weft::detail::concat(name, ".data"),
                "non-null when count > 0", "nullptr");
   if (b.count > std::numeric_limits<std::size_t>::max() / size_of(b.type)) [[unlikely]]
@@ -91,7 +93,8 @@ inline void check_buffer(endpoint const& ep, buffer_view const& b, char const* n
 }
 
 inline void check_same_type(buffer_view const& in, buffer_view const& out) {
-  WEFT_EXPECTS(out.type == in.type, "out.type", weft::detail::concat("in.type = ", in.type), out.type);
+  WEFT_EXPECTS(out.type == in.type, "out.type", weft::detail::concat("in.type = ", in.type),
+               out.type);
 }
 
 //! `form` is the in-place layout the op allows ("out == in").
@@ -102,18 +105,23 @@ inline void check_in_place_or_disjoint(buffer_view const& in, buffer_view const&
                "a partial overlap with `in`");
 }
 
-inline void check_counts(endpoint const& ep, std::span<std::size_t const> counts, char const* name) {
-  WEFT_EXPECTS(counts.size() == static_cast<std::size_t>(ep.size), weft::detail::concat(name, ".size()"),
-               weft::detail::concat("size() = ", ep.size), counts.size());
+inline void check_counts(endpoint const& ep, std::span<std::size_t const> counts,
+                         char const* name) {
+  WEFT_EXPECTS(counts.size() == static_cast<std::size_t>(ep.size),
+               weft::detail::concat(name, ".size()"), weft::detail::concat("size() = ", ep.size),
+               counts.size());
 }
 
 //! `actual` must equal `expected`, which the message spells as "<how> = <expected>".
-inline void expect_count(std::size_t actual, std::size_t expected, char const* name, char const* how) {
+inline void expect_count(std::size_t actual, std::size_t expected, char const* name,
+                         char const* how) {
   WEFT_EXPECTS_SHAPE(actual == expected, name, weft::detail::concat(how, " = ", expected), actual);
 }
 
 inline std::size_t me(endpoint const& ep) noexcept { return static_cast<std::size_t>(ep.rank); }
-inline std::size_t group_size(endpoint const& ep) noexcept { return static_cast<std::size_t>(ep.size); }
+inline std::size_t group_size(endpoint const& ep) noexcept {
+  return static_cast<std::size_t>(ep.size);
+}
 
 // ---- one plan per operation -----------------------------------------------------------------
 
@@ -179,7 +187,8 @@ inline call_plan plan_broadcast(endpoint const& ep, buffer_view const& in, buffe
   return p;
 }
 
-inline call_plan plan_all_gather(endpoint const& ep, buffer_view const& in, buffer_view const& out) {
+inline call_plan plan_all_gather(endpoint const& ep, buffer_view const& in,
+                                 buffer_view const& out) {
   check_buffer(ep, in, "in");
   check_buffer(ep, out, "out");
   check_same_type(in, out);
@@ -195,8 +204,8 @@ inline call_plan plan_all_gather(endpoint const& ep, buffer_view const& in, buff
   return p;
 }
 
-inline call_plan plan_all_gather_v(endpoint const& ep, buffer_view const& in, buffer_view const& out,
-                                   std::span<std::size_t const> counts) {
+inline call_plan plan_all_gather_v(endpoint const& ep, buffer_view const& in,
+                                   buffer_view const& out, std::span<std::size_t const> counts) {
   check_counts(ep, counts, "counts");
   check_buffer(ep, in, "in");
   check_buffer(ep, out, "out");
@@ -206,7 +215,8 @@ inline call_plan plan_all_gather_v(endpoint const& ep, buffer_view const& in, bu
   expect_count(in.count, counts[me(ep)], "in.count", "counts[rank()]");
   expect_count(out.count, p.offsets.back(), "out.count", "sum(counts)");
   p.in_place = in.count != 0 && in.data == byte_offset(out.data, p.offsets[me(ep)], in.type);
-  check_in_place_or_disjoint(in, out, p.in_place, "in == out + (counts[0] + ... + counts[rank()-1])");
+  check_in_place_or_disjoint(in, out, p.in_place,
+                             "in == out + (counts[0] + ... + counts[rank()-1])");
   p.fp = {op_kind::all_gather_v, in.type, 0, -1, reduce_kind::sum, 0};
   p.send_bytes = in.bytes();
   p.recv_bytes = out.bytes();
@@ -214,8 +224,8 @@ inline call_plan plan_all_gather_v(endpoint const& ep, buffer_view const& in, bu
   return p;
 }
 
-inline call_plan plan_reduce_scatter(endpoint const& ep, buffer_view const& in, buffer_view const& out,
-                                     reduce_op op) {
+inline call_plan plan_reduce_scatter(endpoint const& ep, buffer_view const& in,
+                                     buffer_view const& out, reduce_op op) {
   check_buffer(ep, in, "in");
   check_buffer(ep, out, "out");
   check_same_type(in, out);
@@ -244,7 +254,8 @@ inline call_plan plan_reduce_scatter_v(endpoint const& ep, buffer_view const& in
   expect_count(out.count, counts[me(ep)], "out.count", "counts[rank()]");
   expect_count(in.count, p.offsets.back(), "in.count", "sum(counts)");
   p.in_place = out.count != 0 && out.data == byte_offset(in.data, p.offsets[me(ep)], in.type);
-  check_in_place_or_disjoint(in, out, p.in_place, "out == in + (counts[0] + ... + counts[rank()-1])");
+  check_in_place_or_disjoint(in, out, p.in_place,
+                             "out == in + (counts[0] + ... + counts[rank()-1])");
   validate_reduce_op(op, in.type);
   p.fp = {op_kind::reduce_scatter_v, in.type, 0, -1, op.kind, 0};
   p.send_bytes = in.bytes();
@@ -254,7 +265,8 @@ inline call_plan plan_reduce_scatter_v(endpoint const& ep, buffer_view const& in
 }
 
 //! In place (out == in) on every backend: the input is read from a copy.
-inline call_plan plan_all_to_all(endpoint const& ep, buffer_view const& in, buffer_view const& out) {
+inline call_plan plan_all_to_all(endpoint const& ep, buffer_view const& in,
+                                 buffer_view const& out) {
   check_buffer(ep, in, "in");
   check_buffer(ep, out, "out");
   check_same_type(in, out);
@@ -272,8 +284,8 @@ inline call_plan plan_all_to_all(endpoint const& ep, buffer_view const& in, buff
 }
 
 //! Never trivial: whether anything moves depends on the peers' counts.
-inline call_plan plan_all_to_all_v(endpoint const& ep, buffer_view const& in, buffer_view const& out,
-                                   std::span<std::size_t const> send_counts,
+inline call_plan plan_all_to_all_v(endpoint const& ep, buffer_view const& in,
+                                   buffer_view const& out, std::span<std::size_t const> send_counts,
                                    std::span<std::size_t const> recv_counts) {
   check_counts(ep, send_counts, "send_counts");
   check_counts(ep, recv_counts, "recv_counts");
@@ -285,7 +297,8 @@ inline call_plan plan_all_to_all_v(endpoint const& ep, buffer_view const& in, bu
   p.offsets2 = checked_offsets(recv_counts, in.type, "recv_counts");
   expect_count(in.count, p.offsets.back(), "in.count", "sum(send_counts)");
   expect_count(out.count, p.offsets2.back(), "out.count", "sum(recv_counts)");
-  expect_count(recv_counts[me(ep)], send_counts[me(ep)], "recv_counts[rank()]", "send_counts[rank()]");
+  expect_count(recv_counts[me(ep)], send_counts[me(ep)], "recv_counts[rank()]",
+               "send_counts[rank()]");
   p.in_place = in.count != 0 && in.data == out.data;
   check_in_place_or_disjoint(in, out, p.in_place, "out == in");
   p.fp = {op_kind::all_to_all_v, in.type, 0, -1, reduce_kind::sum, 0};
@@ -310,13 +323,18 @@ inline call_plan plan_rooted(endpoint const& ep, buffer_view const& in, buffer_v
     char const* how = gather ? "size() * in.count" : "size() * out.count";
     expect_count(big.count, checked_mul(group_size(ep), small.count, how),
                  gather ? "out.count (on the root)" : "in.count (on the root)", how);
-    p.in_place = small.count != 0 &&
-                 small.data == byte_offset(big.data, me(ep) * small.count, small.type);
-    check_in_place_or_disjoint(in, out, p.in_place,
-                               gather ? "in == out + root * in.count" : "out == in + root * out.count");
+    p.in_place =
+        small.count != 0 && small.data == byte_offset(big.data, me(ep) * small.count, small.type);
+    check_in_place_or_disjoint(
+        in, out, p.in_place,
+        gather ? "in == out + root * in.count" : "out == in + root * out.count");
   }
-  p.fp = {gather ? op_kind::gather : op_kind::scatter, small.type, small.count, root,
-          reduce_kind::sum, 0};
+  p.fp = {gather ? op_kind::gather : op_kind::scatter,
+          small.type,
+          small.count,
+          root,
+          reduce_kind::sum,
+          0};
   p.root_or_peer = root;
   (gather ? p.send_bytes : p.recv_bytes) = small.bytes();
   (gather ? p.recv_bytes : p.send_bytes) = p.is_root ? big.bytes() : 0;

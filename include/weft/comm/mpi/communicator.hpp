@@ -5,7 +5,8 @@
 #pragma once
 
 #if !WEFT_HAS_MPI
-#  error "weft/comm/mpi/communicator.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
+#error \
+    "weft/comm/mpi/communicator.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
 #endif
 
 #include <weft/comm/concepts.hpp>
@@ -73,8 +74,9 @@ class communicator : private detail::engine {
     std::vector<MPI_Request> reqs{req};
     auto const r = detail::poll(*s, reqs, detail::clock::now() + opts.timeout);
     if (r != weft::comm::detail::poll_result::done)
-      throw timeout_error(weft::detail::concat("MPI_Comm_idup timed out after ", opts.timeout.count(),
-                                               " ms: not every rank of the parent communicator took part"));
+      throw timeout_error(
+          weft::detail::concat("MPI_Comm_idup timed out after ", opts.timeout.count(),
+                               " ms: not every rank of the parent communicator took part"));
     s->comm = c;
     s->owned = true;
     WEFT_MPI_TRY(MPI_Comm_set_errhandler(c, MPI_ERRORS_RETURN));
@@ -199,8 +201,9 @@ class communicator : private detail::engine {
     return run_staged(c, in, out, is_root, true, [&] {
       if (is_root && in.data != out.data) std::memcpy(out.data, in.data, out.bytes());
       if (out.count <= max_count()) {
-        post(c, MPI_Ibcast(out.data, to_int(out.count), detail::move_type(out.type), root,
-                           s_->comm, &c.reqs.emplace_back()),
+        post(c,
+             MPI_Ibcast(out.data, to_int(out.count), detail::move_type(out.type), root, s_->comm,
+                        &c.reqs.emplace_back()),
              "MPI_Ibcast");
       } else if (is_root) {
         for (int s = 0; s < size(); ++s)
@@ -218,7 +221,8 @@ class communicator : private detail::engine {
     apply_plan(c, p);
     if (p.trivial) return finish_trivial(c);
     std::vector<std::size_t> counts(static_cast<std::size_t>(size()), in.count);
-    return run_staged(c, in, out, true, true, [&] { gather_v(c, in, out, counts, p.in_place, -1); });
+    return run_staged(c, in, out, true, true,
+                      [&] { gather_v(c, in, out, counts, p.in_place, -1); });
   }
 
   work all_gather_v(buffer_view in, buffer_view out, std::span<std::size_t const> counts,
@@ -228,7 +232,8 @@ class communicator : private detail::engine {
     apply_plan(c, p);
     c.counts.assign(counts.begin(), counts.end());
     if (p.trivial) return finish_trivial(c);
-    return run_staged(c, in, out, true, true, [&] { gather_v(c, in, out, counts, p.in_place, -1); });
+    return run_staged(c, in, out, true, true,
+                      [&] { gather_v(c, in, out, counts, p.in_place, -1); });
   }
 
   work gather(buffer_view in, buffer_view out, int root, op_options o = {}) {
@@ -255,14 +260,17 @@ class communicator : private detail::engine {
       auto const b = out.count;
       if (n * b <= max_count()) {
         void* recvbuf = (is_root && in_place) ? MPI_IN_PLACE : out.data;
-        post(c, MPI_Iscatter(is_root ? in.data : nullptr, to_int(b), t, recvbuf, to_int(b), t, root,
-                             s_->comm, &c.reqs.emplace_back()),
+        post(c,
+             MPI_Iscatter(is_root ? in.data : nullptr, to_int(b), t, recvbuf, to_int(b), t, root,
+                          s_->comm, &c.reqs.emplace_back()),
              "MPI_Iscatter");
       } else if (is_root) {
         for (int s = 0; s < size(); ++s) {
           auto* src = detail::byte_offset(in.data, static_cast<std::size_t>(s) * b, out.type);
-          if (s != root) p2p_send(c, src, b, out.type, s);
-          else if (!in_place) std::memcpy(out.data, src, out.bytes());
+          if (s != root)
+            p2p_send(c, src, b, out.type, s);
+          else if (!in_place)
+            std::memcpy(out.data, src, out.bytes());
         }
       } else {
         p2p_recv(c, out.data, b, out.type, root);
@@ -278,7 +286,8 @@ class communicator : private detail::engine {
     if (p.trivial) return finish_trivial(c);
     std::vector<std::size_t> counts(static_cast<std::size_t>(size()),
                                     in.count / static_cast<std::size_t>(size()));
-    return run_staged(c, in, out, true, true, [&] { all_to_all_into(c, in, out, counts, counts, true); });
+    return run_staged(c, in, out, true, true,
+                      [&] { all_to_all_into(c, in, out, counts, counts, true); });
   }
 
   work all_to_all_v(buffer_view in, buffer_view out, std::span<std::size_t const> send_counts,
@@ -311,8 +320,9 @@ class communicator : private detail::engine {
     run(c, [&] {
       std::vector<int> mine{color, key};
       std::vector<int> all(2 * static_cast<std::size_t>(size()));
-      post(c, MPI_Iallgather(mine.data(), 2, MPI_INT, all.data(), 2, MPI_INT, s_->comm,
-                             &c.reqs.emplace_back()),
+      post(c,
+           MPI_Iallgather(mine.data(), 2, MPI_INT, all.data(), 2, MPI_INT, s_->comm,
+                          &c.reqs.emplace_back()),
            "MPI_Iallgather");
       complete(c);
       int const rc = MPI_Comm_split(s_->comm, color < 0 ? MPI_UNDEFINED : color, key, &nc);
@@ -338,40 +348,48 @@ class communicator : private detail::engine {
     return detail::rules::blocking(irecv(out, peer, o));
   }
   //! Messages between a pair arrive in the order they were posted.
-  work isend(buffer_view in, int peer, op_options o = {}) { return p2p(op_kind::send, in, peer, o); }
-  work irecv(buffer_view out, int peer, op_options o = {}) { return p2p(op_kind::recv, out, peer, o); }
-
+  work isend(buffer_view in, int peer, op_options o = {}) {
+    return p2p(op_kind::send, in, peer, o);
+  }
+  work irecv(buffer_view out, int peer, op_options o = {}) {
+    return p2p(op_kind::recv, out, peer, o);
+  }
 
  private:
   friend class detail::p2p_work;
 
   explicit communicator(std::shared_ptr<detail::shared> s) : engine(std::move(s)) {}
 
-  // ---- transports --------------------------------------------------------------------------------
+  // ---- transports
+  // --------------------------------------------------------------------------------
 
   // all_gather(_v) (root < 0) and gather (root >= 0; `out` empty off the root).
   void gather_v(call& c, buffer_view in, buffer_view out, std::span<std::size_t const> counts,
                 bool in_place, int root) {
     auto const t = detail::move_type(in.type);
     auto const off = detail::rules::exclusive_sums(counts);
-    bool const equal = std::all_of(counts.begin(), counts.end(), [&](auto x) { return x == counts[0]; });
+    bool const equal =
+        std::all_of(counts.begin(), counts.end(), [&](auto x) { return x == counts[0]; });
     void const* sendbuf = in_place ? MPI_IN_PLACE : in.data;
     if (fits(counts)) {
       if (root < 0 && equal) {
-        post(c, MPI_Iallgather(sendbuf, to_int(in.count), t, out.data, to_int(counts[0]), t, s_->comm,
-                               &c.reqs.emplace_back()),
+        post(c,
+             MPI_Iallgather(sendbuf, to_int(in.count), t, out.data, to_int(counts[0]), t, s_->comm,
+                            &c.reqs.emplace_back()),
              "MPI_Iallgather");
       } else if (root < 0) {
         auto rc = int_array(c, counts);
         auto dis = int_array(c, std::span<std::size_t const>(off.data(), counts.size()));
-        post(c, MPI_Iallgatherv(sendbuf, to_int(in.count), t, out.data, rc, dis, t, s_->comm,
-                                &c.reqs.emplace_back()),
+        post(c,
+             MPI_Iallgatherv(sendbuf, to_int(in.count), t, out.data, rc, dis, t, s_->comm,
+                             &c.reqs.emplace_back()),
              "MPI_Iallgatherv");
       } else {
         bool const is_root = root == rank();
-        post(c, MPI_Igather(is_root ? sendbuf : in.data, to_int(in.count), t,
-                            is_root ? out.data : nullptr, to_int(counts[0]), t, root, s_->comm,
-                            &c.reqs.emplace_back()),
+        post(c,
+             MPI_Igather(is_root ? sendbuf : in.data, to_int(in.count), t,
+                         is_root ? out.data : nullptr, to_int(counts[0]), t, root, s_->comm,
+                         &c.reqs.emplace_back()),
              "MPI_Igather");
       }
       complete(c);
@@ -382,7 +400,8 @@ class communicator : private detail::engine {
     for (int s = 0; s < n; ++s) {
       auto const su = static_cast<std::size_t>(s);
       bool const receiver = root < 0 || root == rank();
-      if (receiver && s != rank()) p2p_recv(c, detail::byte_offset(out.data, off[su], in.type), counts[su], in.type, s);
+      if (receiver && s != rank())
+        p2p_recv(c, detail::byte_offset(out.data, off[su], in.type), counts[su], in.type, s);
     }
     for (int d = 0; d < n; ++d) {
       if (d == rank() || (root >= 0 && d != root)) continue;
@@ -403,8 +422,9 @@ class communicator : private detail::engine {
     void const* src = in.data;
     if (in.data == out.data && in.count != 0) {
       // MPI's in-place all-to-all needs equal send and receive layouts; a copy serves every case.
-      copy = std::make_shared<std::vector<std::byte>>(static_cast<std::byte const*>(in.data),
-                                                      static_cast<std::byte const*>(in.data) + in.bytes());
+      copy = std::make_shared<std::vector<std::byte>>(
+          static_cast<std::byte const*>(in.data),
+          static_cast<std::byte const*>(in.data) + in.bytes());
       c.keep.push_back(copy);
       src = copy->data();
     }
@@ -412,23 +432,25 @@ class communicator : private detail::engine {
     auto const ro = detail::rules::exclusive_sums(rc);
     auto const t = detail::move_type(in.type);
     if (uniform && fits(sc)) {
-      post(c, MPI_Ialltoall(src, to_int(sc[0]), t, out.data, to_int(sc[0]), t, s_->comm,
-                            &c.reqs.emplace_back()),
+      post(c,
+           MPI_Ialltoall(src, to_int(sc[0]), t, out.data, to_int(sc[0]), t, s_->comm,
+                         &c.reqs.emplace_back()),
            "MPI_Ialltoall");
       complete(c);
       return;
     }
     for (int s = 0; s < size(); ++s) {
       auto const su = static_cast<std::size_t>(s);
-      if (s != rank()) p2p_recv(c, detail::byte_offset(out.data, ro[su], in.type), rc[su], in.type, s);
+      if (s != rank())
+        p2p_recv(c, detail::byte_offset(out.data, ro[su], in.type), rc[su], in.type, s);
     }
     for (int d = 0; d < size(); ++d) {
       auto const du = static_cast<std::size_t>(d);
       if (d != rank()) p2p_send(c, detail::byte_offset(src, so[du], in.type), sc[du], in.type, d);
     }
     if (sc[me()] != 0)
-      std::memcpy(detail::byte_offset(out.data, ro[me()], in.type), detail::byte_offset(src, so[me()], in.type),
-                  sc[me()] * size_of(in.type));
+      std::memcpy(detail::byte_offset(out.data, ro[me()], in.type),
+                  detail::byte_offset(src, so[me()], in.type), sc[me()] * size_of(in.type));
     complete(c);
   }
 
@@ -473,14 +495,17 @@ class communicator : private detail::engine {
           auto const k = std::min(max_count(), n - done);
           void const* sb = in_place ? MPI_IN_PLACE : static_cast<void const*>(wire_in + done);
           if (root < 0) {
-            post(c, MPI_Iallreduce(sb, wire_out + done, to_int(k), dt, mop, s_->comm,
-                                   &c.reqs.emplace_back()),
+            post(c,
+                 MPI_Iallreduce(sb, wire_out + done, to_int(k), dt, mop, s_->comm,
+                                &c.reqs.emplace_back()),
                  "MPI_Iallreduce");
           } else {
             // MPI_IN_PLACE is the root's alone; elsewhere the send buffer is the data.
-            void const* rsb = (receives && in_place) ? MPI_IN_PLACE : static_cast<void const*>(wire_in + done);
-            post(c, MPI_Ireduce(rsb, receives ? static_cast<void*>(wire_out + done) : nullptr, to_int(k),
-                                dt, mop, root, s_->comm, &c.reqs.emplace_back()),
+            void const* rsb =
+                (receives && in_place) ? MPI_IN_PLACE : static_cast<void const*>(wire_in + done);
+            post(c,
+                 MPI_Ireduce(rsb, receives ? static_cast<void*>(wire_out + done) : nullptr,
+                             to_int(k), dt, mop, root, s_->comm, &c.reqs.emplace_back()),
                  "MPI_Ireduce");
           }
         }
@@ -493,8 +518,8 @@ class communicator : private detail::engine {
     });
   }
 
-  void reduce_scatter_into(call& c, buffer_view in, buffer_view out, std::span<std::size_t const> counts,
-                           reduce_op op) {
+  void reduce_scatter_into(call& c, buffer_view in, buffer_view out,
+                           std::span<std::size_t const> counts, reduce_op op) {
     dispatch(in.type, [&](auto tid) {
       using T = typename decltype(tid)::type;
       dispatch_reduce_kind(op.kind, [&](auto kind) {
@@ -530,8 +555,9 @@ class communicator : private detail::engine {
         auto const mop = Wr::op();
         if (fits(counts)) {
           auto* rc = int_array(c, counts);
-          post(c, MPI_Ireduce_scatter(wire_in, mine == 0 ? nullptr : wire_out, rc, dt, mop,
-                                      s_->comm, &c.reqs.emplace_back()),
+          post(c,
+               MPI_Ireduce_scatter(wire_in, mine == 0 ? nullptr : wire_out, rc, dt, mop, s_->comm,
+                                   &c.reqs.emplace_back()),
                "MPI_Ireduce_scatter");
           complete(c);
         } else {
@@ -540,15 +566,17 @@ class communicator : private detail::engine {
             auto const ru = static_cast<std::size_t>(r);
             for (std::size_t done = 0; done < counts[ru]; done += max_count()) {
               auto const k = std::min(max_count(), counts[ru] - done);
-              post(c, MPI_Ireduce(wire_in + off[ru] + done, r == rank() ? wire_out + done : nullptr,
-                                  to_int(k), dt, mop, r, s_->comm, &c.reqs.emplace_back()),
+              post(c,
+                   MPI_Ireduce(wire_in + off[ru] + done, r == rank() ? wire_out + done : nullptr,
+                               to_int(k), dt, mop, r, s_->comm, &c.reqs.emplace_back()),
                    "MPI_Ireduce");
             }
           }
           complete(c);
         }
         if constexpr (Wr::finish) {
-          for (std::size_t i = 0; i < mine; ++i) dst[i] = reducer<T, K>::finish(wire_out[i], size());
+          for (std::size_t i = 0; i < mine; ++i)
+            dst[i] = reducer<T, K>::finish(wire_out[i], size());
         }
       });
     });

@@ -3,7 +3,8 @@
 #pragma once
 
 #if !WEFT_HAS_MPI
-#  error "weft/comm/mpi/environment.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
+#error \
+    "weft/comm/mpi/environment.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
 #endif
 
 #include <weft/core/error.hpp>

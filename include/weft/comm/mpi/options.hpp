@@ -34,5 +34,4 @@ struct options {
   bool own_buffers = true;
 };
 
-
 }  // namespace weft::comm::mpi

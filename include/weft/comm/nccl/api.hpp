@@ -6,8 +6,8 @@
 #include <weft/core/config.hpp>
 
 #if WEFT_HAS_NCCL
-#  include <cuda_runtime_api.h>
-#  include <nccl.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
 
 namespace weft::comm::nccl {
 
@@ -64,7 +64,8 @@ struct nccl_api {
   cudaError_t (*event_record)(cudaEvent_t event, cudaStream_t stream) = nullptr;
   cudaError_t (*event_query)(cudaEvent_t event) = nullptr;
   cudaError_t (*event_destroy)(cudaEvent_t event) = nullptr;
-  cudaError_t (*stream_wait_event)(cudaStream_t stream, cudaEvent_t event, unsigned flags) = nullptr;
+  cudaError_t (*stream_wait_event)(cudaStream_t stream, cudaEvent_t event,
+                                   unsigned flags) = nullptr;
   cudaError_t (*get_device)(int* device) = nullptr;
   cudaError_t (*set_device)(int device) = nullptr;
   cudaError_t (*malloc)(void** ptr, std::size_t bytes) = nullptr;

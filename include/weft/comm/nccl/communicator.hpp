@@ -8,27 +8,27 @@
 #include <weft/comm/nccl/api.hpp>
 
 #if WEFT_HAS_NCCL
-#  include <weft/comm/concepts.hpp>
-#  include <weft/comm/detail/plan.hpp>
-#  include <weft/comm/nccl/detail/core.hpp>
-#  include <weft/comm/nccl/detail/engine.hpp>
-#  include <weft/comm/nccl/device_view.hpp>
-#  include <weft/comm/nccl/options.hpp>
-#  include <weft/comm/reference.hpp>
-#  include <weft/core/dtype.hpp>
-#  include <weft/core/error.hpp>
-#  include <weft/core/memory.hpp>
+#include <weft/comm/concepts.hpp>
+#include <weft/comm/detail/plan.hpp>
+#include <weft/comm/nccl/detail/core.hpp>
+#include <weft/comm/nccl/detail/engine.hpp>
+#include <weft/comm/nccl/device_view.hpp>
+#include <weft/comm/nccl/options.hpp>
+#include <weft/comm/reference.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/memory.hpp>
 
-#  include <array>
-#  include <chrono>
-#  include <cstddef>
-#  include <cstdint>
-#  include <cstring>
-#  include <memory>
-#  include <span>
-#  include <string>
-#  include <utility>
-#  include <vector>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
 namespace weft::comm::nccl {
 
@@ -70,7 +70,7 @@ class communicator : private detail::engine {
   //! same `device` (invalid_argument_error on every rank); every rank then joins on `device`.
   //! host.rank() becomes the NCCL rank. `host` is only used during this call.
   template <class Host>
-    requires Communicator<Host>
+  requires Communicator<Host>
   static communicator create(Host& host, int device, options opts = {}) {
     nccl_api const& api = resolve(opts);
     WEFT_EXPECTS(host.size() > 0, "host", "a member communicator (size() > 0)", host.size());
@@ -122,14 +122,15 @@ class communicator : private detail::engine {
     config.blocking = 0;
     auto const deadline = detail::clock::now() + opts.timeout;
     ncclResult_t r = api.comm_init_rank_config(&c->comm, size, id, rank, &config);
-    std::string const what =
-        weft::detail::concat("ncclCommInitRankConfig(rank ", rank, " of ", size, ", device ", device, ")");
+    std::string const what = weft::detail::concat("ncclCommInitRankConfig(rank ", rank, " of ",
+                                                  size, ", device ", device, ")");
     c->check(r, what);
     if (r == ncclInProgress) r = c->poll_ready(c->comm, deadline);
     if (r == ncclInProgress)
-      c->fail(errc::timeout, weft::detail::concat(what, " did not complete within ", opts.timeout.count(),
-                                            " ms (do all ranks call it with the same id?); "
-                                            "ncclCommAbort was called"));
+      c->fail(errc::timeout,
+              weft::detail::concat(what, " did not complete within ", opts.timeout.count(),
+                                   " ms (do all ranks call it with the same id?); "
+                                   "ncclCommAbort was called"));
     c->check(r, what);
     return communicator(std::move(c));
   }
@@ -147,9 +148,9 @@ class communicator : private detail::engine {
     // A failed query leaves the caller's communicator alone (no abort): it is not ours.
     auto query = [&](ncclResult_t r, char const* what) {
       if (r != ncclSuccess)
-        throw backend_error(weft::detail::concat(what, " on the adopted communicator failed: ",
-                                                 c->nccl_text(r)),
-                            "nccl", static_cast<long long>(r));
+        throw backend_error(
+            weft::detail::concat(what, " on the adopted communicator failed: ", c->nccl_text(r)),
+            "nccl", static_cast<long long>(r));
     };
     query(api.comm_user_rank(comm, &c->rank), "ncclCommUserRank");
     query(api.comm_count(comm, &c->size), "ncclCommCount");
@@ -285,8 +286,8 @@ class communicator : private detail::engine {
           if (q == rank() && p.in_place) continue;
           if (in.count > 0) call(api().send(in.data, in.count, t, q, comm(), s));
           if (counts[uq] > 0)
-            call(api().recv(detail::rules::byte_offset(out.data, p.offsets[uq], in.type), counts[uq], t, q,
-                            comm(), s));
+            call(api().recv(detail::rules::byte_offset(out.data, p.offsets[uq], in.type),
+                            counts[uq], t, q, comm(), s));
         }
       });
     });
@@ -331,11 +332,11 @@ class communicator : private detail::engine {
         for (int q = 0; q < size(); ++q) {
           auto const uq = static_cast<std::size_t>(q);
           if (send_counts[uq] > 0)
-            call(api().send(detail::rules::byte_offset(src, p.offsets[uq], in.type), send_counts[uq], t, q,
-                            comm(), s));
+            call(api().send(detail::rules::byte_offset(src, p.offsets[uq], in.type),
+                            send_counts[uq], t, q, comm(), s));
           if (recv_counts[uq] > 0)
-            call(api().recv(detail::rules::byte_offset(out.data, p.offsets2[uq], in.type), recv_counts[uq],
-                            t, q, comm(), s));
+            call(api().recv(detail::rules::byte_offset(out.data, p.offsets2[uq], in.type),
+                            recv_counts[uq], t, q, comm(), s));
         }
       });
     });
@@ -373,8 +374,8 @@ class communicator : private detail::engine {
   communicator split(int color, int key) {
     op_record rec = begin(op_kind::split);
     auto& c = *core_;
-    std::string const what = weft::detail::concat("ncclCommSplit(color ", color, ", key ", key, ") on rank ",
-                                            rank());
+    std::string const what =
+        weft::detail::concat("ncclCommSplit(color ", color, ", key ", key, ") on rank ", rank());
     rec = planned(rec, detail::rules::plan_sync(op_kind::split));
     rec.seq = ++c.seq;
     auto const id = c.history.add(rec);
@@ -383,15 +384,16 @@ class communicator : private detail::engine {
       config.blocking = 0;
       ncclComm_t child = nullptr;
       auto const deadline = detail::clock::now() + c.opts.timeout;
-      ncclResult_t r = api().comm_split(comm(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child,
-                                        &config);
+      ncclResult_t r =
+          api().comm_split(comm(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
       c.check(r, what);
       if (r == ncclInProgress) {
         r = c.poll_ready(child != nullptr ? child : comm(), deadline);
         if (r == ncclInProgress) {
           if (child != nullptr) (void)api().comm_abort(child);
-          c.fail(errc::timeout, weft::detail::concat(what, " did not complete within ",
-                                               c.opts.timeout.count(), " ms; ncclCommAbort was called"));
+          c.fail(errc::timeout,
+                 weft::detail::concat(what, " did not complete within ", c.opts.timeout.count(),
+                                      " ms; ncclCommAbort was called"));
         }
         c.check(r, what);
       }

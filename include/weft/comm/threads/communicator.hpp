@@ -106,7 +106,8 @@ class communicator : private detail::engine {
         [&](std::uint64_t seq) {
           if (!staged) return;
           auto& buf = group_->slot(rank_).staging[seq & 1u];
-          if (!buf) buf.reset(new std::byte[std::max<std::size_t>(group_->opts().small_message_bytes, 1)]);
+          if (!buf)
+            buf.reset(new std::byte[std::max<std::size_t>(group_->opts().small_message_bytes, 1)]);
           std::memcpy(buf.get(), in.data, in.bytes());
           c.d.send = buf.get();
         },
@@ -203,7 +204,8 @@ class communicator : private detail::engine {
     auto const es = size_of(in.type);
     auto const& offsets = p.offsets;
     auto const copy_own = [&] {
-      if (!p.in_place && in.count != 0) std::memcpy(c.d.recv + offsets[me()] * es, in.data, in.bytes());
+      if (!p.in_place && in.count != 0)
+        std::memcpy(c.d.recv + offsets[me()] * es, in.data, in.bytes());
     };
     if (size() == 1) return finish_local(c, copy_own);
     return run(c, nullptr, [&](std::uint64_t seq) {
@@ -260,7 +262,8 @@ class communicator : private detail::engine {
     if (p.trivial) return finish_trivial(c);
     auto const es = size_of(in.type);
     std::size_t const block = in.count / static_cast<std::size_t>(size());
-    if (size() == 1) return finish_local(c, [&] {
+    if (size() == 1)
+      return finish_local(c, [&] {
         if (!p.in_place) std::memcpy(out.data, in.data, in.bytes());
       });
     // In-place: peers read our blocks while we overwrite them, so they read a private copy.
@@ -280,14 +283,16 @@ class communicator : private detail::engine {
   work all_to_all_v(buffer_view in, buffer_view out, std::span<std::size_t const> send_counts,
                     std::span<std::size_t const> recv_counts, op_options o = {}) {
     call c = begin(op_kind::all_to_all_v, o);
-    auto const p = weft::comm::detail::plan_all_to_all_v(endpoint(), in, out, send_counts, recv_counts);
+    auto const p =
+        weft::comm::detail::plan_all_to_all_v(endpoint(), in, out, send_counts, recv_counts);
     apply_plan(c, p);
     c.d.send = detail::bytes_of(in.data);
     c.d.recv = detail::bytes_of(out.data);
     c.d.counts = send_counts.data();
     c.d.counts2 = recv_counts.data();
     auto const es = size_of(in.type);
-    if (size() == 1) return finish_local(c, [&] {
+    if (size() == 1)
+      return finish_local(c, [&] {
         if (!p.in_place && in.count != 0) std::memcpy(out.data, in.data, in.bytes());
       });
     std::vector<std::byte> copy;
@@ -301,8 +306,8 @@ class communicator : private detail::engine {
             auto const& ps = peer(seq, s);
             std::size_t from = 0;  // where s's block for us starts in s's input
             for (std::size_t t = 0; t < me(); ++t) from += ps.counts[t];
-            std::memcpy(c.d.recv + p.offsets2[static_cast<std::size_t>(s)] * es, ps.send + from * es,
-                        cnt * es);
+            std::memcpy(c.d.recv + p.offsets2[static_cast<std::size_t>(s)] * es,
+                        ps.send + from * es, cnt * es);
           }
           phase(seq, 2);
         });
@@ -315,7 +320,8 @@ class communicator : private detail::engine {
     c.d.send = detail::bytes_of(in.data);
     c.d.recv = p.is_root ? detail::bytes_of(out.data) : nullptr;
     if (p.trivial) return finish_trivial(c);
-    if (size() == 1) return finish_local(c, [&] {
+    if (size() == 1)
+      return finish_local(c, [&] {
         if (!p.in_place) std::memcpy(out.data, in.data, in.bytes());
       });
     return run(c, nullptr, [&](std::uint64_t seq) {
@@ -333,7 +339,8 @@ class communicator : private detail::engine {
     c.d.send = p.is_root ? detail::bytes_of(in.data) : nullptr;
     c.d.recv = detail::bytes_of(out.data);
     if (p.trivial) return finish_trivial(c);
-    if (size() == 1) return finish_local(c, [&] {
+    if (size() == 1)
+      return finish_local(c, [&] {
         if (!p.in_place) std::memcpy(out.data, in.data, out.bytes());
       });
     return run(c, nullptr, [&](std::uint64_t seq) {

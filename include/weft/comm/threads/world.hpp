@@ -37,15 +37,15 @@ inline std::string describe_exception(std::exception_ptr const& e) {
 //!   w.run([&](weft::comm::threads::communicator& comm) { ... comm.all_reduce(...) ... });
 //!
 //! run() creates fresh communicators (one group), starts one thread per rank, calls f(comm) on
-//! each (concurrently: f must be safe to call from n threads at once), and joins them all. If f throws on some rank, that rank aborts the world: every peer's
-//! pending and later calls on any communicator of this world (split ones included) throw
-//! peer_aborted_error naming it. After the join, run() rethrows the first exception thrown by
-//! any f (the original failure, not the peer_aborted_errors it caused). Nothing outlives run().
-//! A rank whose f returns has finished: a peer that waits for it (in a collective or a
-//! point-to-point message of any communicator of this world that it belongs to) throws
-//! peer_aborted_error naming it at once, without waiting for the deadline.
-//! Ranks that multiply matrices should run BLAS single-threaded (openblas_set_num_threads(1)), or
-//! N ranks times M BLAS threads oversubscribe the cores.
+//! each (concurrently: f must be safe to call from n threads at once), and joins them all. If f
+//! throws on some rank, that rank aborts the world: every peer's pending and later calls on any
+//! communicator of this world (split ones included) throw peer_aborted_error naming it. After the
+//! join, run() rethrows the first exception thrown by any f (the original failure, not the
+//! peer_aborted_errors it caused). Nothing outlives run(). A rank whose f returns has finished: a
+//! peer that waits for it (in a collective or a point-to-point message of any communicator of this
+//! world that it belongs to) throws peer_aborted_error naming it at once, without waiting for the
+//! deadline. Ranks that multiply matrices should run BLAS single-threaded
+//! (openblas_set_num_threads(1)), or N ranks times M BLAS threads oversubscribe the cores.
 class world {
  public:
   explicit world(int size, options opts = {}) : size_(size), opts_(opts) {
@@ -58,7 +58,7 @@ class world {
   [[nodiscard]] options const& opts() const noexcept { return opts_; }
 
   template <class F>
-    requires std::invocable<F&, communicator&>
+  requires std::invocable<F&, communicator&>
   void run(F&& f) const {
     auto comms = make_communicators(size_, opts_);
     // Kept here, not taken from comms[r] when a rank fails: f may have moved its communicator.
@@ -80,9 +80,9 @@ class world {
         std::string reason;
         try {
           // "world rank": the reason reaches every group split from the world too.
-          reason = weft::detail::concat("world rank ", r, " failed: ", detail::describe_exception(e));
-        } catch (...) {
-        }
+          reason =
+              weft::detail::concat("world rank ", r, " failed: ", detail::describe_exception(e));
+        } catch (...) {}
         root->abort_tree(r, reason);
       }
     };
@@ -107,9 +107,7 @@ class world {
 
 //! world(n, opts).run(f).
 template <class F>
-  requires std::invocable<F&, communicator&>
-void run(int n, F&& f, options opts = {}) {
-  world(n, opts).run(std::forward<F>(f));
-}
+requires std::invocable<F&, communicator&>
+void run(int n, F&& f, options opts = {}) { world(n, opts).run(std::forward<F>(f)); }
 
 }  // namespace weft::comm::threads

@@ -5,9 +5,9 @@
 #pragma once
 
 #include <weft/core/config.hpp>
-#include <weft/core/error.hpp>          // WEFT_EXPECTS, WEFT_EXPECTS_SHAPE, error(errc::unsupported)
-#include <weft/core/exec.hpp>           // Executor, for_each_index
-#include <weft/core/memory.hpp>         // copy_bytes
+#include <weft/core/error.hpp>   // WEFT_EXPECTS, WEFT_EXPECTS_SHAPE, error(errc::unsupported)
+#include <weft/core/exec.hpp>    // Executor, for_each_index
+#include <weft/core/memory.hpp>  // copy_bytes
 #include <weft/core/tensor/owning.hpp>  // tensor, for snapshots and host staging buffers
 #include <weft/core/tensor/view.hpp>    // Tensor, TensorIn, MutableTensor, is_contiguous
 
@@ -103,9 +103,8 @@ struct copy_strided_fn {
 //! for two contiguous views, a snapshot of src otherwise), so an in-place shift or transpose is
 //! well defined. Overlapping device views throw invalid_argument_error before anything is written.
 template <Tensor Dst, Tensor Src>
-  requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
-           (Dst::rank() == Src::rank())
-void copy(Dst const& dst, Src const& src) {
+requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
+    (Dst::rank() == Src::rank()) void copy(Dst const& dst, Src const& src) {
   using T = typename Dst::value_type;
   using dst_space = memory_space_t<Dst>;
   using src_space = memory_space_t<Src>;
@@ -162,9 +161,8 @@ void copy(Dst const& dst, Src const& src) {
 //! cross-space copy is weft::copy(dst, src) above). Extents must match (shape_error,
 //! checked before anything runs); the views must not overlap. Call it qualified (weft::copy).
 template <Executor E, TensorIn<memory_space_t<E>> Dst, TensorIn<memory_space_t<E>> Src>
-  requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
-           (Dst::rank() == Src::rank())
-void copy(E const& ex, Dst const& dst, Src const& src) {
+requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
+    (Dst::rank() == Src::rank()) void copy(E const& ex, Dst const& dst, Src const& src) {
   using T = typename Dst::value_type;
   detail::check_same_extents(dst, src);
   auto const n = static_cast<index_t>(dst.size());
@@ -173,9 +171,9 @@ void copy(E const& ex, Dst const& dst, Src const& src) {
     for_each_index(ex, n, detail::copy_contiguous_fn<T>{dst.data_handle(), src.data_handle()});
   } else {
     using fn = detail::copy_strided_fn<T, Dst::rank()>;
-    for_each_index(ex, n,
-                   fn{dst.data_handle(), detail::offsets_of(dst), src.data_handle(),
-                      detail::offsets_of(src)});
+    for_each_index(
+        ex, n,
+        fn{dst.data_handle(), detail::offsets_of(dst), src.data_handle(), detail::offsets_of(src)});
   }
 }
 

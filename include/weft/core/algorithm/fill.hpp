@@ -39,7 +39,7 @@ struct fill_strided_fn {
 
 //! Sets every element of a host view to `value`.
 template <TensorIn<host_space> V>
-  requires MutableTensor<V>
+requires MutableTensor<V>
 void fill(V const& v, typename V::value_type const& value) {
   auto* const p = v.data_handle();
   auto const str = detail::strides_of(v);
@@ -51,7 +51,7 @@ void fill(V const& v, typename V::value_type const& value) {
 //! view must live in the executor's memory space. Call it qualified (weft::fill): unqualified,
 //! ADL also finds cuda::std::fill through the view's type.
 template <Executor E, TensorIn<memory_space_t<E>> V>
-  requires MutableTensor<V>
+requires MutableTensor<V>
 void fill(E const& ex, V const& v, typename V::value_type const& value) {
   using T = typename V::value_type;
   auto const n = static_cast<index_t>(v.size());

@@ -4,7 +4,7 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#  error "weft/core/cuda/for_each.cuh holds CUDA kernels: include it only from .cu files (nvcc)"
+#error "weft/core/cuda/for_each.cuh holds CUDA kernels: include it only from .cu files (nvcc)"
 #endif
 
 #include <weft/core/config.hpp>
@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #if !WEFT_HAS_CUDA_RUNTIME
-#  error "weft/core/cuda/for_each.cuh needs WEFT_HAS_CUDA_RUNTIME=1 (link weft::cuda)"
+#error "weft/core/cuda/for_each.cuh needs WEFT_HAS_CUDA_RUNTIME=1 (link weft::cuda)"
 #endif
 
 namespace weft::detail {

@@ -6,13 +6,14 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#  error "weft/core/cuda/random.cuh holds CUDA kernels: include it only from .cu files compiled by nvcc"
+#error \
+    "weft/core/cuda/random.cuh holds CUDA kernels: include it only from .cu files compiled by nvcc"
 #endif
 
 #include <weft/core/config.hpp>
 
 #if !WEFT_HAS_CUDA_RUNTIME
-#  error "weft/core/cuda/random.cuh needs WEFT_HAS_CUDA_RUNTIME=1 (link weft::cuda)"
+#error "weft/core/cuda/random.cuh needs WEFT_HAS_CUDA_RUNTIME=1 (link weft::cuda)"
 #endif
 
 #include <weft/core/cuda/for_each.cuh>

@@ -67,8 +67,8 @@ class tensor {
 
   [[nodiscard]] view_type view() noexcept { return view_type(data_, extents_); }
   [[nodiscard]] const_view_type view() const noexcept { return const_view_type(data_, extents_); }
-  operator view_type() & noexcept { return view(); }               // NOLINT: implicit on purpose
-  operator const_view_type() const& noexcept { return view(); }    // NOLINT: implicit on purpose
+  operator view_type() & noexcept { return view(); }             // NOLINT: implicit on purpose
+  operator const_view_type() const& noexcept { return view(); }  // NOLINT: implicit on purpose
   // A view of a temporary tensor would dangle at the end of the declaration.
   operator view_type() && = delete;
   operator const_view_type() const&& = delete;

@@ -5,11 +5,11 @@
 
 #include <weft/core/algorithm/copy.hpp>  // weft::copy, to stage device views on the host
 #include <weft/core/config.hpp>
-#include <weft/core/dtype.hpp>           // Element, dtype_of, name
-#include <weft/core/error.hpp>           // detail::concat
+#include <weft/core/dtype.hpp>  // Element, dtype_of, name
+#include <weft/core/error.hpp>  // detail::concat
 #include <weft/core/memory.hpp>
-#include <weft/core/tensor/owning.hpp>   // tensor, make_tensor
-#include <weft/core/tensor/view.hpp>     // Tensor, shape_string, is_contiguous
+#include <weft/core/tensor/owning.hpp>  // tensor, make_tensor
+#include <weft/core/tensor/view.hpp>    // Tensor, shape_string, is_contiguous
 
 #include <array>
 #include <charconv>
@@ -36,18 +36,28 @@ namespace detail {
 template <class T>
 constexpr std::string_view element_name() {
   using U = std::remove_cv_t<T>;
-  if constexpr (Element<U>) return name(dtype_of<U>);  // f32, f64, bf16, f16, i32, i64, u8
-  else if constexpr (std::is_same_v<U, bool>) return "bool";
+  if constexpr (Element<U>)
+    return name(dtype_of<U>);  // f32, f64, bf16, f16, i32, i64, u8
+  else if constexpr (std::is_same_v<U, bool>)
+    return "bool";
   else if constexpr (std::is_integral_v<U> && std::is_signed_v<U>) {
-    if constexpr (sizeof(U) == 1) return "i8";
-    else if constexpr (sizeof(U) == 2) return "i16";
-    else if constexpr (sizeof(U) == 4) return "i32";
-    else return "i64";
+    if constexpr (sizeof(U) == 1)
+      return "i8";
+    else if constexpr (sizeof(U) == 2)
+      return "i16";
+    else if constexpr (sizeof(U) == 4)
+      return "i32";
+    else
+      return "i64";
   } else if constexpr (std::is_integral_v<U>) {
-    if constexpr (sizeof(U) == 1) return "u8";
-    else if constexpr (sizeof(U) == 2) return "u16";
-    else if constexpr (sizeof(U) == 4) return "u32";
-    else return "u64";
+    if constexpr (sizeof(U) == 1)
+      return "u8";
+    else if constexpr (sizeof(U) == 2)
+      return "u16";
+    else if constexpr (sizeof(U) == 4)
+      return "u32";
+    else
+      return "u64";
   } else {
     return "?";
   }

@@ -47,8 +47,7 @@ template <Tensor V>
 //! Elements [begin, end) along dimension `dim` as a strided_view; the rank is kept, so is every
 //! other extent.
 template <Tensor V>
-  requires(V::rank() >= 1)
-[[nodiscard]] auto slice(V const& v, int dim, index_t begin, index_t end) {
+requires(V::rank() >= 1) [[nodiscard]] auto slice(V const& v, int dim, index_t begin, index_t end) {
   constexpr int rank = static_cast<int>(V::rank());
   WEFT_EXPECTS(dim >= 0 && dim < rank, "dim", detail::concat("in [0, ", rank, ")"), dim);
   auto const n = static_cast<index_t>(v.extent(static_cast<std::size_t>(dim)));
@@ -64,8 +63,7 @@ template <Tensor V>
 
 //! The strided_view of rank - 1 at `index` along dimension `dim` (like t[:, index] for dim 1).
 template <Tensor V>
-  requires(V::rank() >= 1)
-[[nodiscard]] auto select(V const& v, int dim, index_t index) {
+requires(V::rank() >= 1) [[nodiscard]] auto select(V const& v, int dim, index_t index) {
   constexpr int rank = static_cast<int>(V::rank());
   WEFT_EXPECTS(dim >= 0 && dim < rank, "dim", detail::concat("in [0, ", rank, ")"), dim);
   auto const n = static_cast<index_t>(v.extent(static_cast<std::size_t>(dim)));
@@ -86,8 +84,7 @@ template <Tensor V>
 
 //! Dimensions d0 and d1 swapped, as a strided_view (no data moves).
 template <Tensor V>
-  requires(V::rank() >= 1)
-[[nodiscard]] auto transpose(V const& v, int d0, int d1) {
+requires(V::rank() >= 1) [[nodiscard]] auto transpose(V const& v, int d0, int d1) {
   constexpr int rank = static_cast<int>(V::rank());
   WEFT_EXPECTS(d0 >= 0 && d0 < rank, "d0", detail::concat("in [0, ", rank, ")"), d0);
   WEFT_EXPECTS(d1 >= 0 && d1 < rank, "d1", detail::concat("in [0, ", rank, ")"), d1);
@@ -101,10 +98,7 @@ template <Tensor V>
 
 //! The matrix transpose of a rank-2 view.
 template <Tensor V>
-  requires(V::rank() == 2)
-[[nodiscard]] auto transpose(V const& v) {
-  return transpose(v, 0, 1);
-}
+requires(V::rank() == 2) [[nodiscard]] auto transpose(V const& v) { return transpose(v, 0, 1); }
 
 //! `weft::all` in subview: the whole extent of that dimension.
 inline constexpr ::cuda::std::full_extent_t all{};
@@ -119,8 +113,8 @@ template <class A, class B>
 struct is_pair_slice<::cuda::std::pair<A, B>>
     : std::bool_constant<std::integral<A> && std::integral<B>> {};
 template <class A, class B>
-struct is_pair_slice<std::tuple<A, B>>
-    : std::bool_constant<std::integral<A> && std::integral<B>> {};
+struct is_pair_slice<std::tuple<A, B>> : std::bool_constant<std::integral<A> && std::integral<B>> {
+};
 template <class A, class B>
 struct is_pair_slice<::cuda::std::tuple<A, B>>
     : std::bool_constant<std::integral<A> && std::integral<B>> {};
@@ -132,7 +126,7 @@ struct is_strided_slice<::cuda::std::strided_slice<O, E, St>> : std::true_type {
 
 template <class S>
 concept Slice = std::integral<S> || std::same_as<S, ::cuda::std::full_extent_t> ||
-                is_pair_slice<S>::value || is_strided_slice<S>::value;
+    is_pair_slice<S>::value || is_strided_slice<S>::value;
 
 // One slice resolved against its dimension: the first index, how many indices it keeps, the
 // step between them, and whether the dimension survives (an integer index drops it).
@@ -152,8 +146,8 @@ resolved_slice resolve_slice(S const& s, std::size_t k, index_t n) {
   } else if constexpr (std::same_as<S, ::cuda::std::full_extent_t>) {
     return {0, n, 1, true};
   } else if constexpr (is_pair_slice<S>::value) {
-    using std::get;
     using ::cuda::std::get;
+    using std::get;
     auto const b = static_cast<index_t>(get<0>(s));
     auto const e = static_cast<index_t>(get<1>(s));
     WEFT_EXPECTS(b >= 0 && b <= e && e <= n, concat("slices[", k, "]"),
@@ -183,8 +177,7 @@ resolved_slice resolve_slice(S const& s, std::size_t k, index_t n) {
 //! 3.0.1's submdspan gives layout_right views a wrong layout_right mapping for slices such as
 //! (all, all, {1, 3}), so weft computes extents, strides and offset itself.
 template <Tensor V, detail::Slice... S>
-  requires(sizeof...(S) == V::rank())
-[[nodiscard]] auto subview(V const& v, S const&... slices) {
+requires(sizeof...(S) == V::rank()) [[nodiscard]] auto subview(V const& v, S const&... slices) {
   constexpr std::size_t sub_rank = (std::size_t{0} + ... + (std::integral<S> ? 0u : 1u));
   auto const ext = detail::extents_of(v);
   auto const str = detail::strides_of(v);
@@ -248,13 +241,12 @@ template <Tensor V, std::size_t NewRank>
   detail::index_array<NewRank> e{};
   for (std::size_t k = 0; k != NewRank; ++k) e[k] = extents[k];
   return tensor_view<typename V::element_type, NewRank, memory_space_t<V>>(v.data_handle(),
-                                                                         dextents<NewRank>(e));
+                                                                           dextents<NewRank>(e));
 }
 
 //! reshape(v, 4, -1, 2).
 template <Tensor V, std::integral... I>
-  requires(sizeof...(I) >= 1)
-[[nodiscard]] auto reshape(V const& v, I... extents) {
+requires(sizeof...(I) >= 1) [[nodiscard]] auto reshape(V const& v, I... extents) {
   return reshape(v, std::array<index_t, sizeof...(I)>{static_cast<index_t>(extents)...});
 }
 

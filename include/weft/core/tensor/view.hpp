@@ -38,8 +38,8 @@ struct space_accessor {
   //! float -> float const within one space; never across spaces. Implicit, as
   //! default_accessor's, so that mdspan<T> converts to mdspan<T const>.
   template <class U>
-    requires std::is_convertible_v<U (*)[], T (*)[]>
-  WEFT_HD constexpr space_accessor(space_accessor<U, Space>) noexcept {}  // NOLINT
+  requires std::is_convertible_v<U (*)[], T (*)[]> WEFT_HD constexpr space_accessor(
+      space_accessor<U, Space>) noexcept {}  // NOLINT
 
   WEFT_HD constexpr reference access(data_handle_type p, std::size_t i) const noexcept {
     return p[i];
@@ -74,7 +74,7 @@ struct memory_space_of {
   using type = typename X::memory_space;
 };
 template <class X>
-  requires requires { typename X::accessor_type::memory_space; }
+requires requires { typename X::accessor_type::memory_space; }
 struct memory_space_of<X> {
   using type = typename X::accessor_type::memory_space;
 };

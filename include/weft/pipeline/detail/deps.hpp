@@ -36,9 +36,15 @@ struct needs_list {
   [[nodiscard]] need const* end() const noexcept { return items.data() + size; }
 };
 
-inline need need_action(op k, int stage, int mb) { return {need::type::action, k, stage, mb, collective_kind::none}; }
-inline need need_grad(int stage, int mb) { return {need::type::grad, op::backward, stage, mb, collective_kind::none}; }
-inline need need_collective(collective_kind t, int mb) { return {need::type::collective, op::collective, -1, mb, t}; }
+inline need need_action(op k, int stage, int mb) {
+  return {need::type::action, k, stage, mb, collective_kind::none};
+}
+inline need need_grad(int stage, int mb) {
+  return {need::type::grad, op::backward, stage, mb, collective_kind::none};
+}
+inline need need_collective(collective_kind t, int mb) {
+  return {need::type::collective, op::collective, -1, mb, t};
+}
 
 //! Data needs of a compute action or a SEND (what must exist before it runs), in the
 //! compute-only view: producers are named, not the RECVs that bring them.
@@ -50,15 +56,20 @@ inline needs_list needs_of(schedule const& s, action const& a, int rank) {
   auto const vocab = s.vocab();
   switch (a.kind) {
     case op::forward:
-      if (a.stage > 0) out.push(need_action(op::forward, a.stage - 1, a.microbatch));
-      else if (vocab != vocab_variant::none) out.push(need_collective(collective_kind::reduce_input, a.microbatch));
+      if (a.stage > 0)
+        out.push(need_action(op::forward, a.stage - 1, a.microbatch));
+      else if (vocab != vocab_variant::none)
+        out.push(need_collective(collective_kind::reduce_input, a.microbatch));
       break;
     case op::backward:
     case op::backward_input:
       out.push(need_action(op::forward, a.stage, a.microbatch));
-      if (a.stage < last) out.push(need_grad(a.stage + 1, a.microbatch));
-      else if (vocab == vocab_variant::one_barrier) out.push(need_collective(collective_kind::c0, a.microbatch));
-      else if (vocab == vocab_variant::two_barrier) out.push(need_collective(collective_kind::c1, a.microbatch));
+      if (a.stage < last)
+        out.push(need_grad(a.stage + 1, a.microbatch));
+      else if (vocab == vocab_variant::one_barrier)
+        out.push(need_collective(collective_kind::c0, a.microbatch));
+      else if (vocab == vocab_variant::two_barrier)
+        out.push(need_collective(collective_kind::c1, a.microbatch));
       break;
     case op::backward_weight:
       out.push(need_action(op::backward_input, a.stage, a.microbatch));
@@ -90,9 +101,15 @@ inline needs_list needs_of(schedule const& s, action const& a, int rank) {
             if (a.microbatch > 0) out.push(need_collective(collective_kind::c0, a.microbatch - 1));
           }
           break;
-        case collective_kind::c0: out.push(need_action(op::vocab_forward, rank, a.microbatch)); break;
-        case collective_kind::c1: out.push(need_action(op::vocab_backward, rank, a.microbatch)); break;
-        case collective_kind::reduce_input: out.push(need_action(op::input_forward, rank, a.microbatch)); break;
+        case collective_kind::c0:
+          out.push(need_action(op::vocab_forward, rank, a.microbatch));
+          break;
+        case collective_kind::c1:
+          out.push(need_action(op::vocab_backward, rank, a.microbatch));
+          break;
+        case collective_kind::reduce_input:
+          out.push(need_action(op::input_forward, rank, a.microbatch));
+          break;
         case collective_kind::broadcast_input:
           if (rank == s.stage_to_rank(0)) out.push(need_grad(0, a.microbatch));
           break;
@@ -108,10 +125,12 @@ inline std::vector<action> required_collectives(schedule const& s) {
   std::vector<action> out;
   if (s.vocab() == vocab_variant::none) return out;
   int const m = s.num_microbatches();
-  for (int i = 0; i <= m; ++i) out.push_back(schedule::make_collective(collective_kind::broadcast_output, i));
+  for (int i = 0; i <= m; ++i)
+    out.push_back(schedule::make_collective(collective_kind::broadcast_output, i));
   for (int i = 0; i < m; ++i) {
     out.push_back(schedule::make_collective(collective_kind::c0, i));
-    if (s.vocab() == vocab_variant::two_barrier) out.push_back(schedule::make_collective(collective_kind::c1, i));
+    if (s.vocab() == vocab_variant::two_barrier)
+      out.push_back(schedule::make_collective(collective_kind::c1, i));
     out.push_back(schedule::make_collective(collective_kind::reduce_input, i));
     out.push_back(schedule::make_collective(collective_kind::broadcast_input, i));
   }
@@ -131,9 +150,9 @@ inline std::vector<action> required_collectives(schedule const& s) {
          static_cast<unsigned long long>(s.total_actions());
 }
 inline std::string indexable_message(schedule const& s) {
-  return ::weft::detail::concat("stages x microbatches = ", s.num_stages(), " x ", s.num_microbatches(),
-                                " (one forward each) at most the schedule's ", s.total_actions(),
-                                " actions");
+  return ::weft::detail::concat("stages x microbatches = ", s.num_stages(), " x ",
+                                s.num_microbatches(), " (one forward each) at most the schedule's ",
+                                s.total_actions(), " actions");
 }
 inline void require_indexable(schedule const& s) {
   if (!indexable(s))
@@ -155,7 +174,8 @@ class action_index {
     width_ = stages_ > ranks_ ? stages_ : ranks_;
     ops_.resize(static_cast<std::size_t>(kOps) * static_cast<std::size_t>(width_) *
                 static_cast<std::size_t>(mbs_));
-    colls_.assign(static_cast<std::size_t>(ranks_) * kTags * static_cast<std::size_t>(mbs_ + 1), -1);
+    colls_.assign(static_cast<std::size_t>(ranks_) * kTags * static_cast<std::size_t>(mbs_ + 1),
+                  -1);
     coll_count_.assign(colls_.size(), 0);
     for (int r = 0; r < ranks_; ++r) {
       auto const& prog = s.actions(r);
@@ -213,7 +233,8 @@ class action_index {
     return (static_cast<int>(kind) * width_ + stage) * mbs_ + mb;
   }
   [[nodiscard]] int coll_slot(int rank, collective_kind tag, int mb) const noexcept {
-    if (rank < 0 || rank >= ranks_ || mb < 0 || mb > mbs_ || tag == collective_kind::none) return -1;
+    if (rank < 0 || rank >= ranks_ || mb < 0 || mb > mbs_ || tag == collective_kind::none)
+      return -1;
     return (rank * kTags + static_cast<int>(tag)) * (mbs_ + 1) + mb;
   }
 

@@ -5,7 +5,8 @@
 #pragma once
 
 #if defined(__CUDACC__)
-#  error "weft/pipeline/plan/: host-only planning code (range-v3 0.12 does not parse under nvcc); include it from a host translation unit"
+#error \
+    "weft/pipeline/plan/: host-only planning code (range-v3 0.12 does not parse under nvcc); include it from a host translation unit"
 #endif
 
 #include <weft/pipeline/cost_model.hpp>
@@ -57,8 +58,9 @@ inline std::string to_string(kind k) {
 }
 
 inline std::vector<kind> all_kinds() {
-  return {kind::gpipe,          kind::one_f_one_b,   kind::redistribution,    kind::interleaved,
-          kind::zero_bubble_h1, kind::zero_bubble_v, kind::vocab_one_barrier, kind::vocab_two_barrier};
+  return {
+      kind::gpipe,          kind::one_f_one_b,   kind::redistribution,    kind::interleaved,
+      kind::zero_bubble_h1, kind::zero_bubble_v, kind::vocab_one_barrier, kind::vocab_two_barrier};
 }
 
 //! One comparison: p ranks, m microbatches, v chunks for the interleaved schedule, the model and
@@ -85,14 +87,16 @@ struct row {
 namespace detail {
 
 inline std::vector<int> layers_for(kind k, schedule const& s, config const& c) {
-  if (k == kind::redistribution) return partition_redistribute(c.shape.layers, s.num_stages(), c.last_stage_layers);
+  if (k == kind::redistribution)
+    return partition_redistribute(c.shape.layers, s.num_stages(), c.last_stage_layers);
   return partition_uniform(c.shape.layers, s.num_stages());
 }
 
 inline schedule build(kind k, config const& c) {
   auto vocab_schedule = [&](vocab_variant variant) {
     schedule const shape_only(c.p, c.p, c.m, placement::loop, variant);
-    auto const costs = make_cost_model(shape_only, c.shape, partition_uniform(c.shape.layers, c.p), c.costs);
+    auto const costs =
+        make_cost_model(shape_only, c.shape, partition_uniform(c.shape.layers, c.p), c.costs);
     return vocab_one_f_one_b(c.p, c.m, variant, {plan_costs(costs), false});
   };
   switch (k) {
@@ -153,7 +157,8 @@ inline std::string markdown_table(std::vector<row> const& rows) {
     return s;
   };
   std::string out =
-      "| schedule | makespan | bubble | throughput vs 1F1B | peak activations per rank | peak memory per rank (GB) | max memory (GB) |\n"
+      "| schedule | makespan | bubble | throughput vs 1F1B | peak activations per rank | peak "
+      "memory per rank (GB) | max memory (GB) |\n"
       "|---|---|---|---|---|---|---|\n";
   for (auto const& r : rows) {
     if (!r.sim) {
@@ -165,11 +170,12 @@ inline std::string markdown_table(std::vector<row> const& rows) {
     auto const acts = sim.peak_in_flight |
                       ranges::views::transform([&](int n) { return fmt(n / v, v == 1 ? 0 : 2); }) |
                       ranges::to<std::vector>();
-    auto const mems = sim.peak_memory_bytes | ranges::views::transform([&](double b) { return fmt(b / 1e9, 1); }) |
+    auto const mems = sim.peak_memory_bytes |
+                      ranges::views::transform([&](double b) { return fmt(b / 1e9, 1); }) |
                       ranges::to<std::vector>();
-    out += "| " + r.name + " | " + fmt(sim.makespan, 1) + " | " + fmt(100 * sim.bubble_fraction, 1) + "% | " +
-           fmt(r.throughput, 3) + " | " + join(acts) + " | " + join(mems) + " | " +
-           fmt(ranges::max(sim.peak_memory_bytes) / 1e9, 1) + " |\n";
+    out += "| " + r.name + " | " + fmt(sim.makespan, 1) + " | " +
+           fmt(100 * sim.bubble_fraction, 1) + "% | " + fmt(r.throughput, 3) + " | " + join(acts) +
+           " | " + join(mems) + " | " + fmt(ranges::max(sim.peak_memory_bytes) / 1e9, 1) + " |\n";
   }
   return out;
 }

@@ -3,10 +3,10 @@
 // schedule: warmup forwards, one-forward-one-backward pairs, cooldown backwards.
 #pragma once
 
-#include <weft/core/error.hpp>                    // detail::concat
-#include <weft/pipeline/detail/check.hpp>         // detail::require
-#include <weft/pipeline/schedule.hpp>             // schedule, op
-#include <weft/pipeline/schedules/options.hpp>    // generator_options
+#include <weft/core/error.hpp>                  // detail::concat
+#include <weft/pipeline/detail/check.hpp>       // detail::require
+#include <weft/pipeline/schedule.hpp>           // schedule, op
+#include <weft/pipeline/schedules/options.hpp>  // generator_options
 
 #include <algorithm>
 

@@ -86,18 +86,21 @@ inline std::vector<action> vocab_transformer_order(schedule const& s, int r, int
 //! joins collective k after exactly the passes that finished by k's planned start, which gives
 //! one global collective order that cannot deadlock. Rejects p < 2 and m < p unless unchecked.
 inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_options opt = {}) {
-  detail::require(barriers == vocab_variant::one_barrier || barriers == vocab_variant::two_barrier, "barriers",
-                  "one_barrier or two_barrier", to_string(barriers), "a vocabulary-parallel variant");
+  detail::require(barriers == vocab_variant::one_barrier || barriers == vocab_variant::two_barrier,
+                  "barriers", "one_barrier or two_barrier", to_string(barriers),
+                  "a vocabulary-parallel variant");
   detail::require(p >= 1, "p", ">= 1", p, "p >= 1");
   detail::require(m >= 1, "m", ">= 1", m, "m >= 1");
   if (!opt.unchecked) {
-    detail::require(p >= 2, "p", ">= 2 (vocabulary parallelism shards over the pipeline)", p, "p >= 2");
+    detail::require(p >= 2, "p", ">= 2 (vocabulary parallelism shards over the pipeline)", p,
+                    "p >= 2");
     detail::require(m >= p, "m", ::weft::detail::concat(">= p (", p, ")"), m, "m >= p");
   }
   auto const& k = opt.costs;
-  detail::require(k.forward > 0 && k.backward > 0, "costs.forward/backward", "> 0", k.forward, "positive costs");
-  detail::require(k.vocab_forward >= 0 && k.vocab_backward >= 0 && k.input_forward >= 0 && k.input_backward >= 0 &&
-                      k.collective_latency >= 0 && k.p2p >= 0,
+  detail::require(k.forward > 0 && k.backward > 0, "costs.forward/backward", "> 0", k.forward,
+                  "positive costs");
+  detail::require(k.vocab_forward >= 0 && k.vocab_backward >= 0 && k.input_forward >= 0 &&
+                      k.input_backward >= 0 && k.collective_latency >= 0 && k.p2p >= 0,
                   "costs", ">= 0", k.vocab_forward, "non-negative costs");
 
   schedule s(p, p, m, placement::loop, barriers);
@@ -123,21 +126,27 @@ inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_op
   constexpr op vocab_ops[] = {op::forward, op::vocab_forward, op::vocab_backward, op::input_forward,
                               op::input_backward};
   std::vector<std::vector<action>> transformer(static_cast<std::size_t>(p));
-  for (int r = 0; r < p; ++r) transformer[static_cast<std::size_t>(r)] = detail::vocab_transformer_order(s, r, extra);
-  std::vector<std::array<int, kStreams>> head(static_cast<std::size_t>(p), std::array<int, kStreams>{});
+  for (int r = 0; r < p; ++r)
+    transformer[static_cast<std::size_t>(r)] = detail::vocab_transformer_order(s, r, extra);
+  std::vector<std::array<int, kStreams>> head(static_cast<std::size_t>(p),
+                                              std::array<int, kStreams>{});
   std::vector<int> forwards(static_cast<std::size_t>(p), 0);
   std::vector<double> free_at(static_cast<std::size_t>(p), 0.0);
-  std::vector<std::vector<std::pair<action, double>>> order(static_cast<std::size_t>(p));  // action, finish
+  std::vector<std::vector<std::pair<action, double>>> order(
+      static_cast<std::size_t>(p));  // action, finish
 
   // Finish times: transformer (op, stage, mb) and vocabulary (op, rank, mb) passes.
   auto slot = [&](op kind, int stage, int mb) {
-    return (static_cast<std::size_t>(kind) * static_cast<std::size_t>(p) + static_cast<std::size_t>(stage)) *
-               static_cast<std::size_t>(m) + static_cast<std::size_t>(mb);
+    return (static_cast<std::size_t>(kind) * static_cast<std::size_t>(p) +
+            static_cast<std::size_t>(stage)) *
+               static_cast<std::size_t>(m) +
+           static_cast<std::size_t>(mb);
   };
   std::vector<double> finish(13u * static_cast<std::size_t>(p) * static_cast<std::size_t>(m), inf);
   // Collective planned start times (before latency), per tag and microbatch.
   auto cslot = [&](collective_kind t, int mb) {
-    return static_cast<std::size_t>(t) * static_cast<std::size_t>(m + 1) + static_cast<std::size_t>(mb);
+    return static_cast<std::size_t>(t) * static_cast<std::size_t>(m + 1) +
+           static_cast<std::size_t>(mb);
   };
   std::vector<double> coll_start(6u * static_cast<std::size_t>(m + 1), inf);
 
@@ -176,18 +185,19 @@ inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_op
   auto refresh_collectives = [&] {
     for (bool changed = true; changed;) {
       changed = false;
-    for (collective_kind t : {collective_kind::broadcast_output, collective_kind::c0, collective_kind::c1,
-                              collective_kind::reduce_input, collective_kind::broadcast_input}) {
-      if (t == collective_kind::c1 && barriers != vocab_variant::two_barrier) continue;
-      int const n = t == collective_kind::broadcast_output ? m + 1 : m;
-      for (int mb = 0; mb < n; ++mb) {
-        auto& c = coll_start[cslot(t, mb)];
-        if (c == inf) {
-          c = collective_start(t, mb);
-          changed = changed || c != inf;
+      for (collective_kind t :
+           {collective_kind::broadcast_output, collective_kind::c0, collective_kind::c1,
+            collective_kind::reduce_input, collective_kind::broadcast_input}) {
+        if (t == collective_kind::c1 && barriers != vocab_variant::two_barrier) continue;
+        int const n = t == collective_kind::broadcast_output ? m + 1 : m;
+        for (int mb = 0; mb < n; ++mb) {
+          auto& c = coll_start[cslot(t, mb)];
+          if (c == inf) {
+            c = collective_start(t, mb);
+            changed = changed || c != inf;
+          }
         }
       }
-    }
     }
   };
   // When the inputs of `a` on rank r are there (inf if not planned yet).
@@ -221,7 +231,8 @@ inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_op
   };
 
   std::size_t remaining = 0;
-  for (int r = 0; r < p; ++r) remaining += transformer[static_cast<std::size_t>(r)].size() + 4u * static_cast<std::size_t>(m);
+  for (int r = 0; r < p; ++r)
+    remaining += transformer[static_cast<std::size_t>(r)].size() + 4u * static_cast<std::size_t>(m);
   refresh_collectives();
   while (remaining > 0) {
     int best_rank = -1, best_stream = -1;
@@ -253,7 +264,8 @@ inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_op
       }
     }
     if (best_rank < 0)
-      WEFT_THROW(schedule_error, "vocab_one_f_one_b: internal planning stalled (p=", p, ", m=", m, ")");
+      WEFT_THROW(schedule_error, "vocab_one_f_one_b: internal planning stalled (p=", p, ", m=", m,
+                 ")");
     auto const ri = static_cast<std::size_t>(best_rank);
     action const a = *candidate(best_rank, best_stream);
     double const end = best_est + dur(a.kind);

@@ -4,7 +4,8 @@
 #pragma once
 
 #if !defined(__CUDACC__)
-#  error "weft/rl/cuda/logprobs.cuh holds CUDA kernels: include it only from .cu files compiled by nvcc"
+#error \
+    "weft/rl/cuda/logprobs.cuh holds CUDA kernels: include it only from .cu files compiled by nvcc"
 #endif
 
 #include <weft/core/config.hpp>
@@ -23,11 +24,11 @@ namespace weft::rl::kernels {
 //! Statistics of logits/tau for one token per block; writes logp, entropy and lse (f32 compute
 //! for f32/bf16/f16 logits, f64 for f64). Ignored targets give zeros.
 template <int Block, class L, class I, class T>
-__global__ void __launch_bounds__(Block) log_prob_forward_kernel(L const* __restrict__ logits, std::int64_t vocab,
-                                                                  I const* __restrict__ targets, std::int64_t tokens,
-                                                                  compute_t<L> inv_tau, std::int64_t ignore_index,
-                                                                  T* __restrict__ logp, T* __restrict__ entropy,
-                                                                  T* __restrict__ lse) {
+__global__ void __launch_bounds__(Block)
+    log_prob_forward_kernel(L const* __restrict__ logits, std::int64_t vocab,
+                            I const* __restrict__ targets, std::int64_t tokens,
+                            compute_t<L> inv_tau, std::int64_t ignore_index, T* __restrict__ logp,
+                            T* __restrict__ entropy, T* __restrict__ lse) {
   using C = compute_t<L>;
   using reduce = cub::BlockReduce<softmax_stats<C>, Block>;
   __shared__ typename reduce::TempStorage temp;
@@ -55,12 +56,16 @@ __global__ void __launch_bounds__(Block) log_prob_forward_kernel(L const* __rest
   }
 }
 
-//! dlogits for one token per block from the forward's lse and entropy (either upstream may be null).
+//! dlogits for one token per block from the forward's lse and entropy (either upstream may be
+//! null).
 template <int Block, class L, class I, class T, class D>
-__global__ void __launch_bounds__(Block) log_prob_backward_kernel(
-    L const* __restrict__ logits, std::int64_t vocab, I const* __restrict__ targets, std::int64_t tokens,
-    compute_t<L> inv_tau, std::int64_t ignore_index, T const* __restrict__ lse, T const* __restrict__ entropy,
-    T const* __restrict__ d_logp, T const* __restrict__ d_entropy, D* __restrict__ dlogits) {
+__global__ void __launch_bounds__(Block)
+    log_prob_backward_kernel(L const* __restrict__ logits, std::int64_t vocab,
+                             I const* __restrict__ targets, std::int64_t tokens,
+                             compute_t<L> inv_tau, std::int64_t ignore_index,
+                             T const* __restrict__ lse, T const* __restrict__ entropy,
+                             T const* __restrict__ d_logp, T const* __restrict__ d_entropy,
+                             D* __restrict__ dlogits) {
   using C = compute_t<L>;
   std::int64_t const k = blockIdx.x;
   if (k >= tokens) return;
@@ -72,9 +77,14 @@ __global__ void __launch_bounds__(Block) log_prob_backward_kernel(
   C const ge = ignored || d_entropy == nullptr ? C(0) : static_cast<C>(d_entropy[k]);
   C const l = static_cast<C>(lse[k]);
   // lse -inf (an all -inf row): zero row; NaN (a NaN or +inf logit): NaN propagates.
-  bool const zero = ignored || l == -::cuda::std::numeric_limits<C>::infinity() || (gl == C(0) && ge == C(0));
-  logit_grad<C> const fn{l, static_cast<C>(static_cast<double>(lse[k]) - static_cast<double>(l)), static_cast<C>(entropy[k]),
-                         gl, ge, inv_tau};
+  bool const zero =
+      ignored || l == -::cuda::std::numeric_limits<C>::infinity() || (gl == C(0) && ge == C(0));
+  logit_grad<C> const fn{l,
+                         static_cast<C>(static_cast<double>(lse[k]) - static_cast<double>(l)),
+                         static_cast<C>(entropy[k]),
+                         gl,
+                         ge,
+                         inv_tau};
   for (std::int64_t v = threadIdx.x; v < vocab; v += Block) {
     C g = C(0);
     if (!zero) {
@@ -89,27 +99,31 @@ inline constexpr int logprob_block = 256;
 
 //! Launches the forward on `stream` (asynchronous); all pointers are device memory.
 template <class L, class I, class T>
-void log_prob_forward(cudaStream_t stream, L const* logits, std::int64_t vocab, I const* targets, std::int64_t tokens,
-                      logprob_options const& opt, T* logp, T* entropy, T* lse = nullptr) {
+void log_prob_forward(cudaStream_t stream, L const* logits, std::int64_t vocab, I const* targets,
+                      std::int64_t tokens, logprob_options const& opt, T* logp, T* entropy,
+                      T* lse = nullptr) {
   WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
   auto const inv_tau = weft::rl::detail::inverse_temperature<L>(opt.temperature);
   if (tokens <= 0) return;
   (void)weft::rl::detail::checked_elements(static_cast<std::size_t>(tokens), vocab, "logits");
-  log_prob_forward_kernel<logprob_block, L, I, T><<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
-      logits, vocab, targets, tokens, inv_tau, opt.ignore_index, logp, entropy, lse);
+  log_prob_forward_kernel<logprob_block, L, I, T>
+      <<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
+          logits, vocab, targets, tokens, inv_tau, opt.ignore_index, logp, entropy, lse);
 }
 
 //! Launches the backward on `stream` (asynchronous); all pointers are device memory.
 template <class L, class I, class T, class D>
-void log_prob_backward(cudaStream_t stream, L const* logits, std::int64_t vocab, I const* targets, std::int64_t tokens,
-                       logprob_options const& opt, T const* lse, T const* entropy, T const* d_logp,
-                       T const* d_entropy, D* dlogits) {
+void log_prob_backward(cudaStream_t stream, L const* logits, std::int64_t vocab, I const* targets,
+                       std::int64_t tokens, logprob_options const& opt, T const* lse,
+                       T const* entropy, T const* d_logp, T const* d_entropy, D* dlogits) {
   WEFT_EXPECTS(vocab >= 1, "vocab", ">= 1", vocab);
   auto const inv_tau = weft::rl::detail::inverse_temperature<L>(opt.temperature);
   if (tokens <= 0) return;
   (void)weft::rl::detail::checked_elements(static_cast<std::size_t>(tokens), vocab, "logits");
-  log_prob_backward_kernel<logprob_block, L, I, T, D><<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
-      logits, vocab, targets, tokens, inv_tau, opt.ignore_index, lse, entropy, d_logp, d_entropy, dlogits);
+  log_prob_backward_kernel<logprob_block, L, I, T, D>
+      <<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
+          logits, vocab, targets, tokens, inv_tau, opt.ignore_index, lse, entropy, d_logp,
+          d_entropy, dlogits);
 }
 
 }  // namespace weft::rl::kernels

@@ -5,7 +5,8 @@
 #pragma once
 
 #if !WEFT_HAS_MPI
-#  error "weft/comm/mpi/detail/engine.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
+#error \
+    "weft/comm/mpi/detail/engine.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
 #endif
 
 #include <weft/comm/concepts.hpp>
@@ -67,7 +68,8 @@ class engine {
       std::vector<int> ranks(static_cast<std::size_t>(s_->size));
       for (int r = 0; r < s_->size; ++r) ranks[static_cast<std::size_t>(r)] = r;
       s_->world_ranks.assign(ranks.size(), MPI_UNDEFINED);
-      int const rc = MPI_Group_translate_ranks(mine, s_->size, ranks.data(), world, s_->world_ranks.data());
+      int const rc =
+          MPI_Group_translate_ranks(mine, s_->size, ranks.data(), world, s_->world_ranks.data());
       MPI_Group_free(&mine);
       MPI_Group_free(&world);
       WEFT_MPI_TRY(rc);
@@ -80,16 +82,15 @@ class engine {
                  "options.max_count", "in [1, INT_MAX]", o.max_count);
   }
 
-
   [[nodiscard]] int rank_() const noexcept { return s_ ? s_->rank : -1; }
   [[nodiscard]] int size_() const noexcept { return s_ ? s_->size : 0; }
   [[nodiscard]] std::size_t me() const noexcept { return static_cast<std::size_t>(rank_()); }
   [[nodiscard]] std::size_t max_count() const noexcept { return s_->opts.max_count; }
   static int to_int(std::size_t v) noexcept { return static_cast<int>(v); }
 
-
   [[nodiscard]] rules::endpoint endpoint() const noexcept {
-    return {s_->rank, s_->size, memory_kind::host, -1, "Debian's Open MPI is built without CUDA support"};
+    return {s_->rank, s_->size, memory_kind::host, -1,
+            "Debian's Open MPI is built without CUDA support"};
   }
 
   [[nodiscard]] std::string context(call const& c) const {
@@ -104,7 +105,8 @@ class engine {
     c.rec.start = clock::now();
     c.rec.end = c.rec.start;
     c.timeout = rules::call_timeout(o, s_->opts.timeout);
-    if (s_->state.load(std::memory_order_acquire) != comm_state::healthy) s_->rethrow_fault(context(c));
+    if (s_->state.load(std::memory_order_acquire) != comm_state::healthy)
+      s_->rethrow_fault(context(c));
     return c;
   }
 
@@ -211,8 +213,12 @@ class engine {
   }
 
   [[noreturn]] void mpi_fail(call& c, char const* what, int rc) {
-    fail(c, {errc::backend, weft::detail::concat(what, " failed: ", mpi_error_text(rc)), s_->rank, {},
-             "mpi", rc});
+    fail(c, {errc::backend,
+             weft::detail::concat(what, " failed: ", mpi_error_text(rc)),
+             s_->rank,
+             {},
+             "mpi",
+             rc});
   }
 
   void post(call& c, int rc, char const* what) {
@@ -245,14 +251,16 @@ class engine {
     bool const v = rules::has_counts(c.fp.op);
     fail(c, {errc::timeout,
              weft::detail::concat(rules::describe(c.fp, v ? std::span<std::size_t const>(c.counts)
-                                                                 : std::span<std::size_t const>()),
-                                  " timed out after ", c.timeout.count(), " ms on ", s_->who(s_->rank),
-                                  ": not every rank of the ", size_(),
+                                                          : std::span<std::size_t const>()),
+                                  " timed out after ", c.timeout.count(), " ms on ",
+                                  s_->who(s_->rank), ": not every rank of the ", size_(),
                                   " took part (MPI cannot tell which; last completed seq ",
                                   c.fp.seq - 1, ")"),
-             s_->rank, {}, {}, 0});
+             s_->rank,
+             {},
+             {},
+             0});
   }
-
 
   // Debug mode: every rank all-gathers its fingerprint (and _v counts) and compares them all, so
   // every rank reaches the same verdict and a mismatch throws everywhere before any data moves.
@@ -261,8 +269,9 @@ class engine {
     std::size_t const width = rules::fingerprint_width(n, true);
     auto const mine = rules::fingerprint_row(c.fp, width, c.counts, c.counts2);
     std::vector<std::int64_t> all(width * n);
-    post(c, MPI_Iallgather(mine.data(), to_int(width), MPI_INT64_T, all.data(), to_int(width),
-                           MPI_INT64_T, s_->comm, &c.reqs.emplace_back()),
+    post(c,
+         MPI_Iallgather(mine.data(), to_int(width), MPI_INT64_T, all.data(), to_int(width),
+                        MPI_INT64_T, s_->comm, &c.reqs.emplace_back()),
          "MPI_Iallgather (fingerprints)");
     complete(c);
     if (auto msg = rules::compare_rows(all, n, width, s_->names()))
@@ -275,8 +284,9 @@ class engine {
     auto const mt = detail::move_type(t);
     for (std::size_t done = 0; done < count; done += max_count()) {
       auto const k = std::min(max_count(), count - done);
-      post(c, MPI_Isend(byte_offset(data, done, t), to_int(k), mt, peer, detail::internal_tag,
-                        s_->comm, &c.reqs.emplace_back()),
+      post(c,
+           MPI_Isend(byte_offset(data, done, t), to_int(k), mt, peer, detail::internal_tag,
+                     s_->comm, &c.reqs.emplace_back()),
            "MPI_Isend");
     }
   }
@@ -284,8 +294,9 @@ class engine {
     auto const mt = detail::move_type(t);
     for (std::size_t done = 0; done < count; done += max_count()) {
       auto const k = std::min(max_count(), count - done);
-      post(c, MPI_Irecv(byte_offset(data, done, t), to_int(k), mt, peer, detail::internal_tag,
-                        s_->comm, &c.reqs.emplace_back()),
+      post(c,
+           MPI_Irecv(byte_offset(data, done, t), to_int(k), mt, peer, detail::internal_tag,
+                     s_->comm, &c.reqs.emplace_back()),
            "MPI_Irecv");
     }
   }
@@ -335,9 +346,10 @@ class engine {
     do {
       auto const k = std::min(max_count(), b.count - done);
       void* p = byte_offset(b.data, done, b.type);
-      int const rc = kind == op_kind::send
-                         ? MPI_Isend(p, to_int(k), mt, peer, detail::user_tag, s_->comm, &c.reqs.emplace_back())
-                         : MPI_Irecv(p, to_int(k), mt, peer, detail::user_tag, s_->comm, &c.reqs.emplace_back());
+      int const rc = kind == op_kind::send ? MPI_Isend(p, to_int(k), mt, peer, detail::user_tag,
+                                                       s_->comm, &c.reqs.emplace_back())
+                                           : MPI_Irecv(p, to_int(k), mt, peer, detail::user_tag,
+                                                       s_->comm, &c.reqs.emplace_back());
       post(c, rc, kind == op_kind::send ? "MPI_Isend" : "MPI_Irecv");
       done += k;
     } while (done < b.count);

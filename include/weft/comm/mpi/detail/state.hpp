@@ -4,7 +4,8 @@
 #pragma once
 
 #if !WEFT_HAS_MPI
-#  error "weft/comm/mpi/detail/state.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
+#error \
+    "weft/comm/mpi/detail/state.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
 #endif
 
 #include <weft/comm/concepts.hpp>
@@ -44,7 +45,7 @@ struct shared {
   std::atomic<comm_state> state{comm_state::healthy};
   rules::fault why;
   std::vector<std::shared_ptr<void>> keep;  // staging buffers of a dead request
-  bool abandoned = false;  // a request was left posted (MPI cannot cancel a collective)
+  bool abandoned = false;        // a request was left posted (MPI cannot cancel a collective)
   bool split = false;            // made by split: messages give world ranks beside group ranks
   std::vector<int> world_ranks;  // rank in MPI_COMM_WORLD of each rank (split communicators)
   std::string name;              // the group's name in messages (a mesh axis); set_name()
@@ -89,7 +90,7 @@ struct shared {
 // Tests `reqs` until all complete, `until` passes or the communicator is aborted; MPI progresses
 // inside MPI_Testall. MPI errors throw backend_error.
 inline rules::poll_result poll(shared const& s, std::vector<MPI_Request>& reqs,
-                                      clock::time_point until) {
+                               clock::time_point until) {
   std::vector<MPI_Status> st(reqs.size());
   auto test = [&] {
     int flag = 0;
@@ -116,9 +117,16 @@ class p2p_work final : public rules::work_state {
  public:
   p2p_work(std::shared_ptr<shared> s, std::vector<MPI_Request> reqs, std::uint64_t record_id,
            op_record rec, clock::time_point deadline, std::chrono::milliseconds timeout,
-           std::shared_ptr<std::byte[]> owned = {}, void* user_out = nullptr, std::size_t out_bytes = 0)
-      : s_(std::move(s)), reqs_(std::move(reqs)), record_id_(record_id), rec_(std::move(rec)),
-        deadline_(deadline), timeout_(timeout), owned_(std::move(owned)), user_out_(user_out),
+           std::shared_ptr<std::byte[]> owned = {}, void* user_out = nullptr,
+           std::size_t out_bytes = 0)
+      : s_(std::move(s)),
+        reqs_(std::move(reqs)),
+        record_id_(record_id),
+        rec_(std::move(rec)),
+        deadline_(deadline),
+        timeout_(timeout),
+        owned_(std::move(owned)),
+        user_out_(user_out),
         out_bytes_(out_bytes) {}
   ~p2p_work() override {
     // Never waited for, or abandoned: the request may still use weft's buffer and communicator.
@@ -147,7 +155,7 @@ class p2p_work final : public rules::work_state {
   clock::time_point deadline_;
   std::chrono::milliseconds timeout_;
   std::shared_ptr<std::byte[]> owned_;  // weft's copy of the message (options::own_buffers)
-  void* user_out_ = nullptr;             // where a received message goes once complete
+  void* user_out_ = nullptr;            // where a received message goes once complete
   std::size_t out_bytes_ = 0;
   bool finished_ = false;
   std::exception_ptr error_;  // a failure already thrown once, thrown again by later waits
@@ -185,7 +193,10 @@ inline bool p2p_work::wait_until(clock::time_point until) {
                               s_->who(s_->rank), s_->names().label(), " timed out after ",
                               timeout_.count(), " ms: ", s_->who(rec_.root_or_peer),
                               " did not take part"),
-         s_->rank, {rec_.root_or_peer}, {}, 0};
+         s_->rank,
+         {rec_.root_or_peer},
+         {},
+         0};
     context.clear();  // the message names the call
     s_->poison(f);
   } else {

@@ -5,7 +5,8 @@
 #pragma once
 
 #if !WEFT_HAS_MPI
-#  error "weft/comm/mpi/detail/wire.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
+#error \
+    "weft/comm/mpi/detail/wire.hpp needs MPI: link the CMake target weft::mpi (it defines WEFT_HAS_MPI=1 and adds MPI's include path and libraries)"
 #endif
 
 #include <weft/comm/concepts.hpp>
@@ -32,7 +33,6 @@ using clock = std::chrono::steady_clock;
 // same MPI communicator: both are below the 32767 every MPI implementation must allow.
 inline constexpr int user_tag = 30000;
 inline constexpr int internal_tag = 30001;
-
 
 inline std::string mpi_error_text(int code) {
   char text[MPI_MAX_ERROR_STRING] = {};
@@ -127,24 +127,32 @@ struct wire {
     } else if constexpr (!extremum) {
       // Integer sums and products wrap (two's complement): computed on the unsigned type, where
       // MPI's C arithmetic is defined.
-      if constexpr (sizeof(type) == 4) return MPI_UINT32_T;
-      else if constexpr (sizeof(type) == 8) return MPI_UINT64_T;
-      else return MPI_UINT8_T;
+      if constexpr (sizeof(type) == 4)
+        return MPI_UINT32_T;
+      else if constexpr (sizeof(type) == 8)
+        return MPI_UINT64_T;
+      else
+        return MPI_UINT8_T;
     } else {
-      if constexpr (std::is_same_v<type, i32>) return MPI_INT32_T;
-      else if constexpr (std::is_same_v<type, i64>) return MPI_INT64_T;
-      else return MPI_UINT8_T;
+      if constexpr (std::is_same_v<type, i32>)
+        return MPI_INT32_T;
+      else if constexpr (std::is_same_v<type, i64>)
+        return MPI_INT64_T;
+      else
+        return MPI_UINT8_T;
     }
   }
   static MPI_Op op() {
     if constexpr (std::is_same_v<type, u8> && !extremum) {
       // Open MPI 4.1's AVX component saturates 8-bit sums (255 + 1 == 255); weft wraps.
-      return user_op<u8, K == reduce_kind::prod ? reduce_kind::prod : reduce_kind::sum>();
+      return user_op < u8, K == reduce_kind::prod ? reduce_kind::prod : reduce_kind::sum > ();
     } else if constexpr (K == reduce_kind::prod) {
       return MPI_PROD;
     } else if constexpr (extremum) {
-      if constexpr (std::is_integral_v<type>) return K == reduce_kind::min ? MPI_MIN : MPI_MAX;
-      else return user_op<type, K>();
+      if constexpr (std::is_integral_v<type>)
+        return K == reduce_kind::min ? MPI_MIN : MPI_MAX;
+      else
+        return user_op<type, K>();
     } else {
       return MPI_SUM;  // sum, avg (divided afterwards), premul_sum (scaled before)
     }
@@ -155,6 +163,5 @@ struct wire {
   static constexpr bool staged_out = !std::is_same_v<type, T>;
   static constexpr bool finish = !std::is_same_v<type, T> || K == reduce_kind::avg;
 };
-
 
 }  // namespace weft::comm::mpi::detail

@@ -8,27 +8,27 @@
 #include <weft/comm/nccl/api.hpp>
 
 #if WEFT_HAS_NCCL
-#  include <weft/comm/concepts.hpp>
-#  include <weft/comm/detail/fault.hpp>
-#  include <weft/comm/detail/history.hpp>
-#  include <weft/comm/detail/poll.hpp>
-#  include <weft/comm/nccl/options.hpp>
-#  include <weft/core/dtype.hpp>
-#  include <weft/core/error.hpp>
+#include <weft/comm/concepts.hpp>
+#include <weft/comm/detail/fault.hpp>
+#include <weft/comm/detail/history.hpp>
+#include <weft/comm/detail/poll.hpp>
+#include <weft/comm/nccl/options.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
 
-#  include <algorithm>
-#  include <array>
-#  include <atomic>
-#  include <chrono>
-#  include <cstddef>
-#  include <cstdint>
-#  include <cstring>
-#  include <deque>
-#  include <memory>
-#  include <mutex>
-#  include <string>
-#  include <thread>
-#  include <utility>
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
 
 namespace weft::comm::nccl::detail {
 
@@ -80,7 +80,7 @@ struct core {
   void* scratch = nullptr;  // device words for barrier and fingerprints, allocated on first use
   void* stage = nullptr;    // copy of the input of an in-place all_to_all(_v) (issuing thread)
   std::size_t stage_bytes = 0;
-  cudaEvent_t stage_free = nullptr;  // recorded after the last collective that read `stage`
+  cudaEvent_t stage_free = nullptr;    // recorded after the last collective that read `stage`
   std::deque<self_half> self_pending;  // issuing thread only
 
   mutable std::mutex m;  // guards `why`
@@ -100,7 +100,8 @@ struct core {
     if (state.load() == comm_state::healthy) {
       // Flush, bounded by the deadline; a comm that does not quiesce is aborted, never waited on.
       ncclResult_t r = api->comm_finalize(comm);
-      if (r == ncclInProgress || r == ncclSuccess) r = poll_ready(comm, clock::now() + opts.timeout);
+      if (r == ncclInProgress || r == ncclSuccess)
+        r = poll_ready(comm, clock::now() + opts.timeout);
       if (r == ncclSuccess) {
         (void)api->comm_destroy(comm);
         return;
@@ -119,7 +120,8 @@ struct core {
       result = r != ncclSuccess ? r : state_now;
       return result != ncclInProgress;
     };
-    (void)rules::poll_until(deadline, ready, [] { return false; }, fixed_interval());
+    (void)rules::poll_until(
+        deadline, ready, [] { return false; }, fixed_interval());
     return result;
   }
 
@@ -127,7 +129,6 @@ struct core {
   [[nodiscard]] rules::backoff fixed_interval() const noexcept {
     return {0, opts.poll_interval, opts.poll_interval};
   }
-
 
   void abort_nccl() noexcept {
     if (comm != nullptr && !nccl_aborted.exchange(true)) (void)api->comm_abort(comm);
@@ -144,8 +145,8 @@ struct core {
 
   //! Records the first fault, poisons, aborts NCCL (every rank must, per the NCCL docs) and throws.
   //! `message` already names the call.
-  [[noreturn]] void fail(errc kind, std::string const& message, int origin = -1,
-                         long long code = 0, char const* backend = "nccl") {
+  [[noreturn]] void fail(errc kind, std::string const& message, int origin = -1, long long code = 0,
+                         char const* backend = "nccl") {
     rules::fault f{kind, message, origin, {}, backend, code};
     {
       std::lock_guard lock(m);
@@ -175,18 +176,18 @@ struct core {
   void check_cuda(cudaError_t e, std::string const& context) {
     if (e == cudaSuccess) return;
     fail(errc::backend,
-         weft::detail::concat(context, " failed: ",
-                              api->cuda_error_name != nullptr ? api->cuda_error_name(e) : "",
-                              " (cudaError_t ", static_cast<int>(e), ")"),
+         weft::detail::concat(
+             context, " failed: ", api->cuda_error_name != nullptr ? api->cuda_error_name(e) : "",
+             " (cudaError_t ", static_cast<int>(e), ")"),
          -1, static_cast<long long>(e), "cuda");
   }
-
 
   //! Throws at once on a poisoned or aborted communicator.
   void check_usable(std::string const& context) const {
     comm_state const s = state.load();
     if (s == comm_state::healthy) return;
-    if (s == comm_state::aborted) rules::throw_aborted(context, "rank " + std::to_string(rank), rank);
+    if (s == comm_state::aborted)
+      rules::throw_aborted(context, "rank " + std::to_string(rank), rank);
     rules::fault f;
     {
       std::lock_guard lock(m);
@@ -205,7 +206,11 @@ class event_work final : public rules::work_state {
 
   event_work(std::shared_ptr<core> c, cudaEvent_t e, std::uint64_t id, op_record rec,
              clock::time_point op_deadline, std::string context)
-      : core_(std::move(c)), event_(e), id_(id), rec_(std::move(rec)), op_deadline_(op_deadline),
+      : core_(std::move(c)),
+        event_(e),
+        id_(id),
+        rec_(std::move(rec)),
+        op_deadline_(op_deadline),
         context_(std::move(context)) {}
   event_work(event_work const&) = delete;
   event_work& operator=(event_work const&) = delete;
@@ -230,11 +235,12 @@ class event_work final : public rules::work_state {
         core_->check(r, "ncclCommGetAsyncError during " + context_);
         core_->check(async, "asynchronous error during " + context_);
         if (clock::now() >= op_deadline_)
-          core_->fail(errc::timeout,
-                      weft::detail::concat(
-                          context_, " did not complete within its deadline (",
-                          core_->opts.timeout.count(), " ms default); ncclCommAbort was called. ",
-                          "NCCL cannot tell which ranks are missing: check every rank's history()"));
+          core_->fail(
+              errc::timeout,
+              weft::detail::concat(
+                  context_, " did not complete within its deadline (", core_->opts.timeout.count(),
+                  " ms default); ncclCommAbort was called. ",
+                  "NCCL cannot tell which ranks are missing: check every rank's history()"));
       } catch (std::exception const& e) {
         finish(e.what());
         throw;
@@ -275,9 +281,12 @@ class event_work final : public rules::work_state {
 //! both in one NCCL group and hands this work its event), failing at its deadline otherwise.
 class deferred_work final : public rules::work_state {
  public:
-  deferred_work(std::shared_ptr<core> c, std::uint64_t id, op_record rec, clock::time_point deadline,
-                std::string context)
-      : core_(std::move(c)), id_(id), rec_(std::move(rec)), deadline_(deadline),
+  deferred_work(std::shared_ptr<core> c, std::uint64_t id, op_record rec,
+                clock::time_point deadline, std::string context)
+      : core_(std::move(c)),
+        id_(id),
+        rec_(std::move(rec)),
+        deadline_(deadline),
         context_(std::move(context)) {}
 
   //! The other half was issued: `w` completes this half too.
@@ -290,10 +299,12 @@ class deferred_work final : public rules::work_state {
         try {
           core_->check_usable(context_);
           if (clock::now() >= deadline_)
-            throw timeout_error(weft::detail::concat(
-                context_, ": the matching ", rec_.op == op_kind::send ? "recv from" : "send to",
-                " rank ", core_->rank, " (itself) was not posted before the deadline (",
-                core_->opts.timeout.count(), " ms default)"), std::vector<int>{core_->rank});
+            throw timeout_error(
+                weft::detail::concat(context_, ": the matching ",
+                                     rec_.op == op_kind::send ? "recv from" : "send to", " rank ",
+                                     core_->rank, " (itself) was not posted before the deadline (",
+                                     core_->opts.timeout.count(), " ms default)"),
+                std::vector<int>{core_->rank});
         } catch (std::exception const& e) {
           failed_ = true;
           error_ = std::current_exception();
@@ -304,8 +315,8 @@ class deferred_work final : public rules::work_state {
       }
       if (error_) std::rethrow_exception(error_);
       if (clock::now() >= deadline) return false;
-      std::this_thread::sleep_for(std::min<clock::duration>(core_->opts.poll_interval,
-                                                            deadline_ - clock::now()));
+      std::this_thread::sleep_for(
+          std::min<clock::duration>(core_->opts.poll_interval, deadline_ - clock::now()));
     }
   }
   [[nodiscard]] bool done() const noexcept override { return inner_ && inner_->done(); }

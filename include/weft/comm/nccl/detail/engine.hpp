@@ -7,27 +7,27 @@
 #include <weft/comm/nccl/api.hpp>
 
 #if WEFT_HAS_NCCL
-#  include <weft/comm/concepts.hpp>
-#  include <weft/comm/detail/describe.hpp>
-#  include <weft/comm/detail/fault.hpp>
-#  include <weft/comm/detail/plan.hpp>
-#  include <weft/comm/nccl/detail/core.hpp>
-#  include <weft/comm/nccl/options.hpp>
-#  include <weft/core/dtype.hpp>
-#  include <weft/core/error.hpp>
+#include <weft/comm/concepts.hpp>
+#include <weft/comm/detail/describe.hpp>
+#include <weft/comm/detail/fault.hpp>
+#include <weft/comm/detail/plan.hpp>
+#include <weft/comm/nccl/detail/core.hpp>
+#include <weft/comm/nccl/options.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
 
-#  include <array>
-#  include <chrono>
-#  include <cstddef>
-#  include <cstdint>
-#  include <cstring>
-#  include <memory>
-#  include <span>
-#  include <string>
-#  include <utility>
-#  include <vector>
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
 
-#  include <unistd.h>  // gethostname, to tell which ranks share a host
+#include <unistd.h>  // gethostname, to tell which ranks share a host
 
 namespace weft::comm::nccl::detail {
 
@@ -62,7 +62,8 @@ class engine {
     for (std::size_t a = 0; a < n; ++a)
       for (std::size_t b = a + 1; b < n; ++b)
         if (all[2 * a] == all[2 * b] && all[2 * a + 1] == all[2 * b + 1])
-          WEFT_THROW(invalid_argument_error, "argument `device`: expected a CUDA device no other rank on ",
+          WEFT_THROW(invalid_argument_error,
+                     "argument `device`: expected a CUDA device no other rank on ",
                      "the same host uses (NCCL 2.28 refuses two ranks on one GPU), actual device ",
                      all[2 * a + 1], " for both rank ", a, " and rank ", b);
   }
@@ -161,7 +162,8 @@ class engine {
     auto const timeout = o.timeout.count() > 0 ? o.timeout : c.opts.timeout;
     auto const s = static_cast<cudaStream_t>(o.stream);
     cudaEvent_t e = nullptr;
-    c.check_cuda(api().event_create_with_flags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    c.check_cuda(api().event_create_with_flags(&e, cudaEventDisableTiming),
+                 "cudaEventCreateWithFlags");
     cudaError_t const recorded = api().event_record(e, s);
     if (recorded != cudaSuccess) {
       (void)api().event_destroy(e);

@@ -194,7 +194,6 @@ class engine {
     return finish_trivial(c);
   }
 
-
   // Barrier A with the deadline: arrive, wait for all, or give up by closing the barrier.
   void arrive_all(call& c, std::uint64_t seq) {
     auto& g = *group_;
@@ -219,7 +218,8 @@ class engine {
           f.missing = {gone};
           f.message = weft::detail::concat(
               describe_call(c), " at seq ", seq, " on ", detail::who(grp, rank_), ": ",
-              detail::who(grp, gone), " has finished (its function returned or its communicator was destroyed) without "
+              detail::who(grp, gone),
+              " has finished (its function returned or its communicator was destroyed) without "
               "calling it");
           grp.fail_locked(std::move(f));
           return;
@@ -228,16 +228,17 @@ class engine {
         std::vector<int> missing;
         std::vector<int> arrived;
         for (int s = 0; s < grp.size(); ++s)
-          (grp.slot(s).arrived.load(std::memory_order_relaxed) >= seq ? arrived : missing).push_back(s);
+          (grp.slot(s).arrived.load(std::memory_order_relaxed) >= seq ? arrived : missing)
+              .push_back(s);
         detail::fault_info f;
         f.kind = errc::timeout;
         f.origin = rank_;
         f.missing = missing;
-        f.message = weft::detail::concat(
-            describe_call(c), " at seq ", seq, " timed out after ", c.timeout.count(),
-            " ms on ", detail::who(grp, rank_), ": ranks ", detail::ranks(grp, missing),
-            " did not arrive (arrived: ", detail::ranks(grp, arrived), "; last completed seq ", seq - 1,
-            ")");
+        f.message = weft::detail::concat(describe_call(c), " at seq ", seq, " timed out after ",
+                                         c.timeout.count(), " ms on ", detail::who(grp, rank_),
+                                         ": ranks ", detail::ranks(grp, missing),
+                                         " did not arrive (arrived: ", detail::ranks(grp, arrived),
+                                         "; last completed seq ", seq - 1, ")");
         grp.fail_locked(std::move(f));
       });
       if (!closed) return;  // everyone arrived just in time
@@ -260,8 +261,9 @@ class engine {
     namespace cd = weft::comm::detail;
     int const n = group_size();
     auto counts = [&](descriptor const& d) {
-      return cd::has_counts(d.fp.op) ? std::span<std::size_t const>(d.counts, static_cast<std::size_t>(n))
-                                     : std::span<std::size_t const>();
+      return cd::has_counts(d.fp.op)
+                 ? std::span<std::size_t const>(d.counts, static_cast<std::size_t>(n))
+                 : std::span<std::size_t const>();
     };
     auto const& d0 = peer(seq, 0);
     int bad_a = -1;
@@ -273,8 +275,8 @@ class engine {
       if (fields.empty()) continue;
       bad_a = 0;
       bad_b = s;
-      msg = cd::mismatch_text(seq, who(*group_, 0), cd::describe(d0.fp, counts(d0)), who(*group_, s),
-                              cd::describe(ds.fp, counts(ds)), fields);
+      msg = cd::mismatch_text(seq, who(*group_, 0), cd::describe(d0.fp, counts(d0)),
+                              who(*group_, s), cd::describe(ds.fp, counts(ds)), fields);
     }
     if (bad_a < 0 && d0.fp.op == op_kind::all_to_all_v) {
       // What r sends to s must be what s expects from r.
@@ -323,10 +325,9 @@ class engine {
       f.kind = errc::peer_aborted;
       f.origin = rank_;
       try {
-        f.message = weft::detail::concat(detail::who(*group_, rank_), " failed inside ", to_string(c.rec.op),
-                                         " (seq ", seq, "): ", e.what());
-      } catch (...) {
-      }
+        f.message = weft::detail::concat(detail::who(*group_, rank_), " failed inside ",
+                                         to_string(c.rec.op), " (seq ", seq, "): ", e.what());
+      } catch (...) {}
       group_->fail(std::move(f));
       if (passed && group_->slot(rank_).progress.load(std::memory_order_relaxed) < 4 * seq + 2)
         phase(seq, 2);
@@ -342,8 +343,7 @@ class engine {
     weft::comm::detail::mark_failed(c.rec, e.what());
     try {
       state_->history.finished(c.rec);
-    } catch (...) {
-    }
+    } catch (...) {}
   }
 
   work post_p2p(bool is_send, buffer_view b, int peer_rank, op_options const& o) {
@@ -377,11 +377,13 @@ class engine {
           other.pop_front();
           match->state.store(detail::p2p_op::claimed, std::memory_order_relaxed);
         } else {
-          (is_send ? group_->sends(op->src, op->dst) : group_->recvs(op->src, op->dst)).push_back(op);
+          (is_send ? group_->sends(op->src, op->dst) : group_->recvs(op->src, op->dst))
+              .push_back(op);
         }
       }
     }
-    if (poisoned) weft::comm::detail::rethrow(group_->fault(), context(c) + " on a poisoned communicator");
+    if (poisoned)
+      weft::comm::detail::rethrow(group_->fault(), context(c) + " on a poisoned communicator");
 
     if (match) {
       // We complete the match: check, copy between the two user buffers, release the peer.
@@ -390,9 +392,8 @@ class engine {
         auto const& rcv = is_send ? *match : *op;
         std::string const msg = weft::detail::concat(
             "mismatched point-to-point message from ", detail::who(*group_, snd.src), " to ",
-            detail::who(*group_, snd.dst),
-            ": send #", snd.seq, " has dtype ", snd.type, ", count ", snd.count, " but recv #",
-            rcv.seq, " has dtype ", rcv.type, ", count ", rcv.count);
+            detail::who(*group_, snd.dst), ": send #", snd.seq, " has dtype ", snd.type, ", count ",
+            snd.count, " but recv #", rcv.seq, " has dtype ", rcv.type, ", count ", rcv.count);
         match->error_kind = errc::mismatch;
         match->error = msg;
         match->state.store(detail::p2p_op::failed, std::memory_order_release);
@@ -429,9 +430,9 @@ class engine {
                                                    rank_));
   }
 
-// A communicator that goes away must not leave peers a pointer into buffers that are about to
+  // A communicator that goes away must not leave peers a pointer into buffers that are about to
   // die: pending halves are withdrawn, halves a peer is copying right now are waited for.
-    void release() noexcept {
+  void release() noexcept {
     if (!group_ || !state_) return;
     std::vector<std::shared_ptr<detail::p2p_op>> busy;
     {

@@ -33,7 +33,7 @@ struct descriptor {
   double scalar = 1.0;
   std::byte const* send = nullptr;
   std::byte* recv = nullptr;
-  std::size_t const* counts = nullptr;   // all_gather_v, reduce_scatter_v; all_to_all_v: send counts
+  std::size_t const* counts = nullptr;  // all_gather_v, reduce_scatter_v; all_to_all_v: send counts
   std::size_t const* counts2 = nullptr;  // all_to_all_v: receive counts
   int color = 0;                         // split
   int key = 0;
@@ -45,10 +45,10 @@ struct alignas(64) rank_slot {
   // desc[seq & 1] is written by its owner for collective `seq` before it arrives at barrier A.
   // A peer can be at most one collective ahead, so the other parity is never overwritten early.
   descriptor desc[2];
-  std::atomic<std::uint64_t> arrived{0};   // last seq this rank arrived at (for messages only)
-  std::atomic<std::uint64_t> progress{0};  // 4 * seq + phase, monotonic: barriers after A
-  std::atomic<bool> departed{false};       // its owner is gone: it will never call again
-  std::shared_ptr<group> split_out;        // written by a split leader between phases
+  std::atomic<std::uint64_t> arrived{0};    // last seq this rank arrived at (for messages only)
+  std::atomic<std::uint64_t> progress{0};   // 4 * seq + phase, monotonic: barriers after A
+  std::atomic<bool> departed{false};        // its owner is gone: it will never call again
+  std::shared_ptr<group> split_out;         // written by a split leader between phases
   std::unique_ptr<std::byte[]> staging[2];  // owner's copy-in buffers of small all_reduce
 };
 

@@ -85,7 +85,8 @@ class p2p_work final : public weft::comm::detail::work_state {
           f.message = weft::detail::concat(
               op_->is_send ? "send" : "recv", " #", op_->seq, " (dtype ", op_->type, ", count ",
               op_->count, ") ", op_->is_send ? "to" : "from", " ", who(*group_, peer), " on ",
-              who(*group_, rank_), ": ", who(*group_, peer), " has finished (its function returned or its communicator was destroyed) without "
+              who(*group_, rank_), ": ", who(*group_, peer),
+              " has finished (its function returned or its communicator was destroyed) without "
               "posting the matching ",
               op_->is_send ? "recv" : "send");
           group_->fail(f);
@@ -133,9 +134,9 @@ class p2p_work final : public weft::comm::detail::work_state {
   }
 
   [[noreturn]] void fail_with(fault_info const& f) {
-    std::string const ctx = weft::detail::concat(op_->is_send ? "isend" : "irecv", " on ",
-                                                 who(*group_, rank_), group_label(*group_, state_->name),
-                                                 " (message #", op_->seq, ")");
+    std::string const ctx =
+        weft::detail::concat(op_->is_send ? "isend" : "irecv", " on ", who(*group_, rank_),
+                             group_label(*group_, state_->name), " (message #", op_->seq, ")");
     try {
       weft::comm::detail::rethrow(f, ctx);
     } catch (comm_error const&) {
@@ -168,8 +169,7 @@ class p2p_work final : public weft::comm::detail::work_state {
         std::rethrow_exception(e);
       } catch (std::exception const& x) {
         rec_.error = x.what();
-      } catch (...) {
-      }
+      } catch (...) {}
     }
     state_->history.completed(record_id_, rec_);
   }

@@ -13,15 +13,15 @@
 #include <thread>
 
 #if defined(__linux__) && !defined(WEFT_THREADS_NO_FUTEX)
-#  define WEFT_THREADS_FUTEX 1
-#  include <linux/futex.h>
-#  include <sys/syscall.h>
-#  include <time.h>
-#  include <unistd.h>
+#define WEFT_THREADS_FUTEX 1
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 #else
-#  define WEFT_THREADS_FUTEX 0
-#  include <condition_variable>
-#  include <mutex>
+#define WEFT_THREADS_FUTEX 0
+#include <condition_variable>
+#include <mutex>
 #endif
 
 namespace weft::comm::threads::detail {
