@@ -9,6 +9,7 @@
 #include <weft/core/error.hpp>
 #include <weft/core/exec.hpp>
 #include <weft/core/math.hpp>
+#include <weft/core/simd.hpp>
 #include <weft/core/memory.hpp>
 #include <weft/core/random.hpp>
 #include <weft/core/tensor.hpp>  // views, tensor, sub-views, copy, fill, printer

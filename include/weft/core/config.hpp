@@ -51,6 +51,16 @@
     "weft: compiled with -ffast-math or -ffinite-math-only; weft's -inf and NaN guards need IEEE semantics (drop the flag)"
 #endif
 
+// Before a loop whose iterations are independent (none reads what another writes): lets the
+// vectoriser drop the run-time alias checks it would otherwise give up on.
+#if defined(__clang__)
+#define WEFT_IVDEP _Pragma("clang loop vectorize(assume_safety)")
+#elif defined(__GNUC__) && !defined(__CUDACC__)
+#define WEFT_IVDEP _Pragma("GCC ivdep")
+#else
+#define WEFT_IVDEP
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define WEFT_FORCEINLINE inline __attribute__((always_inline))
 #else

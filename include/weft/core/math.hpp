@@ -53,7 +53,7 @@ WEFT_HD WEFT_FORCEINLINE constexpr T select(bool c, T a, T b) noexcept {
 //!    Results below 2^-126 flush to +0 (softmax terms that small never change a float sum).
 //!  - double: a degree-13 Taylor polynomial; relative error below 1e-15 on [-708.39, 709.78].
 struct exp_fn {
-  WEFT_HD constexpr float operator()(float x) const noexcept {
+  WEFT_HD WEFT_FORCEINLINE constexpr float operator()(float x) const noexcept {
     constexpr float log2e = 1.44269504088896341f;
     constexpr float ln2_hi = 0.693359375f;  // exact in 9 bits: n*ln2_hi is exact
     constexpr float ln2_lo = -2.12194440e-4f;
@@ -87,7 +87,7 @@ struct exp_fn {
     return select(below, 0.0f, v);
   }
 
-  WEFT_HD constexpr double operator()(double x) const noexcept {
+  WEFT_HD WEFT_FORCEINLINE constexpr double operator()(double x) const noexcept {
     constexpr double log2e = 1.4426950408889634074;
     constexpr double ln2_hi = 6.93147180369123816490e-01;  // 32 significant bits
     constexpr double ln2_lo = 1.90821492927058770002e-10;

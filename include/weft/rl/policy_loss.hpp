@@ -194,7 +194,7 @@ struct ppo_clip_token {
   T log_ratio_clamp;
 
   // Branch-free (selects, weft's exp_fn) so the CPU loop over tokens vectorises.
-  WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
+  WEFT_HD WEFT_FORCEINLINE pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
     constexpr T ninf = -cuda::std::numeric_limits<T>::infinity();
     bool const drop = (logp == ninf) & (old_logp == ninf);  // -inf - -inf would be NaN
     T const delta = select(drop, T(0), logp - old_logp);
@@ -232,7 +232,7 @@ struct cispo_token {
   T eps_high;
   T log_ratio_clamp;
 
-  WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
+  WEFT_HD WEFT_FORCEINLINE pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
     bool const drop = logp == -cuda::std::numeric_limits<T>::infinity();  // -A l infinite
     T const delta = select(drop, T(0), logp - old_logp);
     bool const above = delta > log_ratio_clamp;
@@ -256,7 +256,7 @@ struct cispo_token {
 //! REINFORCE / GPG per token: value -A*l, gradient -A.
 template <class T>
 struct reinforce_token {
-  WEFT_HD pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
+  WEFT_HD WEFT_FORCEINLINE pg_token<T> operator()(T logp, T old_logp, T adv) const noexcept {
     bool const drop = logp == -cuda::std::numeric_limits<T>::infinity();
     T const dc = select(drop, T(0), logp - old_logp);
     return {select(drop, T(0), -adv * logp),
@@ -332,8 +332,9 @@ inline constexpr index_t token_block = 512;
 inline constexpr index_t metric_lanes = 8;
 
 template <bool HasIsw, class T, class M, class Fn>
-WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> const& in,
+WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn_ref, policy_inputs<T, M> const& in,
                                              std::span<T> dlogp, policy_loss_result& res) {
+  Fn const fn = fn_ref;
   constexpr index_t W = metric_lanes;
   constexpr T inf = std::numeric_limits<T>::infinity();
   index_t const n = static_cast<index_t>(in.logp.size());
@@ -353,6 +354,9 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
   alignas(64) T b_loss[token_block], b_r[token_block], b_nlr[token_block], b_rmin[token_block],
       b_rmax[token_block], b_raw[token_block];
   alignas(64) std::uint32_t b_flags[token_block + 16];
+  alignas(64) T s_lp[token_block], s_old[token_block], s_adv[token_block], s_w[token_block],
+      s_isw[HasIsw ? token_block : 1], s_dl[token_block];
+  alignas(64) M s_m[token_block];
   constexpr index_t CW = 16;                // lanes of the integer counts
   constexpr std::uint32_t valid_bit = 16u;  // beside the pg_flag bits
   // The loss terms of valid tokens, compacted: the loss's lanes are keyed by the count of valid
@@ -362,19 +366,43 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
   index_t cn = 0;
   for (index_t t0 = 0; t0 < n; t0 += token_block) {
     index_t const len = n - t0 < token_block ? n - t0 : token_block;
-    for (index_t j = 0; j < len; ++j) {
-      index_t const k = t0 + j;
+    // The per-token pass runs over exactly token_block tokens (a tail block is staged, padded
+    // with masked tokens), so its trip count is a compile-time multiple of every vector width:
+    // GCC's -O2 cost model ("very cheap") vectorises no loop that would need a scalar epilogue.
+    bool const tail = len < token_block;
+    T const* blp = lp + t0;
+    T const* bold = old + t0;
+    T const* badv = adv + t0;
+    T const* bw = w + t0;
+    M const* bm = mask + t0;
+    T const* bisw = HasIsw ? isw + t0 : nullptr;
+    T* bdl = dl + t0;
+    if (tail) {
+      for (index_t j = 0; j < token_block; ++j) {
+        bool const in_range = j < len;
+        s_lp[j] = in_range ? blp[j] : T(0);
+        s_old[j] = in_range ? bold[j] : T(0);
+        s_adv[j] = in_range ? badv[j] : T(0);
+        s_w[j] = in_range ? bw[j] : T(0);
+        s_m[j] = in_range ? bm[j] : M{};
+        if constexpr (HasIsw) s_isw[j] = in_range ? bisw[j] : T(0);
+      }
+      blp = s_lp, bold = s_old, badv = s_adv, bw = s_w, bm = s_m, bdl = s_dl;
+      if constexpr (HasIsw) bisw = s_isw;
+    }
+    WEFT_IVDEP
+    for (index_t j = 0; j < token_block; ++j) {
       // Compared as T: a byte mask beside float compares otherwise stops GCC's vectoriser.
       bool v;
       if constexpr (std::is_arithmetic_v<M>)
-        v = static_cast<T>(mask[k]) != T(0);
+        v = static_cast<T>(bm[j]) != T(0);
       else
-        v = valid(mask[k]);
-      pg_token<T> const p = fn(lp[k], old[k], adv[k]);
+        v = valid(bm[j]);
+      pg_token<T> const p = fn(blp[j], bold[j], badv[j]);
       v = v & ((p.flags & pg_dropped) == 0u);  // dropped tokens count nowhere, as if masked
-      T scale = w[k];
-      if constexpr (HasIsw) scale *= isw[k];
-      dl[k] = select(v, scale * p.grad, T(0));
+      T scale = bw[j];
+      if constexpr (HasIsw) scale *= bisw[j];
+      bdl[j] = select(v, scale * p.grad, T(0));
       b_loss[j] = select(v, scale * p.loss, T(0));
       b_r[j] = select(v, p.ratio, T(0));
       b_r2[j] = select(v, p.ratio * p.ratio, T(0));
@@ -384,6 +412,8 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn, policy_inputs<T, M> c
       b_rmax[j] = select(v, p.ratio, -inf);
       b_flags[j] = v ? (p.flags | valid_bit) : 0u;
     }
+    if (tail)
+      for (index_t j = 0; j < len; ++j) dl[t0 + j] = s_dl[j];
     for (index_t j = 0; j < len; ++j) {
       c_loss[cn] = b_loss[j];
       cn += static_cast<index_t>(b_flags[j] >> 4);
