@@ -10,6 +10,7 @@
 #include <weft/attention/tile_gemm.hpp>
 #include <weft/core/exec.hpp>
 #include <weft/core/math.hpp>
+#include <weft/core/simd.hpp>
 
 #include <algorithm>
 #include <cstdint>
@@ -67,7 +68,7 @@ void pack_rows(bshd<T> const& t, index_t b, index_t h, index_t r0, index_t r1, A
 //! every run, and no single dependency chain (a plain reduction would not vectorise without
 //! fast-math).
 template <class Acc>
-Acc row_max(Acc const* x, index_t n) noexcept {
+WEFT_FORCEINLINE Acc row_max_body(Acc const* x, index_t n) noexcept {
   Acc m[8];
   for (auto& v : m) v = empty_lse<Acc>();
   index_t j = 0;
@@ -81,7 +82,7 @@ Acc row_max(Acc const* x, index_t n) noexcept {
 //! Blocks of eight run as a fixed-length inner loop, which GCC vectorises even at -O2 (whose
 //! very-cheap cost model refuses a loop of unknown trip count); the tail runs scalar.
 template <class Acc>
-void exp_shifted(Acc* x, index_t n, Acc shift) noexcept {
+WEFT_FORCEINLINE void exp_shifted_body(Acc* x, index_t n, Acc shift) noexcept {
   exp_fn const e;
   index_t j = 0;
   for (; j + 8 <= n; j += 8)
@@ -89,13 +90,78 @@ void exp_shifted(Acc* x, index_t n, Acc shift) noexcept {
   for (; j < n; ++j) x[j] = e(x[j] - shift);
 }
 template <class Acc>
-Acc row_sum(Acc const* x, index_t n) noexcept {
+WEFT_FORCEINLINE Acc row_sum_body(Acc const* x, index_t n) noexcept {
   Acc a[8] = {};
   index_t j = 0;
   for (; j + 8 <= n; j += 8)
     for (int t = 0; t < 8; ++t) a[t] += x[j + t];
   for (; j < n; ++j) a[0] += x[j];
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+// The row loops run once per score row of every tile and hold the exponentials, a quarter of the
+// forward's time under SSE2: they are compiled again for AVX2+FMA and AVX-512 and picked at run
+// time (weft/core/simd.hpp). The reductions keep their eight-lane order on every ISA, so only the
+// exponentials differ between ISAs, by FMA contraction (within exp_fn's 2 ulp).
+#if WEFT_MULTIVERSION
+template <class Acc>
+WEFT_TARGET_AVX2 Acc row_max_avx2(Acc const* x, index_t n) noexcept {
+  return row_max_body(x, n);
+}
+template <class Acc>
+WEFT_TARGET_AVX512 Acc row_max_avx512(Acc const* x, index_t n) noexcept {
+  return row_max_body(x, n);
+}
+template <class Acc>
+WEFT_TARGET_AVX2 void exp_shifted_avx2(Acc* x, index_t n, Acc shift) noexcept {
+  exp_shifted_body(x, n, shift);
+}
+template <class Acc>
+WEFT_TARGET_AVX512 void exp_shifted_avx512(Acc* x, index_t n, Acc shift) noexcept {
+  exp_shifted_body(x, n, shift);
+}
+template <class Acc>
+WEFT_TARGET_AVX2 Acc row_sum_avx2(Acc const* x, index_t n) noexcept {
+  return row_sum_body(x, n);
+}
+template <class Acc>
+WEFT_TARGET_AVX512 Acc row_sum_avx512(Acc const* x, index_t n) noexcept {
+  return row_sum_body(x, n);
+}
+#endif
+
+template <class Acc>
+Acc row_max(Acc const* x, index_t n) noexcept {
+#if WEFT_MULTIVERSION
+  switch (weft::detail::host_simd_level()) {
+    case weft::detail::simd_level::avx512: return row_max_avx512(x, n);
+    case weft::detail::simd_level::avx2: return row_max_avx2(x, n);
+    case weft::detail::simd_level::base: break;
+  }
+#endif
+  return row_max_body(x, n);
+}
+template <class Acc>
+void exp_shifted(Acc* x, index_t n, Acc shift) noexcept {
+#if WEFT_MULTIVERSION
+  switch (weft::detail::host_simd_level()) {
+    case weft::detail::simd_level::avx512: return exp_shifted_avx512(x, n, shift);
+    case weft::detail::simd_level::avx2: return exp_shifted_avx2(x, n, shift);
+    case weft::detail::simd_level::base: break;
+  }
+#endif
+  exp_shifted_body(x, n, shift);
+}
+template <class Acc>
+Acc row_sum(Acc const* x, index_t n) noexcept {
+#if WEFT_MULTIVERSION
+  switch (weft::detail::host_simd_level()) {
+    case weft::detail::simd_level::avx512: return row_sum_avx512(x, n);
+    case weft::detail::simd_level::avx2: return row_sum_avx2(x, n);
+    case weft::detail::simd_level::base: break;
+  }
+#endif
+  return row_sum_body(x, n);
 }
 
 //! Rows [r0, r1) of head h: read in place when they already are Acc (the strided rows are a valid
@@ -410,12 +476,12 @@ void flash_backward(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse, GV&& 
   detail::check_forward_shapes(rq, rk, rv, ro, rl);
   detail::check_gradient_shapes(rq, rk, rg, rdq, rdk, rdv);
   detail::check_backward_aliases(rq, rk, rv, ro, rl, rg, rdq, rdk, rdv);
+  double const scale = resolve_scale(opt.scale, rq.d);  // throws before anything is zeroed
   detail::zero_rows(rdq);
   detail::zero_rows(rdk);
   detail::zero_rows(rdv);
   detail::flash_backward_accumulate_raw(ex, rq, rk, rv, ro, rl, rg, rdq, rdk, rdv,
-                                        make_mask(opt.causal, rq.s, rk.s),
-                                        resolve_scale(opt.scale, rq.d));
+                                        make_mask(opt.causal, rq.s, rk.s), scale);
 }
 
 //! Packed variable-length forward: documents are concatenated along dim 1 of q, k, v (batch 1:
@@ -476,10 +542,10 @@ void flash_backward_varlen(E const& ex, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse
   detail::check_cu_seqlens(cu_seqlens_k, rk.s, "cu_seqlens_k");
   WEFT_EXPECTS(cu_seqlens_k.size() == cu_seqlens_q.size(), "cu_seqlens_k", cu_seqlens_q.size(),
                cu_seqlens_k.size());
+  double const scale = resolve_scale(opt.scale, rq.d);  // throws before anything is zeroed
   detail::zero_rows(rdq);
   detail::zero_rows(rdk);
   detail::zero_rows(rdv);
-  double const scale = resolve_scale(opt.scale, rq.d);
   for (std::size_t n = 0; n + 1 < cu_seqlens_q.size(); ++n) {
     std::int64_t const q0 = cu_seqlens_q[n], q1 = cu_seqlens_q[n + 1];
     std::int64_t const k0 = cu_seqlens_k[n], k1 = cu_seqlens_k[n + 1];
