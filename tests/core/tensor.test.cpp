@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -510,6 +511,160 @@ TEST_CASE("tensor: copy between overlapping host views reads all of src before w
   for (int i = 0; i < 16; ++i) CHECK(buf[std::size_t(i)] == static_cast<float>(i));
 }
 
+// A user's memory space and executor for copy's device-side checks, in a named namespace like
+// random.test.cpp's `mine` (nvcc warns about unused members of types in an anonymous namespace).
+namespace copy_test {
+
+// A memory space host code must not dereference, laid over ordinary host memory: it reaches
+// copy's checks for device views without a GPU (they throw before any byte is touched).
+struct device_space {
+  static constexpr std::string_view name = "fake_device";
+  static constexpr bool host_accessible = false;
+  friend constexpr bool operator==(device_space, device_space) noexcept = default;
+};
+
+// An executor of that space: runs its work on the calling thread (the bytes are host memory after
+// all) and counts its launches, so a test sees whether a rejected call launched anything.
+struct device_queue {
+  using executor_concept = weft::executor_tag;
+  using memory_space = device_space;
+  int* launches = nullptr;
+  void synchronize() const noexcept {}
+};
+
+template <class F>
+void for_each_index(device_queue const& q, std::int64_t n, F f) {
+  ++*q.launches;
+  for (std::int64_t i = 0; i < n; ++i) f(i);
+}
+
+}  // namespace copy_test
+
+static_assert(weft::MemorySpace<copy_test::device_space>);
+static_assert(weft::Executor<copy_test::device_queue>);
+
+namespace {
+
+// Runs copy(ex, dst, src) between two views of one 8x8 buffer (dst_of and src_of make them from
+// the buffer's address) and checks the result against the same copy read from a separate snapshot
+// of the buffer: an overlap-safe copy reads all of src before it writes any of dst.
+template <class MakeDst, class MakeSrc>
+void check_executor_copy_matches_snapshot(std::string const& what, weft::exec::host const& ex,
+                                          MakeDst dst_of, MakeSrc src_of) {
+  CAPTURE(what);
+  CAPTURE(ex.num_threads);
+  std::vector<float> initial(64);
+  for (std::size_t i = 0; i < initial.size(); ++i) initial[i] = static_cast<float>(i);
+  std::vector<float> snapshot = initial;  // src_of takes float*: views of either constness
+  std::vector<float> expected = initial;
+  weft::copy(dst_of(expected.data()), src_of(snapshot.data()));  // disjoint buffers
+  std::vector<float> buf = initial;
+  weft::copy(ex, dst_of(buf.data()), src_of(buf.data()));
+  std::size_t first_difference = 0;
+  while (first_difference < buf.size() && buf[first_difference] == expected[first_difference])
+    ++first_difference;
+  CHECK(first_difference == buf.size());
+}
+
+using fdv2 = weft::tensor_view<float, 2, copy_test::device_space>;
+using fdcv2 = weft::tensor_view<float const, 2, copy_test::device_space>;
+
+// The message of a refused overlapping device copy names the argument, what was expected and
+// what was found.
+void check_device_overlap_message(std::string const& what) {
+  CHECK(what.find("`dst`") != std::string::npos);
+  CHECK(what.find("a device view that does not overlap `src`") != std::string::npos);
+  CHECK(what.find("overlapping byte ranges") != std::string::npos);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "tensor: copy(ex, dst, src) between overlapping host views equals a copy from a "
+    "snapshot (issue 9.7)") {
+  // A team of 2 splits the element loop: without a snapshot each half reads elements that it, or
+  // the other half, has already written.
+  auto const team = weft::exec::host::parallel(2);
+  for (auto const& ex : {team, weft::exec::host{}}) {
+    // Contiguous, dst 3 elements after src (a forward loop smears the first 3 values).
+    check_executor_copy_matches_snapshot(
+        "contiguous, dst after src", ex, [](float* p) { return hv2(p + 3, 4, 12); },
+        [](float* p) { return weft::tensor_view<float const, 2>(p, 4, 12); });
+    // Contiguous, dst before src.
+    check_executor_copy_matches_snapshot(
+        "contiguous, dst before src", ex, [](float* p) { return hv2(p, 4, 12); },
+        [](float* p) { return hv2(p + 5, 4, 12); });
+    // Strided: the even elements shifted by one step (buf[2 i] = old buf[2 i - 2]).
+    check_executor_copy_matches_snapshot(
+        "strided shift", ex,
+        [](float* p) { return weft::slice(weft::select(hv2(p, 32, 2), 1, 0), 0, 1, 32); },
+        [](float* p) { return weft::slice(weft::select(hv2(p, 32, 2), 1, 0), 0, 0, 31); });
+    // Strided: an in-place transpose of the 8x8 matrix.
+    check_executor_copy_matches_snapshot(
+        "in-place transpose", ex, [](float* p) { return hv2(p, 8, 8); },
+        [](float* p) { return weft::transpose(hv2(p, 8, 8)); });
+    // Strided with a gap: columns 0..6 into columns 1..7 of the same matrix.
+    check_executor_copy_matches_snapshot(
+        "strided with a gap", ex, [](float* p) { return weft::slice(hv2(p, 8, 8), 1, 1, 8); },
+        [](float* p) { return weft::slice(hv2(p, 8, 8), 1, 0, 7); });
+    // Contiguous dst, strided src: rows 0..3 from the transpose of the [8, 4] block at 16.
+    check_executor_copy_matches_snapshot(
+        "contiguous dst, strided src", ex, [](float* p) { return hv2(p, 4, 8); },
+        [](float* p) { return weft::transpose(hv2(p + 16, 8, 4)); });
+    // The same view as dst and src: a no-op.
+    check_executor_copy_matches_snapshot(
+        "same view", ex, [](float* p) { return hv2(p, 8, 8); },
+        [](float* p) { return hv2(p, 8, 8); });
+  }
+}
+
+TEST_CASE(
+    "tensor: copy(ex, dst, src) refuses overlapping device views before launching anything "
+    "(issue 9.7)") {
+  std::vector<float> buf(16);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  int launches = 0;
+  copy_test::device_queue const q{&launches};
+  auto const unchanged = [&] {
+    for (std::size_t i = 0; i < buf.size(); ++i) CHECK(buf[i] == static_cast<float>(i));
+  };
+  try {  // contiguous, dst one element after src
+    weft::copy(q, fdv2(buf.data() + 1, 2, 6), fdcv2(buf.data(), 2, 6));
+    FAIL("expected invalid_argument_error");
+  } catch (weft::invalid_argument_error const& e) {
+    check_device_overlap_message(e.what());
+  }
+  // Strided: an in-place transpose; and the same view twice.
+  fdv2 const m(buf.data(), 4, 4);
+  CHECK_THROWS_AS(weft::copy(q, m, weft::transpose(m)), weft::invalid_argument_error);
+  CHECK_THROWS_AS(weft::copy(q, m, m), weft::invalid_argument_error);
+  CHECK(launches == 0);
+  unchanged();
+  // Views that only touch (src ends where dst begins) do not overlap: copied, one launch.
+  weft::copy(q, fdv2(buf.data() + 8, 2, 4), fdcv2(buf.data(), 2, 4));
+  CHECK(launches == 1);
+  for (int i = 0; i < 16; ++i) CHECK(buf[std::size_t(i)] == static_cast<float>(i < 8 ? i : i - 8));
+}
+
+#if WEFT_HAS_CUDA_RUNTIME
+// copy(dst, src) between device views goes through cudaMemcpy, so it compiles only with the CUDA
+// runtime; the overlap check throws before any CUDA call, so no GPU is needed.
+TEST_CASE("tensor: copy(dst, src) refuses overlapping device views before writing (issue 9.7)") {
+  std::vector<float> buf(16);
+  for (std::size_t i = 0; i < buf.size(); ++i) buf[i] = static_cast<float>(i);
+  try {
+    weft::copy(fdv2(buf.data() + 1, 2, 6), fdcv2(buf.data(), 2, 6));
+    FAIL("expected invalid_argument_error");
+  } catch (weft::invalid_argument_error const& e) {
+    check_device_overlap_message(e.what());
+  }
+  fdv2 const m(buf.data(), 4, 4);
+  CHECK_THROWS_AS(weft::copy(weft::as_strided(m), weft::transpose(m)),
+                  weft::invalid_argument_error);
+  for (std::size_t i = 0; i < buf.size(); ++i) CHECK(buf[i] == static_cast<float>(i));
+}
+#endif
+
 TEST_CASE("tensor: fill writes exactly the viewed elements") {
   auto t = weft::make_tensor<int>(3, 4);
   weft::fill(t.view(), 0);
@@ -672,5 +827,15 @@ TEST_CASE("tensor: copies through device memory round-trip (gpu)") {
             .find("tensor<f32>[1, 3, 4] cuda\n[[[ 0,  1,  2,  3],") == 0);
   // A strided device view cannot be copied without a kernel.
   CHECK_THROWS_AS(weft::copy(back.view(), weft::transpose(dev.view(), 0, 2)), weft::error);
+  // Overlapping device views are refused by both halves before anything is written (issue 9.7).
+  auto const flat = weft::flatten(dev.view());
+  CHECK_THROWS_AS(weft::copy(weft::slice(flat, 0, 1, 24), weft::slice(flat, 0, 0, 23)),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(
+      weft::copy(weft::exec::cuda{}, weft::slice(flat, 0, 1, 24), weft::slice(flat, 0, 0, 23)),
+      weft::invalid_argument_error);
+  auto again = weft::make_tensor<float>(2, 3, 4);
+  weft::copy(again.view(), dev.view());
+  for (int i = 0; i < 24; ++i) CHECK(again.data()[i] == static_cast<float>(i));
 }
 #endif

@@ -27,7 +27,10 @@ namespace weft {
 //  - copy(dst, src): any two memory spaces, on the calling host thread; overlapping host views are
 //    well defined; a non-contiguous device view needs a kernel, so it throws errc::unsupported;
 //  - copy(ex, dst, src): both views in the executor's memory space (checked at compile time),
-//    any layouts, asynchronous for exec::cuda; the views must not overlap.
+//    any layouts, asynchronous for exec::cuda.
+// Both treat overlap alike: overlapping host views are copied as if all of src were read before
+// dst is written; overlapping device views throw invalid_argument_error before anything is
+// written (a safe copy would need a device snapshot, which weft does not allocate unasked).
 
 namespace detail {
 
@@ -159,7 +162,12 @@ requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename S
 
 //! Element-wise copy between two views of the executor's memory space, any layouts (the
 //! cross-space copy is weft::copy(dst, src) above). Extents must match (shape_error,
-//! checked before anything runs); the views must not overlap. Call it qualified (weft::copy).
+//! checked before anything runs). Call it qualified (weft::copy).
+//! Overlapping views: in a host-accessible space the copy waits for ex (ex.synchronize()) and
+//! then runs as copy(dst, src) on the calling thread, which reads all of src before writing dst
+//! (memmove or a snapshot): split over a team, the element loop would read elements another
+//! worker, or an earlier index, had already written. In a device space they throw
+//! invalid_argument_error before anything is launched.
 template <Executor E, TensorIn<memory_space_t<E>> Dst, TensorIn<memory_space_t<E>> Src>
 requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename Src::value_type> &&
     (Dst::rank() == Src::rank()) void copy(E const& ex, Dst const& dst, Src const& src) {
@@ -167,6 +175,15 @@ requires MutableTensor<Dst> && std::same_as<typename Dst::value_type, typename S
   detail::check_same_extents(dst, src);
   auto const n = static_cast<index_t>(dst.size());
   if (n == 0) return;
+  if constexpr (!memory_space_t<E>::host_accessible) {
+    WEFT_EXPECTS(!detail::spans_overlap(dst, src), "dst",
+                 "a device view that does not overlap `src` (copy through a separate buffer)",
+                 "overlapping byte ranges");
+  } else if (detail::spans_overlap(dst, src)) {
+    ex.synchronize();  // work already submitted through ex may still be using either view
+    weft::copy(dst, src);
+    return;
+  }
   if (is_contiguous(dst) && is_contiguous(src)) {
     for_each_index(ex, n, detail::copy_contiguous_fn<T>{dst.data_handle(), src.data_handle()});
   } else {
