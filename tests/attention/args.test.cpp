@@ -1,17 +1,23 @@
 // What the attention entry points accept (issue 9, items 7 and 18): owning weft::tensor arguments
-// as well as views, with results bit for bit those of the views; outputs that share memory with
-// an input (or with another output) rejected before anything is written, while disjoint views
-// interleaved in one packed buffer are accepted.
+// as well as views (flash, varlen, ring, Ulysses, USP on two communicators and on a device_mesh),
+// with results bit for bit those of the views; outputs that share memory with an input (or with
+// another output) rejected before anything is written, while disjoint views interleaved in one
+// packed buffer are accepted.
 #include <weft/attention/flash.hpp>
 #include <weft/attention/ring.hpp>
 #include <weft/attention/ulysses.hpp>
+#include <weft/attention/usp.hpp>
+#include <weft/comm/threads/world.hpp>
+#include <weft/mesh/device_mesh.hpp>
 
 #include "attention_testing.hpp"
 #include "distributed_testing.hpp"
 #include "mailbox_comm.hpp"
+#include "support/run_ranks.hpp"
 
 #include <doctest/doctest.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <mutex>
@@ -33,6 +39,42 @@ template <class A, class B>
 bool same_bits(A const& a, B const& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(*a.data())) == 0;
 }
+
+//! An owning weft::tensor copy of a [B, S, H, D] test buffer.
+template <class X>
+weft::tensor<float, 4> owning_copy(X const& x) {
+  auto t = weft::make_tensor<float>(x.extent(0), x.extent(1), x.extent(2), x.extent(3));
+  weft::copy(t.view(), x.view());
+  return t;
+}
+
+//! One rank's USP arguments as owning tensors (inputs const, as a caller's would often be) and
+//! two sets of outputs: one passed as owning tensors, one as views.
+struct usp_rank_args {
+  weft::tensor<float, 4> const q, k, v, g;
+  weft::tensor<float, 4> o, o2, dq, dq2, dk, dk2, dv, dv2;
+  weft::tensor<float, 3> l, l2;
+  usp_rank_args(global_problem<float> const& gp, wa::seq_layout const& lay, int rank)
+      : q(owning_copy(gp.local(lay, rank, gp.q))),
+        k(owning_copy(gp.local(lay, rank, gp.k))),
+        v(owning_copy(gp.local(lay, rank, gp.v))),
+        g(owning_copy(gp.local(lay, rank, gp.g))),
+        o(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hq, gp.d)),
+        o2(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hq, gp.d)),
+        dq(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hq, gp.d)),
+        dq2(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hq, gp.d)),
+        dk(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hk, gp.d)),
+        dk2(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hk, gp.d)),
+        dv(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hk, gp.d)),
+        dv2(weft::make_tensor<float>(gp.b, lay.local_length(), gp.hk, gp.d)),
+        l(weft::make_tensor<float>(gp.b, gp.hq, lay.local_length())),
+        l2(weft::make_tensor<float>(gp.b, gp.hq, lay.local_length())) {}
+  //! How many of the five outputs differ in a bit between the owning and the view calls.
+  [[nodiscard]] int mismatches() const {
+    return !same_bits(o, o2) + !same_bits(l, l2) + !same_bits(dq, dq2) + !same_bits(dk, dk2) +
+           !same_bits(dv, dv2);
+  }
+};
 
 }  // namespace
 
@@ -182,11 +224,65 @@ TEST_SUITE("threads") {
       auto const vc = owning(gp.local(con, r, gp.v));
       auto uo = weft::make_tensor<float>(1, c, 4, 8), uo2 = weft::make_tensor<float>(1, c, 4, 8);
       auto ul = weft::make_tensor<float>(1, 4, c), ul2 = weft::make_tensor<float>(1, 4, c);
+      auto const gc = owning(gp.local(con, r, gp.g));
+      auto udq = weft::make_tensor<float>(1, c, 4, 8), udq2 = weft::make_tensor<float>(1, c, 4, 8);
+      auto udk = weft::make_tensor<float>(1, c, 2, 8), udk2 = weft::make_tensor<float>(1, c, 2, 8);
+      auto udv = weft::make_tensor<float>(1, c, 2, 8), udv2 = weft::make_tensor<float>(1, c, 2, 8);
       wa::ulysses_forward(comm, qc, kc, vc, uo, ul, opt);
+      wa::ulysses_backward(comm, qc, kc, vc, uo, ul, gc, udq, udk, udv, opt);
       wa::ulysses_forward(comm, qc.view(), kc.view(), vc.view(), uo2.view(), ul2.view(), opt);
-      bad += !same_bits(uo, uo2) + !same_bits(ul, ul2);
+      wa::ulysses_backward(comm, qc.view(), kc.view(), vc.view(), uo2.view(), ul2.view(), gc.view(),
+                           udq2.view(), udk2.view(), udv2.view(), opt);
+      bad += !same_bits(uo, uo2) + !same_bits(ul, ul2) + !same_bits(udq, udq2) +
+             !same_bits(udk, udk2) + !same_bits(udv, udv2);
       std::lock_guard lk(mu);
       mismatches += bad;
+    });
+    CHECK(mismatches == 0);
+  }
+
+  TEST_CASE(
+      "attention args: USP on two communicators takes owning tensors, with the views' results") {
+    wa::attention_options opt;
+    opt.causal = wa::causal_mode::top_left;
+    int const u = 2, r = 2;
+    global_problem<float> const gp(1, 2 * u * r * 3, 4, 2, 8, opt, 78);
+    auto const lay = wa::seq_layout::usp(u, r, wa::layout_kind::zigzag, gp.s);
+    std::atomic<int> mismatches{0};
+    run_usp_ranks(u, r, [&](mailbox_comm& uc, mailbox_comm& rc, int g) {
+      usp_rank_args x(gp, lay, g);
+      wa::usp_forward(uc, rc, lay, x.q, x.k, x.v, x.o, x.l, opt);
+      wa::usp_backward(uc, rc, lay, x.q, x.k, x.v, x.o, x.l, x.g, x.dq, x.dk, x.dv, opt);
+      wa::usp_forward(uc, rc, lay, x.q.view(), x.k.view(), x.v.view(), x.o2.view(), x.l2.view(),
+                      opt);
+      wa::usp_backward(uc, rc, lay, x.q.view(), x.k.view(), x.v.view(), x.o2.view(), x.l2.view(),
+                       x.g.view(), x.dq2.view(), x.dk2.view(), x.dv2.view(), opt);
+      mismatches += x.mismatches();
+    });
+    CHECK(mismatches == 0);
+  }
+
+  TEST_CASE("attention args: USP on a device_mesh takes owning tensors, with the views' results") {
+    // The mesh overloads once took their arguments by const reference, so an owning output did
+    // not compile (its view() had const elements).
+    namespace wt = weft::comm::threads;
+    wa::attention_options opt;
+    opt.causal = wa::causal_mode::top_left;
+    int const u = 2, r = 2;
+    global_problem<float> const gp(1, 2 * u * r * 3, 4, 2, 8, opt, 79);
+    auto const lay = wa::seq_layout::usp(u, r, wa::layout_kind::zigzag, gp.s);
+    std::atomic<int> mismatches{0};
+    weft::test::run_ranks(u * r, [&](wt::communicator& world) {
+      weft::device_mesh<wt::communicator> mesh(world, {r, u}, {"ring", "uly"});
+      usp_rank_args x(gp, lay, wa::usp_layout_rank(mesh, "uly", "ring"));
+      wa::usp_forward(mesh, "uly", "ring", lay, x.q, x.k, x.v, x.o, x.l, opt);
+      wa::usp_backward(mesh, "uly", "ring", lay, x.q, x.k, x.v, x.o, x.l, x.g, x.dq, x.dk, x.dv,
+                       opt);
+      wa::usp_forward(mesh, "uly", "ring", lay, x.q.view(), x.k.view(), x.v.view(), x.o2.view(),
+                      x.l2.view(), opt);
+      wa::usp_backward(mesh, "uly", "ring", lay, x.q.view(), x.k.view(), x.v.view(), x.o2.view(),
+                       x.l2.view(), x.g.view(), x.dq2.view(), x.dk2.view(), x.dv2.view(), opt);
+      mismatches += x.mismatches();
     });
     CHECK(mismatches == 0);
   }

@@ -7,37 +7,10 @@
 
 #include <doctest/doctest.h>
 
-#include <thread>
-
 namespace wa = weft::attention;
 using namespace attention_testing;
 
 namespace {
-
-// Threads g = rho*u + upsilon; Ulysses groups are the u consecutive ranks, ring groups strided.
-template <class F>
-void run_usp_ranks(int u, int r, F&& f) {
-  std::vector<std::shared_ptr<mailbox_world>> uw, rw;
-  for (int i = 0; i < r; ++i) uw.push_back(std::make_shared<mailbox_world>(u));
-  for (int i = 0; i < u; ++i) rw.push_back(std::make_shared<mailbox_world>(r));
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(u * r));
-  std::vector<std::thread> threads;
-  for (int g = 0; g < u * r; ++g)
-    threads.emplace_back([&, g] {
-      int const rho = g / u, ups = g % u;
-      mailbox_comm uc(uw[std::size_t(rho)], ups), rc(rw[std::size_t(ups)], rho);
-      try {
-        f(uc, rc, g);
-      } catch (...) {
-        errors[std::size_t(g)] = std::current_exception();
-        uc.abort();
-        rc.abort();
-      }
-    });
-  for (auto& t : threads) t.join();
-  for (auto& e : errors)
-    if (e) std::rethrow_exception(e);
-}
 
 template <class T>
 void run_usp(int u, int r, wa::layout_kind kind, global_problem<T> const& gp,

@@ -235,9 +235,8 @@ template <class QV, class KV, class VV, class OV, class LV>
 void check_forward_args(QV const& q, KV const& k, VV const& v, OV const& o, LV const& lse) {
   auto const rq = as_bshd(q, "q");
   auto const rk = as_bshd(k, "k");
-  check_qkv(rq, rk, as_bshd(v, "v"));
-  check_same_shape(rq, as_bshd(o, "o"), "o");
-  check_lse_shape(rq, as_bhs(lse), "lse");
+  // The checks of every forward entry point, the head dimension and finite q and k included.
+  check_forward_shapes(rq, rk, as_bshd(v, "v"), as_bshd(o, "o"), as_bhs(lse));
   WEFT_EXPECTS_SHAPE(rk.s == rq.s, "k", ::weft::detail::concat("local length ", rq.s, " (as q)"),
                      rk.s);
 }

@@ -17,6 +17,7 @@
 
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 namespace weft::attention {
 
@@ -135,22 +136,33 @@ int usp_layout_rank(device_mesh<C>& mesh, std::string_view ulysses_axis,
   return mesh.local_rank(ring_axis) * mesh.size(ulysses_axis) + mesh.local_rank(ulysses_axis);
 }
 
-//! USP forward over two axes of a device_mesh (Ulysses over `ulysses_axis`, ring over `ring_axis`).
-template <comm::Collective C, class... Views>
+//! USP forward over two axes of a device_mesh (Ulysses over `ulysses_axis`, ring over `ring_axis`);
+//! the tensors and options are usp_forward's, views or owning weft::tensors alike.
+template <comm::Collective C, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV>
 void usp_forward(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis,
-                 seq_layout const& layout, Views const&... views_and_options) {
+                 seq_layout const& layout, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse,
+                 attention_options const& opt = {}) {
   WEFT_EXPECTS(ulysses_axis != ring_axis, "ring_axis", "an axis other than the Ulysses axis",
                ring_axis);
-  usp_forward(mesh.group(ulysses_axis), mesh.group(ring_axis), layout, views_and_options...);
+  usp_forward(mesh.group(ulysses_axis), mesh.group(ring_axis), layout, std::forward<QV>(q),
+              std::forward<KV>(k), std::forward<VV>(v), std::forward<OV>(o), std::forward<LV>(lse),
+              opt);
 }
 
-//! USP backward over two axes of a device_mesh.
-template <comm::Collective C, class... Views>
+//! USP backward over two axes of a device_mesh; the tensors and options are usp_backward's.
+template <comm::Collective C, HostTensorArg QV, HostTensorArg KV, HostTensorArg VV,
+          HostTensorArg OV, HostTensorArg LV, HostTensorArg GV, HostTensorArg DQV,
+          HostTensorArg DKV, HostTensorArg DVV>
 void usp_backward(device_mesh<C>& mesh, std::string_view ulysses_axis, std::string_view ring_axis,
-                  seq_layout const& layout, Views const&... views_and_options) {
+                  seq_layout const& layout, QV&& q, KV&& k, VV&& v, OV&& o, LV&& lse, GV&& dout,
+                  DQV&& dq, DKV&& dk, DVV&& dv, attention_options const& opt = {}) {
   WEFT_EXPECTS(ulysses_axis != ring_axis, "ring_axis", "an axis other than the Ulysses axis",
                ring_axis);
-  usp_backward(mesh.group(ulysses_axis), mesh.group(ring_axis), layout, views_and_options...);
+  usp_backward(mesh.group(ulysses_axis), mesh.group(ring_axis), layout, std::forward<QV>(q),
+               std::forward<KV>(k), std::forward<VV>(v), std::forward<OV>(o), std::forward<LV>(lse),
+               std::forward<GV>(dout), std::forward<DQV>(dq), std::forward<DKV>(dk),
+               std::forward<DVV>(dv), opt);
 }
 
 }  // namespace weft::attention
