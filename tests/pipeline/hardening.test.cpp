@@ -197,3 +197,15 @@ TEST_CASE(
   CHECK(boxes == 2 * p * m);
   CHECK_THROWS_AS((void)unit_costs(base, 1, 1, 1, -1.0), weft::schedule_error);
 }
+
+TEST_CASE("hardening: unit_costs is sized only by what the schedule's actions can index") {
+  // 95 bytes asking for a billion stages: the cost model would be four vectors of 8 GB each.
+  auto const s = parse_schedule(
+      "weft-schedule ranks=1 stages=1000000000 microbatches=1 placement=loop vocab=none\n0: 0F0\n");
+  CHECK_THROWS_WITH_AS((void)unit_costs(s), doctest::Contains("rule `completeness`"),
+                       weft::schedule_error);
+  // A schedule whose stages × microbatches its actions cover is costed as before.
+  auto const ok = parse_schedule(header1 + "0: 0F0 0B0\n");
+  auto const c = unit_costs(ok);
+  CHECK(c.forward.size() == 1);
+}

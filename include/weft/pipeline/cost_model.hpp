@@ -5,6 +5,7 @@
 #pragma once
 
 #include <weft/pipeline/detail/check.hpp>
+#include <weft/pipeline/detail/deps.hpp>
 #include <weft/pipeline/schedule.hpp>
 
 #include <cstddef>
@@ -51,12 +52,14 @@ struct cost_model {
 //! for one barrier (S also forms the input-gradient partial), S = E·f/p and T = E(i + w)/p for
 //! two. IF and IB (lookups) cost 0. Those papers' bubble formulas, and the makespans
 //! tests/pipeline/generators.test.cpp checks ((m + p - 1)(F + B) for 1F1B), model no output layer:
-//! pass output_layer = 0 to reproduce them. The model is sized by `num_stages()` as the schedule
-//! states it: for a schedule read from an untrusted file, `validate` (or `simulate(s)`, which
-//! checks first) before building it, so a header's `stages=` cannot make it allocate.
+//! pass output_layer = 0 to reproduce them. The model is sized by `num_stages()`, which is bounded
+//! first by the schedule's own actions (stages × microbatches at most its action count, the rule
+//! `validate` calls completeness): a parsed header's `stages=` cannot make it allocate more than
+//! the input's size, and such a schedule gets a schedule_error.
 inline cost_model unit_costs(schedule const& s, double f = 1.0, double i = 1.0, double w = 1.0,
                              double output_layer = 1.0) {
   detail::require(output_layer >= 0.0, "output_layer", ">= 0", output_layer, "output_layer >= 0");
+  detail::require_indexable(s);
   cost_model c;
   auto const stages = static_cast<std::size_t>(s.num_stages());
   double const v = static_cast<double>(s.num_chunks());
