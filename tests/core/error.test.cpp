@@ -93,8 +93,11 @@ TEST_CASE("error: what() ends with a short location, not a whole template signat
     FAIL("expected an exception");
   } catch (weft::invalid_argument_error const& e) {
     std::string const what = e.what();
-    std::string const expected =
-        "[at error.test.cpp:" + std::to_string(e.where().line()) + " in holder::check]";
+    // clang 14 with libstdc++ 12 has no std::source_location; weft's fallback builtin gives the
+    // bare function name ("check"), so the short form there is the bare name.
+    bool const qualified = std::string(e.where().function_name()).find("::") != std::string::npos;
+    std::string const expected = "[at error.test.cpp:" + std::to_string(e.where().line()) +
+                                 (qualified ? " in holder::check]" : " in check]");
     CHECK(what.size() >= expected.size());
     CHECK(what.substr(what.size() - expected.size()) == expected);
     CHECK(what.find("with ") == std::string::npos);
