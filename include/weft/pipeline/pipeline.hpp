@@ -5,7 +5,9 @@
 
 #include <weft/pipeline/action.hpp>
 #include <weft/pipeline/cost_model.hpp>
+#include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/measured.hpp>
 #include <weft/pipeline/render.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
@@ -15,5 +17,7 @@
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 #include <weft/pipeline/simulate.hpp>
+#include <weft/pipeline/stage.hpp>
+#include <weft/pipeline/step.hpp>
 #include <weft/pipeline/text.hpp>
 #include <weft/pipeline/validate.hpp>
