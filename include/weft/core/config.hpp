@@ -63,8 +63,10 @@
 
 #if defined(__GNUC__) || defined(__clang__)
 #define WEFT_FORCEINLINE inline __attribute__((always_inline))
+#define WEFT_LAMBDA_INLINE __attribute__((always_inline))  // after a lambda's parameter list
 #else
 #define WEFT_FORCEINLINE inline
+#define WEFT_LAMBDA_INLINE
 #endif
 
 #if defined(NDEBUG)

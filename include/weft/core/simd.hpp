@@ -5,6 +5,7 @@
 #pragma once
 
 #include <weft/core/config.hpp>
+#include <weft/core/math.hpp>  // index_t
 
 namespace weft::detail {
 
@@ -50,6 +51,21 @@ inline simd_level host_simd_level() noexcept {
 #else
   return simd_level::base;
 #endif
+}
+
+//! Runs f(j) for j in [first, last): blocks of B with a fixed-length inner loop, then a scalar
+//! tail. GCC's -O2 vectoriser (the "very cheap" cost model) refuses any loop that would need a
+//! scalar epilogue or a run-time alias check, i.e. every loop of unknown trip count; an inner loop
+//! of B iterations (a multiple of every vector width) it takes. `f` must not carry anything from
+//! one j to another (each iteration's writes are read by no other iteration: WEFT_IVDEP).
+template <index_t B = 16, class F>
+WEFT_FORCEINLINE void for_each_blocked(index_t first, index_t last, F&& f) {
+  index_t j = first;
+  for (; j + B <= last; j += B) {
+    WEFT_IVDEP
+    for (index_t t = 0; t < B; ++t) f(j + t);
+  }
+  for (; j < last; ++j) f(j);
 }
 
 }  // namespace weft::detail

@@ -7,6 +7,7 @@
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/math.hpp>
+#include <weft/core/simd.hpp>
 #include <weft/rl/exp.hpp>
 #include <weft/rl/token_layout.hpp>
 
@@ -49,7 +50,7 @@ struct logit_grad {
   C g_ent;
   C inv_tau;
 
-  WEFT_HD C operator()(C x) const noexcept {
+  WEFT_HD WEFT_FORCEINLINE C operator()(C x) const noexcept {
     C d = (x - lse) - lse_lo;
     d = select(d < cuda::std::numeric_limits<C>::lowest(), cuda::std::numeric_limits<C>::lowest(),
                d);
@@ -96,7 +97,8 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, com
   alignas(64) C tbuf[logit_chunk];
   for (index_t c0 = 0; c0 < n; c0 += logit_chunk) {
     index_t const len = n - c0 < logit_chunk ? n - c0 : logit_chunk;
-    for (index_t j = 0; j < len; ++j) buf[j] = load_logit<C>(z, c0 + j, inv_tau);
+    weft::detail::for_each_blocked(
+        0, len, [&](index_t j) WEFT_LAMBDA_INLINE { buf[j] = load_logit<C>(z, c0 + j, inv_tau); });
     // The chunk's max as a pairwise tree over a power-of-two scratch padded with -inf: every
     // level is a pure map, which vectorises (a running max is a reduction GCC will not
     // vectorise for floats without -ffast-math).
@@ -104,10 +106,13 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, com
     while (width < len) width *= 2;
     index_t const half = width / 2;
     for (index_t j = len; j < width; ++j) buf[j] = -cuda::std::numeric_limits<C>::infinity();
-    for (index_t j = 0; j < half; ++j)
+    weft::detail::for_each_blocked(0, half, [&](index_t j) WEFT_LAMBDA_INLINE {
       tbuf[j] = select(buf[j + half] > buf[j], buf[j + half], buf[j]);
+    });
     for (index_t h = half / 2; h >= 1; h /= 2)
-      for (index_t j = 0; j < h; ++j) tbuf[j] = select(tbuf[j + h] > tbuf[j], tbuf[j + h], tbuf[j]);
+      weft::detail::for_each_blocked(0, h, [&](index_t j) WEFT_LAMBDA_INLINE {
+        tbuf[j] = select(tbuf[j + h] > tbuf[j], tbuf[j + h], tbuf[j]);
+      });
     C const m = tbuf[0];
     // A NaN logit may or may not win the max (compares with NaN are false): a NaN max is a
     // poisoned chunk. A NaN elsewhere, or a +inf max, makes the exponentials below NaN.
@@ -140,26 +145,27 @@ WEFT_FORCEINLINE softmax_stats<double> row_stats_impl(L const* z, index_t n, com
         index_t const p1 = s0 + slice < next ? s0 + slice : next;
         for (index_t j = s0; j < p1; j += line) prefetch(z + c0 + len + j);
       }
-      for (index_t j = s0; j < s1; ++j) {
+      weft::detail::for_each_blocked(s0, s1, [&](index_t j) WEFT_LAMBDA_INLINE {
         C d = buf[j] - m;
         d = select(d < lowest, lowest, d);
         C const e = exp_fn{}(d);
         buf[j] = e;
         tbuf[j] = e * d;
-      }
+      });
     }
     if (saved_exp != nullptr) {
-      for (index_t j = 0; j < len; ++j) saved_exp[c0 + j] = buf[j];
+      weft::detail::for_each_blocked(
+          0, len, [&](index_t j) WEFT_LAMBDA_INLINE { saved_exp[c0 + j] = buf[j]; });
       chunk_max[c0 / logit_chunk] = static_cast<double>(m);
     }
     // Pairwise tree sums over the padded chunk: pure maps again (vectorise), fixed order, and
     // more accurate than a running sum.
     for (index_t j = len; j < width; ++j) buf[j] = tbuf[j] = C(0);
     for (index_t h = width / 2; h >= W; h /= 2)
-      for (index_t j = 0; j < h; ++j) {
+      weft::detail::for_each_blocked(0, h, [&](index_t j) WEFT_LAMBDA_INLINE {
         buf[j] += buf[j + h];
         tbuf[j] += tbuf[j + h];
-      }
+      });
     double ss = 0, tt = 0;
     for (index_t l = 0; l < W; ++l) {
       ss += static_cast<double>(buf[l]);
@@ -190,7 +196,9 @@ WEFT_FORCEINLINE void row_backward_impl(L const* z, index_t n, compute_t<L> inv_
                          static_cast<C>(g_logp),
                          static_cast<C>(g_ent),
                          inv_tau};
-  for (index_t j = 0; j < n; ++j) dz[j] = static_cast<D>(fn(load_logit<C>(z, j, inv_tau)));
+  weft::detail::for_each_blocked(0, n, [&](index_t j) WEFT_LAMBDA_INLINE {
+    dz[j] = static_cast<D>(fn(load_logit<C>(z, j, inv_tau)));
+  });
   if (target >= 0) {  // add the indicator term before the one rounding to D
     dz[target] =
         static_cast<D>(fn(load_logit<C>(z, target, inv_tau)) + static_cast<C>(g_logp) * inv_tau);
@@ -216,7 +224,7 @@ WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, compute_t<L
   C const h = static_cast<C>(entropy);
   C const gl = static_cast<C>(g_logp);
   C const ge = static_cast<C>(g_ent);
-  auto grad = [&](C x, C e, C f) {
+  auto grad = [&](C x, C e, C f) WEFT_LAMBDA_INLINE {
     C d = (x - lse_hi) - lse_lo;
     d = select(d < lowest, lowest, d);
     C const p = e * f;
@@ -229,8 +237,9 @@ WEFT_FORCEINLINE void row_backward_saved_impl(L const* z, index_t n, compute_t<L
     C const f = mc == -cuda::std::numeric_limits<double>::infinity()
                     ? C(0)
                     : static_cast<C>(std::exp(mc - lse));
-    for (index_t j = c0; j < c0 + len; ++j)
+    weft::detail::for_each_blocked(c0, c0 + len, [&](index_t j) WEFT_LAMBDA_INLINE {
       dz[j] = static_cast<D>(grad(load_logit<C>(z, j, inv_tau), saved_exp[j], f));
+    });
     if (target >= c0 && target < c0 + len)  // the indicator term, before the one rounding to D
       dz[target] = static_cast<D>(grad(load_logit<C>(z, target, inv_tau), saved_exp[target], f) +
                                   gl * inv_tau);

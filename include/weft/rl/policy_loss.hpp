@@ -8,6 +8,7 @@
 #include <weft/core/memory.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/error.hpp>
+#include <weft/core/simd.hpp>
 #include <weft/rl/exp.hpp>
 #include <weft/rl/token_layout.hpp>
 #include <weft/rl/named_arrays.hpp>
@@ -425,9 +426,9 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn_ref, policy_inputs<T, 
     cn -= full;
     // Counts as integers per block (exact, cheap), then into the double totals.
     std::uint32_t n_tok[CW] = {}, n_lo[CW] = {}, n_hi[CW] = {}, n_dual[CW] = {}, n_clamp[CW] = {};
-    index_t const cpadded = (len + CW - 1) / CW * CW;
-    for (index_t j = len; j < cpadded; ++j) b_flags[j] = 0u;
-    for (index_t j = 0; j < cpadded; j += CW)
+    // The per-token pass wrote all token_block entries; past len they are masked (flags 0, sums
+    // 0, extrema +-inf), so the counts and trees run over the whole block.
+    for (index_t j = 0; j < token_block; j += CW)
       for (index_t l = 0; l < CW; ++l) {
         std::uint32_t const f = b_flags[j + l];
         n_lo[l] += f & 1u;
@@ -445,20 +446,15 @@ WEFT_FORCEINLINE void policy_token_loop_impl(Fn const& fn_ref, policy_inputs<T, 
     }
     // Ratio sums and extrema: pairwise trees over the (padded) block down to tree_lanes values,
     // every level a map (vectorises; a running min/max or double sum over lanes does not).
-    for (index_t j = len; j < token_block; ++j) {
-      b_r[j] = b_r2[j] = b_nlr[j] = b_raw[j] = T(0);
-      b_rmin[j] = inf;
-      b_rmax[j] = -inf;
-    }
     for (index_t h = token_block / 2; h >= tree_lanes; h /= 2)
-      for (index_t j = 0; j < h; ++j) {
+      weft::detail::for_each_blocked(0, h, [&](index_t j) WEFT_LAMBDA_INLINE {
         b_r[j] += b_r[j + h];
         b_r2[j] += b_r2[j + h];
         b_nlr[j] += b_nlr[j + h];
         b_raw[j] += b_raw[j + h];
         b_rmin[j] = select(b_rmin[j + h] < b_rmin[j], b_rmin[j + h], b_rmin[j]);
         b_rmax[j] = select(b_rmax[j + h] > b_rmax[j], b_rmax[j + h], b_rmax[j]);
-      }
+      });
     for (index_t l = 0; l < tree_lanes; ++l) {
       acc_r[0] += static_cast<double>(b_r[l]);
       acc_r2[0] += static_cast<double>(b_r2[l]);
