@@ -6,9 +6,17 @@
 #                              tests/comm/nccl have their own CMakeLists), one CTest test per doctest case,
 #                              named "<name>/<case>", labelled <name> and LABELS, plus "slow",
 #                              "threads" or "mpi" for cases inside TEST_SUITE("slow") etc.
-#     with WEFT_ENABLE_CUDA -> the same *.test.cpp compiled by nvcc into weft.test.<name>.cuda,
-#                              registered as one test labelled gpu (run only where a GPU is present)
+#     with WEFT_ENABLE_CUDA -> the files among them with a CUDA path of their own (they test
+#                              __CUDACC__, WEFT_CUDA_COMPILER or WEFT_HAS_CUDA_RUNTIME) compiled by
+#                              nvcc into weft.test.<name>.cuda, registered as one test labelled gpu
+#                              (run only where a GPU is present). Host-only test files are not
+#                              twinned: nvcc would compile the same host code again through g++ and
+#                              test nothing new; that every public header compiles under nvcc is
+#                              weft_add_nvcc_header_check's job.
 # weft_add_cuh_check()                 compiles every include/weft/**/*.cuh alone in a .cu file
+# weft_add_nvcc_header_check(<headers>) compiles every given public .hpp in one .cu file (alone,
+#                              each is checked by g++ and clang++ in the headers stage)
+# Every nvcc-compiled target joins the `weft_nvcc` target, which is what CI's nvcc stage builds.
 
 include_guard(GLOBAL)
 
@@ -88,9 +96,19 @@ function(weft_add_test_area name)
                       SUITE_LABELS ${WEFT_SUITE_LABELS} TIMEOUT 1800)
 
   if(WEFT_ENABLE_CUDA AND NOT A_NO_CUDA_TWIN)
+    set(_twinned)
+    foreach(_t IN LISTS _tests)
+      file(STRINGS "${_t}" _cuda_lines REGEX "[^!]defined\\(__CUDACC__\\)|WEFT_CUDA_COMPILER|WEFT_HAS_CUDA_RUNTIME")
+      if(_cuda_lines)
+        list(APPEND _twinned "${_t}")
+      endif()
+    endforeach()
+    if(NOT _twinned)
+      return()
+    endif()
     _weft_test_main_lib(_cmain cuda)
     set(_cu_sources)
-    foreach(_t IN LISTS _tests)
+    foreach(_t IN LISTS _twinned)
       get_filename_component(_stem "${_t}" NAME_WE)
       set(_cu "${CMAKE_BINARY_DIR}/weft_generated/${name}/${_stem}.test.cu")
       file(CONFIGURE OUTPUT "${_cu}" CONTENT "#include \"${_t}\"\n")
@@ -104,7 +122,31 @@ function(weft_add_test_area name)
     # One CTest test for the whole twin; slow cases are left to the host build.
     add_test(NAME ${name}/cuda COMMAND ${_cexe} --test-suite-exclude=slow)
     set_tests_properties(${name}/cuda PROPERTIES LABELS "gpu;${name}" TIMEOUT 900)
+    weft_nvcc_target(${_cexe})
   endif()
+endfunction()
+
+# Adds <target> to `weft_nvcc`, the aggregate of every nvcc-compiled check.
+function(weft_nvcc_target target)
+  if(NOT TARGET weft_nvcc)
+    add_custom_target(weft_nvcc)
+  endif()
+  add_dependencies(weft_nvcc ${target})
+endfunction()
+
+function(weft_add_nvcc_header_check)
+  set(_content "")
+  foreach(_h IN LISTS ARGN)
+    string(APPEND _content "#include <${_h}>\n")
+  endforeach()
+  if(NOT _content)
+    return()
+  endif()
+  set(_cu "${CMAKE_BINARY_DIR}/weft_generated/nvcc_headers.cu")
+  file(CONFIGURE OUTPUT "${_cu}" CONTENT "${_content}")
+  add_library(weft_nvcc_headers OBJECT "${_cu}")
+  target_link_libraries(weft_nvcc_headers PRIVATE weft::cuda)
+  weft_nvcc_target(weft_nvcc_headers)
 endfunction()
 
 function(weft_add_cuh_check)
@@ -123,4 +165,5 @@ function(weft_add_cuh_check)
   if(TARGET weft::nccl)
     target_link_libraries(weft_cuh_check PRIVATE weft::nccl)
   endif()
+  weft_nvcc_target(weft_cuh_check)
 endfunction()
