@@ -316,6 +316,48 @@ TEST_CASE("executor: a stage that throws on one rank raises on every rank, namin
   }
 }
 
+TEST_CASE("executor: exchange_failures on threads costs no deadline and keeps the origin") {
+  // exchange_failures is for MPI (tests/pipeline/mpi: every rank quotes the failing rank's
+  // report). On threads the abort already wakes every peer with the failing rank's description
+  // and poisons every communicator of the world, the reports' split included: the exchange fails
+  // at once, the messages say so and still name the origin, and nothing waits for a deadline.
+  using namespace std::chrono_literals;
+  constexpr int p = 3;
+  constexpr int m = 3;
+  auto const deadline = 5000ms;
+  auto const lowered = pl::lower(pl::one_f_one_b(p, m));
+  data_set const data(m);
+  std::vector<std::string> messages(p);
+  auto const t0 = std::chrono::steady_clock::now();
+  weft::test::run_ranks(
+      p,
+      [&](comm::threads::communicator& c) {
+        auto reports = c.split(0, c.rank());
+        mlp_stage stage(lowered, c.rank(), data);
+        stage.fail_at = [](pl::stage_call const& call, char const* what) {
+          return call.stage == 1 && call.microbatch == 2 && std::string(what) == "forward";
+        };
+        pl::step_options opt;
+        opt.report_failure = pl::exchange_failures(reports);
+        try {
+          (void)pl::run_step(lowered, stage, c, opt);
+        } catch (weft::error const& e) {
+          messages[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+      },
+      weft::test::test_options(deadline));
+  CHECK(std::chrono::steady_clock::now() - t0 < deadline / 2);
+  for (int r = 0; r < p; ++r) {
+    auto const& msg = messages[static_cast<std::size_t>(r)];
+    CAPTURE(r);
+    CAPTURE(msg);
+    CHECK(msg.find("pipeline rank 1, action #") != std::string::npos);
+    CHECK(msg.find("`1F2`") != std::string::npos);
+    CHECK(msg.find("injected stage failure") != std::string::npos);
+    CHECK(msg.find("failure reports did not arrive") != std::string::npos);
+  }
+}
+
 TEST_CASE("executor: a reused plan accumulates two steps like two sequential passes") {
   // The executor never touches gradient storage: two steps with one plan add both steps'
   // gradients, equal bit for bit to sequential accumulation over the microbatches twice.

@@ -12,7 +12,12 @@
 #include <weft/pipeline/stage.hpp>
 #include <weft/pipeline/step.hpp>
 
+#include <algorithm>
+#include <cstring>
 #include <exception>
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace weft::pipeline {
 
@@ -93,6 +98,43 @@ requires comm::CollectiveIn<VC, host_space> step_result run_step(step_plan& plan
                                                                  VC& vocab_channel,
                                                                  step_options const& opt = {}) {
   return detail::run(plan, stage, &shard, channel, &vocab_channel, opt);
+}
+
+//! A step_options::report_failure over `reports`, a collective communicator of its own over the
+//! pipeline's ranks (split or dup it up front; it must outlive the steps): the failing ranks
+//! all-gather their descriptions (the first 511 bytes of each) within `reports`'s deadline, and
+//! each rank's exception quotes the others'. Meant for MPI, where a rank's abort() cannot wake its
+//! peers: they time out on the message that never comes, join the exchange, and every rank then
+//! names the rank, action and microbatch that failed first. On threads abort() already wakes the
+//! peers with the description (peer_aborted_error), so it is not needed there. A rank whose step
+//! finished without error does not join: the others then wait for `reports`'s deadline and say
+//! that the reports did not arrive.
+template <class RC>
+requires comm::CollectiveIn<RC, host_space> std::function<std::string(std::string const&)>
+exchange_failures(RC& reports) {
+  return [&reports](std::string const& mine) -> std::string {
+    constexpr std::size_t width = 512;
+    auto const n = static_cast<std::size_t>(reports.size());
+    std::vector<unsigned char> in(width, 0), all(width * n, 0);
+    std::memcpy(in.data(), mine.data(), std::min(mine.size(), width - 1));
+    try {
+      reports
+          .all_gather(comm::buffer_view{in.data(), width, dtype::u8},
+                      comm::buffer_view{all.data(), width * n, dtype::u8})
+          .wait();
+    } catch (std::exception const& e) {
+      return ::weft::detail::concat("; the other ranks' failure reports did not arrive: ",
+                                    e.what());
+    }
+    std::string out;
+    for (std::size_t r = 0; r < n; ++r) {
+      if (static_cast<int>(r) == reports.rank()) continue;
+      auto const* text = reinterpret_cast<char const*>(all.data() + r * width);
+      out += ::weft::detail::concat("; rank ", r,
+                                    " reported: ", std::string(text, strnlen(text, width)));
+    }
+    return out;
+  };
 }
 
 }  // namespace weft::pipeline

@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -44,6 +45,13 @@ struct step_options {
   int data_parallel_size = 1;
   //! Passed to every isend/irecv (a zero timeout means the communicator's deadline).
   comm::op_options p2p{};
+  //! For channels whose abort() cannot wake the peers (MPI has no revoke: they time out in turn),
+  //! so that every rank learns what failed first: called once on a failing rank, after it
+  //! aborted its channels, with its failure's description; it returns what the other ranks
+  //! reported, which the rethrown exception appends. The exception is then a weft::error with
+  //! the original's errc (internal for a stage's) and the original nested. exchange_failures
+  //! (executor.hpp) builds one over a collective communicator of its own. Empty: not used.
+  std::function<std::string(std::string const&)> report_failure;
 };
 
 //! The loss weight of every microbatch under `opt`: w_i as documented at loss_weighting. An empty

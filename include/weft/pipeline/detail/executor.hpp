@@ -20,6 +20,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -67,6 +68,27 @@ template <class C, class VC>
 void abort_channels(C& c, VC* v, std::string const& reason) noexcept {
   abort_channel(c, reason);
   if (v != nullptr) abort_channel(*v, reason);
+}
+
+// With opt.report_failure: the other ranks' reports, appended to `own`, rethrown as a weft::error
+// with the original's code (or internal) and `current` nested. Without: returns (the caller
+// rethrows the original).
+inline void rethrow_with_reports(step_options const& opt, std::string const& own, errc code,
+                                 source_location where = source_location::current()) {
+  if (!opt.report_failure) return;
+  std::string reports;
+  try {
+    reports = opt.report_failure(own);
+  } catch (std::exception const& e) {
+    reports =
+        ::weft::detail::concat("; reporting the failure to the other ranks failed: ", e.what());
+  }
+  std::throw_with_nested(error(code, own + reports, where));
+}
+
+inline errc code_of(std::exception const& e) noexcept {
+  auto const* w = dynamic_cast<error const*>(&e);
+  return w != nullptr ? w->code() : errc::internal;
 }
 
 template <class S, class V>
@@ -524,12 +546,14 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
                                                   ": the stage threw: ", e.what());
           abort_channels(channel, vocab_channel, msg);
           aborted = true;
+          rethrow_with_reports(opt, msg, errc::internal);
           std::throw_with_nested(error(errc::internal, msg));
         } catch (...) {
           auto const msg = ::weft::detail::concat(describe_step(plan.rank_, i, a),
                                                   ": the stage threw a non-standard exception");
           abort_channels(channel, vocab_channel, msg);
           aborted = true;
+          rethrow_with_reports(opt, msg, errc::internal);
           std::throw_with_nested(error(errc::internal, msg));
         }
         res.metrics.compute += since(t0, clock::now());
@@ -545,10 +569,11 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
     for (auto& w : sends) w.wait();
     res.metrics.send_wait = since(t0, clock::now());
   } catch (std::exception const& e) {
-    if (!aborted) {
+    if (!aborted) {  // a communicator's failure (a stage's was reported above)
       auto const& a = i < plan.steps_.size() ? plan.steps_[i].a : action{};
-      abort_channels(channel, vocab_channel,
-                     ::weft::detail::concat(describe_step(plan.rank_, i, a), ": ", e.what()));
+      auto const msg = ::weft::detail::concat(describe_step(plan.rank_, i, a), ": ", e.what());
+      abort_channels(channel, vocab_channel, msg);
+      rethrow_with_reports(opt, msg, code_of(e));
     }
     throw;
   } catch (...) {
