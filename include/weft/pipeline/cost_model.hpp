@@ -31,6 +31,11 @@ struct cost_model {
   std::vector<double> parameter_bytes;   //!< per rank (weights, grads, optimizer state)
   double vocab_activation_bytes = 0;     //!< per rank and microbatch, held from S to T
   double input_activation_bytes = 0;     //!< per rank and microbatch, held from IF to IB
+  //! How a rank runs a collective. false: it issues the collective to a stream of its own and goes
+  //! on (a GPU runtime with a communication stream; the vocabulary schedules are planned so).
+  //! true: the rank waits until the collective has completed, as weft's executor does over host
+  //! communicators (fit_costs sets it).
+  bool collectives_block = false;
 
   [[nodiscard]] double p2p_time() const noexcept {
     return p2p_latency + (p2p_bandwidth > 0 ? p2p_bytes / p2p_bandwidth : 0.0);

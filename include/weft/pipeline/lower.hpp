@@ -1,16 +1,20 @@
 // weft/pipeline/lower.hpp — turns a compute-only schedule into an executable one: a SEND/RECV
 // pair for every dependency between ranks, ordered so the schedule cannot deadlock (rank-parity
-// rule for pairs of ranks that exchange in both directions; no pair waits across a collective),
-// with the collectives kept in their one global order.
+// rule for pairs of ranks that exchange in both directions), with the collectives kept in their
+// one global order, and each SEND placed early enough that, under the cost model lowered for, it
+// delays no receiver where a deadlock-free order allows it.
 #pragma once
 
 #include <weft/core/error.hpp>
 #include <weft/pipeline/action.hpp>
+#include <weft/pipeline/cost_model.hpp>
 #include <weft/pipeline/detail/deps.hpp>
 #include <weft/pipeline/schedule.hpp>
-#include <weft/pipeline/validate.hpp>  // replay semantics: recv_for_need, partner_of
+#include <weft/pipeline/simulate.hpp>
+#include <weft/pipeline/validate.hpp>  // replay semantics: recv_for_need, partner_of; check
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <string>
 #include <tuple>
@@ -145,22 +149,117 @@ inline schedule lower_by_replay(schedule const& s) {
   return out;
 }
 
+//! Placement by time. The replay above is a lock-step in which every compute takes one step, so
+//! when a backward costs two forwards (interleaved 1F1B) a receiver starts waiting a step or two
+//! after its data was made and the SEND lands after one or two later computes of the sender: an
+//! executor that runs the program in order sends that much late (measured: interleaved 1F1B at
+//! p = 4 ran 9-12 % over its compute-only simulation). Here the compute-only schedule is simulated
+//! under `costs` and each message is placed by the times found: the RECV right before its
+//! consumer, the SEND after the last compute of the sender that ends by the consumer's start less
+//! the transfer time (so it is on time under `costs`, and as late as that allows, which keeps
+//! rendezvous waits short), ops between the same two computes by consumer start, ties lower-rank-
+//! receives-first. Nothing guarantees that this order is deadlock-free under rendezvous semantics
+//! (collectives act as barriers there: the vocabulary schedules' usually is not); lower() keeps
+//! it only when validate accepts it.
+inline schedule lower_by_time(schedule const& s, cost_model const& costs) {
+  int const p = s.num_ranks();
+  auto const sim = simulate(s, costs);
+  action_index const index(s);
+  double const p2p = costs.p2p_time();
+  struct placed {
+    std::size_t before = 0;  // index in the compute-only program it goes before
+    double key = 0;          // the consumer's start
+    int tie = 0;             // equal keys: the lower rank of a pair receives first
+    action a{};
+  };
+  std::vector<std::vector<placed>> ops(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    auto const ri = static_cast<std::size_t>(r);
+    auto const& prog = s.actions(r);
+    for (std::size_t j = 0; j < prog.size(); ++j) {
+      auto const& consumer = prog[j];
+      if (!is_compute(consumer.kind)) continue;
+      for (auto const& n : needs_of(s, consumer, r)) {
+        if (n.what == need::type::collective) continue;
+        auto const l = index.resolve(n);
+        action rv;
+        if (l.count == 0 || l.rank == r || !recv_for_need(consumer, n, rv)) continue;
+        rv = s.make(rv.kind, rv.stage, rv.microbatch);
+        auto const sd = partner_of(rv);
+        auto const send = s.make(sd.kind, sd.stage, sd.microbatch);
+        double const key = sim.times[ri][j].start;
+        double const deadline = key - p2p + 1e-9 * (1.0 + std::abs(key));
+        auto const li = static_cast<std::size_t>(l.rank);
+        auto const& from = s.actions(l.rank);
+        auto const produced = static_cast<std::size_t>(l.pos);
+        std::size_t before = produced + 1;
+        for (std::size_t k = produced + 1; k < from.size(); ++k)
+          if (is_compute(from[k].kind) && sim.times[li][k].finish <= deadline) before = k + 1;
+        ops[ri].push_back({j, key, r < l.rank ? 0 : 1, rv});
+        ops[li].push_back({before, key, l.rank < r ? 1 : 0, send});
+      }
+    }
+  }
+  schedule out(s.num_ranks(), s.num_stages(), s.num_microbatches(), s.style(), s.vocab());
+  for (int r = 0; r < p; ++r) {
+    auto& mine = ops[static_cast<std::size_t>(r)];
+    std::stable_sort(mine.begin(), mine.end(), [](placed const& x, placed const& y) {
+      return std::tuple{x.before, x.key, x.tie, x.a.peer, x.a.stage, x.a.microbatch} <
+             std::tuple{y.before, y.key, y.tie, y.a.peer, y.a.stage, y.a.microbatch};
+    });
+    auto const& prog = s.actions(r);
+    std::size_t k = 0;
+    for (std::size_t j = 0; j <= prog.size(); ++j) {
+      for (; k < mine.size() && mine[k].before == j; ++k) out.push(r, mine[k].a);
+      if (j < prog.size()) out.push(r, prog[j]);
+    }
+  }
+  return out;
+}
+
 }  // namespace detail
 
-//! Lowers a compute-only schedule (no SEND/RECV) to one with explicit point-to-point ops, built by
-//! demand-driven replay (above): each RECV sits right before the action that needs it, each SEND
-//! where its rank stands when the receiver starts waiting (right after the producer whenever the
-//! receiver keeps up), exchanges between two ranks in one step go lower-rank-receives-first (the
-//! rank-parity rule), and no pair straddles a collective. The result passes `validate`'s
-//! rendezvous replay by construction. Throws schedule_error if `s` already has point-to-point ops,
-//! breaks validate's mapping rule, or its dataflow cannot progress.
+//! Lowers a compute-only schedule (no SEND/RECV) to one with explicit point-to-point ops: each
+//! RECV right before the action that needs it, exchanges between two ranks in one step lower-rank-
+//! receives-first (the rank-parity rule), and the result passes `validate` (its rendezvous replay
+//! included). Two constructions: the demand-driven replay (detail::lower_by_replay: each SEND
+//! where its rank stands when the receiver starts waiting; no pair straddles a collective; valid by
+//! construction) and the placement by time under `costs` (detail::lower_by_time: each SEND early
+//! enough to delay no receiver under `costs`). The second is returned when validate accepts it and
+//! a lowered schedule runs faster with it under `costs` (simulate follows the program order of a
+//! lowered schedule), the first otherwise: so the result is never slower under `costs` than the
+//! replay's, and simulates exactly like `s` whenever the placement by time is valid (in the
+//! tests: every generator at p <= 8 but the vocabulary-balanced ones, whose collectives stop it;
+//! their lowered programs stay slower than their compute-only form). Under costs other than
+//! `costs` SENDs can be late again: lower with the costs the schedule will run under. (The
+//! executor posts its receives early and its sends without blocking, so any valid order is safe
+//! to run; validate's rendezvous replay is the stricter rule, kept for blocking transports.)
+//! Throws schedule_error if `s` already has point-to-point ops, breaks validate's mapping rule, or
+//! its dataflow cannot progress; what simulate throws for a cost model that does not cover `s`.
+inline schedule lower(schedule const& s, cost_model const& costs) {
+  if (s.has_p2p())
+    WEFT_THROW(schedule_error,
+               "argument `s`: expected a compute-only schedule, actual one that already "
+               "has SEND/RECV actions");
+  detail::require_mapping(s, "lower");
+  auto replayed = detail::lower_by_replay(s);
+  if (s.num_ranks() == 1) return replayed;
+  auto timed = detail::lower_by_time(s, costs);
+  if (!check(timed).ok) return replayed;
+  double const by_time = simulate(timed, costs).makespan;
+  double const by_replay = simulate(replayed, costs).makespan;
+  return by_time < by_replay - 1e-9 * (1.0 + by_replay) ? timed : replayed;
+}
+
+//! Lowers for the unit model in which the schedules are designed (F = I = W per stage, 1/v per
+//! chunk, no output layer: unit_costs(s, 1, 1, 1, 0)); see the overload above.
 inline schedule lower(schedule const& s) {
   if (s.has_p2p())
     WEFT_THROW(schedule_error,
                "argument `s`: expected a compute-only schedule, actual one that already "
                "has SEND/RECV actions");
   detail::require_mapping(s, "lower");
-  return detail::lower_by_replay(s);
+  return lower(s, unit_costs(s, 1.0, 1.0, 1.0, 0.0));
 }
 
 }  // namespace weft::pipeline

@@ -1,8 +1,11 @@
 // weft/pipeline/simulate.hpp — times a schedule under a cost model: per-rank timelines, makespan,
 // bubble, per-rank peak in-flight activations and peak memory. Compute runs in program order on
-// each rank's main stream; point-to-point transfers are asynchronous (data is available one
-// transfer time after its producer finishes); collectives run in their global order on their own
-// stream, starting once every rank has reached them.
+// each rank's main stream. Point-to-point transfers are asynchronous: in a compute-only schedule
+// data is available one transfer time after its producer finishes; in a lowered one it leaves
+// where the SEND stands in the sender's program and a RECV holds its rank until it has arrived,
+// as an executor running the program in order does. Collectives run in their global order on their
+// own stream, starting once every rank has reached them (or, with cost_model::collectives_block,
+// holding each rank until they complete).
 #pragma once
 
 #include <weft/core/error.hpp>
@@ -29,9 +32,12 @@ struct interval {
 //! (Megatron's bubble/ideal, (p-1)/m for 1F1B); `bubble_rate` = idle / (ranks x makespan)
 //! (the zero-bubble papers'); rate = fraction / (1 + fraction).
 struct simulation {
-  std::vector<std::vector<interval>> times;  //!< [rank][action index]; zero length for comm ops
-  std::vector<action> collective_order;      //!< the global collective sequence
-  std::vector<interval> collective_times;    //!< when each ran on the collective stream
+  //! [rank][action index]. Compute: when it ran. Lowered: a RECV spans its rank's wait for the
+  //! message, a SEND is the instant the message leaves. A collective spans its rank's wait when
+  //! collectives block, else it is the instant the rank issues it.
+  std::vector<std::vector<interval>> times;
+  std::vector<action> collective_order;    //!< the global collective sequence
+  std::vector<interval> collective_times;  //!< when each ran on the collective stream
   double makespan = 0;
   std::vector<double> busy;         //!< per rank: compute time
   std::vector<double> first_start;  //!< per rank: start of its first compute
@@ -118,11 +124,15 @@ inline void measure_memory(schedule const& s, cost_model const& c, simulation& o
 
 }  // namespace detail
 
-//! Times `s` under `costs`. Throws schedule_error when an action is out of the schedule's range
-//! or on the wrong rank (validate's mapping rule), when the cost model does not cover the
-//! schedule's stages, when ranks disagree on the collective order, or when the dataflow cannot
-//! progress (a rank waits on something that never happens); `validate` explains such schedules
-//! in more detail.
+//! Times `s` under `costs`. A lowered schedule (one with SEND/RECV) is timed as its programs run:
+//! a message leaves when its sender reaches the SEND (after every compute before it, so a SEND
+//! placed late delays its receiver) and a RECV holds its rank until the message has arrived; a
+//! compute-only schedule lets each message leave as its producer finishes. A lowered schedule
+//! therefore simulates like its compute-only form exactly when its point-to-point ops delay
+//! nothing. Throws schedule_error when an action is out of the schedule's range or on the wrong
+//! rank (validate's mapping rule), when the cost model does not cover the schedule's stages, when
+//! ranks disagree on the collective order, or when the dataflow cannot progress (a rank waits on
+//! something that never happens); `validate` explains such schedules in more detail.
 inline simulation simulate(schedule const& s, cost_model const& costs) {
   detail::require_mapping(s, "simulate");
   int const p = s.num_ranks();
@@ -170,6 +180,19 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
   constexpr double unknown = -1.0;
   std::vector<std::vector<double>> issued(
       ncoll, std::vector<double>(static_cast<std::size_t>(p), unknown));
+  bool const lowered = s.has_p2p();
+  // Lowered: when each message (keyed by its RECV) leaves its sender and arrives.
+  auto const sm =
+      static_cast<std::size_t>(s.num_stages()) * static_cast<std::size_t>(s.num_microbatches());
+  std::vector<double> departs(lowered ? 2 * sm : 0, unknown);
+  std::vector<double> arrives(lowered ? 2 * sm : 0, unknown);
+  auto message = [&](op recv_kind, int stage, int mb) -> std::size_t {
+    if (stage < 0 || stage >= s.num_stages() || mb < 0 || mb >= s.num_microbatches())
+      return departs.size();  // none: validate's mapping rule keeps p2p ops in range
+    return (recv_kind == op::recv_backward ? sm : 0) +
+           static_cast<std::size_t>(stage) * static_cast<std::size_t>(s.num_microbatches()) +
+           static_cast<std::size_t>(mb);
+  };
   std::vector<double> coll_done(ncoll, unknown);
   std::vector<int> issued_count(ncoll, 0);
   std::size_t coll_next = 0;  // next collective to run on the collective stream
@@ -181,7 +204,9 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
   for (int r = 0; r < p; ++r) done[static_cast<std::size_t>(r)].assign(s.actions(r).size(), 0);
   double const p2p = costs.p2p_time();
 
-  // When the data a need names is available on `rank`, or unknown if not yet simulated.
+  // When the data a need of `a_of_need` names is available on `rank`, or unknown if not yet
+  // simulated.
+  action a_of_need{};
   auto available = [&](detail::need const& n, int rank) -> double {
     if (n.what == detail::need::type::collective) {
       if (n.mb < 0 || n.mb > s.num_microbatches()) return unknown;
@@ -195,7 +220,16 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
       return unknown;
     double const t =
         out.times[static_cast<std::size_t>(l.rank)][static_cast<std::size_t>(l.pos)].finish;
-    return l.rank == rank ? t : t + p2p;
+    if (l.rank == rank) return t;
+    // Lowered: the data comes through this rank's RECV (which program order puts first), when
+    // the schedule has one.
+    action recv;
+    if (lowered && is_compute(a_of_need.kind) && detail::recv_for_need(a_of_need, n, recv)) {
+      auto const k = message(recv.kind, recv.stage, recv.microbatch);
+      if (k < arrives.size() && index.find(recv.kind, recv.stage, recv.microbatch).count > 0)
+        return arrives[k];
+    }
+    return t + p2p;
   };
 
   bool progress = true;
@@ -211,6 +245,7 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
         if (is_compute(a.kind)) {
           double ready = clock[ri];
           bool ok = true;
+          a_of_need = a;
           for (auto const& n : detail::needs_of(s, a, r)) {
             double const at = available(n, r);
             if (at < 0) {
@@ -226,13 +261,46 @@ inline simulation simulate(schedule const& s, cost_model const& costs) {
         } else if (a.kind == op::collective) {
           // Issuing is non-blocking for the main stream; its own preconditions are earlier in
           // this rank's program, except a root's wait on an earlier collective, which the
-          // collective stream's order provides.
-          std::size_t const k = coll_pos[ri]++;
-          issued[k][ri] = clock[ri];
-          ++issued_count[k];
+          // collective stream's order provides. Blocking collectives then hold the rank.
+          std::size_t const k = coll_pos[ri];
+          if (issued[k][ri] < 0) {
+            issued[k][ri] = clock[ri];
+            ++issued_count[k];
+          }
+          if (costs.collectives_block && coll_done[k] < 0) break;
+          ++coll_pos[ri];
+          t.start = issued[k][ri];
+          if (costs.collectives_block) clock[ri] = std::max(clock[ri], coll_done[k]);
+          t.finish = clock[ri];
+        } else if (!lowered || !is_p2p(a.kind)) {
           t.start = t.finish = clock[ri];
+        } else if (is_send(a.kind)) {
+          // The message leaves here, once its producer (earlier on this rank) has finished.
+          double leave = clock[ri];
+          bool ok = true;
+          a_of_need = a;
+          for (auto const& n : detail::needs_of(s, a, r)) {
+            double const at = available(n, r);
+            if (at < 0) {
+              ok = false;
+              break;
+            }
+            leave = std::max(leave, at);
+          }
+          if (!ok) break;
+          auto const recv = detail::partner_of(a);
+          auto const k = message(recv.kind, recv.stage, recv.microbatch);
+          if (k < departs.size()) {
+            departs[k] = leave;
+            arrives[k] = leave + p2p;
+          }
+          t.start = t.finish = leave;
         } else {
-          t.start = t.finish = clock[ri];  // point-to-point: asynchronous, modelled on the edges
+          auto const k = message(a.kind, a.stage, a.microbatch);
+          if (k < departs.size() && departs[k] < 0) break;  // not sent yet
+          t.start = clock[ri];
+          if (k < departs.size()) clock[ri] = std::max(clock[ri], arrives[k]);
+          t.finish = clock[ri];
         }
         done[ri][pos[ri]] = 1;
         ++pos[ri];

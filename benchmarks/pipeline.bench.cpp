@@ -1,0 +1,257 @@
+// benchmarks/pipeline.bench.cpp — the pipeline executor against the simulator: every schedule weft
+// generates (GPipe, 1F1B, interleaved 1F1B v = 2, ZB-H1, ZBV, vocabulary-balanced 1F1B with one
+// and two barriers) on p = 4 thread ranks at m = 8 and 16, with stages that sleep a fixed time per
+// action, so that 4 ranks fit 2 cores and the figures measure the executor, not the CPU.
+//
+// bm_step (UseManualTime): one step per iteration; the time charged is the executed makespan, from
+// the first compute start to the last compute end over all ranks (as_simulation of the merged
+// timeline, the quantity simulate() calls makespan). Counters (means over the iterations):
+//   simulated_ms  simulate(lowered, costs): the program the executor ran, timed in program order,
+//                 with the sleeps as costs and blocking collectives (the executor waits for each)
+//   executed_ms   the measured makespan;  ratio = executed_ms / simulated_ms
+//   design_ms     simulate(compute-only schedule, same costs) with the collectives on a stream of
+//                 their own, the makespan the schedule was designed for; design_ratio likewise
+//   fitted_ratio  executed_ms / simulate(lowered, fit_costs(measured)): the same program under
+//                 the op times the run measured (sleeps overshoot by the timer's wake-up latency)
+//   excess_us_per_action  (executed - simulated) / actions of the longest rank program
+// bm_overhead: the same steps with stages that do nothing; overhead_us_per_action = the slowest
+// rank's step time / its number of actions (SEND/RECV and collectives included), the executor's
+// own cost per action (thread hand-offs through the threads backend included).
+//
+// Sleeps: F = 2 ms, I = W = 2 ms (B = 4 ms) per stage or chunk, S = 1 ms and T = 0.5 ms per rank
+// (the vocabulary generator's planning ratios), IF and IB free. Each rank thread sets its timer
+// slack to 1 ns (Linux), so a 2 ms sleep overshoots by the wake-up latency only (~30-60 us on the
+// shared VM; the default 50 us slack doubles that). Figures and commands: benchmarks/RESULTS.md.
+//   weft.bench.pipeline --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
+#include <weft/comm/threads/world.hpp>
+#include <weft/pipeline/pipeline.hpp>
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#if defined(__linux__)
+#include <sys/prctl.h>
+#endif
+
+namespace {
+
+namespace pl = weft::pipeline;
+namespace wc = weft::comm;
+using ms = std::chrono::duration<double, std::milli>;
+
+constexpr int ranks = 4;
+
+// Sleep per action, in ms (0 = return at once).
+struct sleeps {
+  double f = 0, i = 0, w = 0, s = 0, t = 0;
+};
+constexpr sleeps timed{2.0, 2.0, 2.0, 1.0, 0.5};
+constexpr sleeps none{};
+
+void nap(double milliseconds) {
+  if (milliseconds > 0) std::this_thread::sleep_for(ms(milliseconds));
+}
+
+// A stage that only sleeps. Messages are 4 floats; under vocabulary parallelism stage 0's input and
+// the last stage's output are the n x h = 1 x 4 embedding.
+class sleepy_stage {
+ public:
+  using stage_concept = pl::stage_tag;
+  sleepy_stage(sleeps d, bool vocab) : d_(d), vocab_(vocab) {}
+  pl::message_layout input_layout(pl::stage_call const& c) const {
+    return {c.first_stage() && !vocab_ ? 0u : 4u, weft::dtype::f32};
+  }
+  pl::message_layout output_layout(pl::stage_call const& c) const {
+    return {c.last_stage() && !vocab_ ? 0u : 4u, weft::dtype::f32};
+  }
+  void reserve_slots(int, int) {}
+  double forward(pl::stage_call const& c, wc::buffer_view, wc::buffer_view) {
+    nap(d_.f);
+    return c.last_stage() ? c.loss_weight : 0.0;
+  }
+  void backward_input(pl::stage_call const&, wc::buffer_view, wc::buffer_view) { nap(d_.i); }
+  void backward_weight(pl::stage_call const&) { nap(d_.w); }
+
+ private:
+  sleeps d_;
+  bool vocab_;
+};
+static_assert(pl::Stage<sleepy_stage>);
+
+// A vocabulary shard whose S and T sleep; one token per microbatch, h = 4. S writes statistics of
+// a uniform softmax (max 0, sum of exponentials 1), so C0's loss stays finite.
+class sleepy_shard {
+ public:
+  using vocab_concept = pl::vocab_tag;
+  explicit sleepy_shard(sleeps d) : d_(d) {}
+  std::size_t tokens(pl::stage_call const&) const { return 1; }
+  std::size_t hidden() const { return 4; }
+  void input_forward(pl::stage_call const&, wc::buffer_view) {}
+  void input_backward(pl::stage_call const&, wc::buffer_view) {}
+  void output_forward(pl::stage_call const&, wc::buffer_view, wc::buffer_view stats) {
+    nap(d_.s);
+    auto* st = static_cast<float*>(stats.data);
+    std::fill(st, st + stats.count, 0.0f);
+    st[1] = 1.0f;  // [max | sumexp | target | ...] for n = 1
+  }
+  void output_backward(pl::stage_call const&, wc::buffer_view, wc::buffer_view, wc::buffer_view,
+                       wc::buffer_view, wc::buffer_view) {
+    nap(d_.t);
+  }
+
+ private:
+  sleeps d_;
+};
+static_assert(pl::VocabShard<sleepy_shard>);
+
+enum class kind { gpipe, one_f_one_b, interleaved, zb_h1, zbv, vocab_1, vocab_2 };
+constexpr kind all_kinds[] = {kind::gpipe, kind::one_f_one_b, kind::interleaved, kind::zb_h1,
+                              kind::zbv,   kind::vocab_1,     kind::vocab_2};
+
+char const* name_of(kind k) {
+  switch (k) {
+    case kind::gpipe: return "gpipe";
+    case kind::one_f_one_b: return "1f1b";
+    case kind::interleaved: return "interleaved_v2";
+    case kind::zb_h1: return "zb_h1";
+    case kind::zbv: return "zbv";
+    case kind::vocab_1: return "vocab_1barrier";
+    case kind::vocab_2: return "vocab_2barrier";
+  }
+  return "?";
+}
+
+pl::schedule make(kind k, int m) {
+  switch (k) {
+    case kind::gpipe: return pl::gpipe(ranks, m);
+    case kind::one_f_one_b: return pl::one_f_one_b(ranks, m);
+    case kind::interleaved: return pl::interleaved_one_f_one_b(ranks, m, 2);
+    case kind::zb_h1: return pl::zero_bubble_h1(ranks, m);
+    case kind::zbv: return pl::zero_bubble_v(ranks, m);
+    case kind::vocab_1: return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::one_barrier);
+    case kind::vocab_2: return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::two_barrier);
+  }
+  return {};
+}
+
+// The sleeps as a cost model, in ms.
+pl::cost_model costs_of(pl::schedule const& s, sleeps d, bool collectives_block) {
+  pl::cost_model c;
+  auto const n = static_cast<std::size_t>(s.num_stages());
+  c.forward.assign(n, d.f);
+  c.backward_input.assign(n, d.i);
+  c.backward_weight.assign(n, d.w);
+  if (s.vocab() != pl::vocab_variant::none) {
+    c.vocab_forward = d.s;
+    c.vocab_backward = d.t;
+  }
+  c.collectives_block = collectives_block;
+  return c;
+}
+
+// One step on `ranks` thread ranks; the vocabulary collectives get a channel of their own.
+std::vector<pl::step_result> run_once(pl::schedule const& lowered, sleeps d) {
+  std::vector<pl::step_result> results(ranks);
+  bool const vocab = lowered.vocab() != pl::vocab_variant::none;
+  wc::threads::world(ranks).run([&](wc::threads::communicator& c) {
+#if defined(__linux__)
+    prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL);
+#endif
+    sleepy_stage stage(d, vocab);
+    auto& out = results[static_cast<std::size_t>(c.rank())];
+    if (vocab) {
+      auto vc = c.split(0, c.rank());
+      sleepy_shard shard(d);
+      auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
+      out = pl::run_step(plan, stage, shard, c, vc);
+    } else {
+      auto plan = pl::prepare_step(lowered, c.rank(), stage);
+      out = pl::run_step(plan, stage, c);
+    }
+  });
+  return results;
+}
+
+std::size_t longest_program(pl::schedule const& s) {
+  std::size_t n = 0;
+  for (int r = 0; r < s.num_ranks(); ++r) n = std::max(n, s.actions(r).size());
+  return n;
+}
+
+void bm_step(benchmark::State& state) {
+  auto const k = static_cast<kind>(state.range(0));
+  int const m = static_cast<int>(state.range(1));
+  auto const compute = make(k, m);
+  auto const lowered = pl::lower(compute);
+  double const simulated = pl::simulate(lowered, costs_of(lowered, timed, true)).makespan;
+  double const design = pl::simulate(compute, costs_of(compute, timed, false)).makespan;
+  double executed = 0.0, fitted = 0.0;
+  (void)run_once(lowered, timed);  // warm-up: first thread start-ups and page faults
+  for (auto _ : state) {
+    auto const results = run_once(lowered, timed);
+    auto const timeline = pl::merge_timelines(results);
+    double const made = pl::as_simulation(lowered, timeline).makespan;
+    executed += made;
+    fitted += pl::simulate(lowered, pl::fit_costs(lowered, timeline)).makespan;
+    state.SetIterationTime(made * 1e-3);
+  }
+  auto const n = static_cast<double>(state.iterations());
+  executed /= n;
+  fitted /= n;
+  state.SetLabel(std::string(name_of(k)) + " m=" + std::to_string(m));
+  state.counters["simulated_ms"] = simulated;
+  state.counters["executed_ms"] = executed;
+  state.counters["ratio"] = executed / simulated;
+  state.counters["design_ms"] = design;
+  state.counters["design_ratio"] = executed / design;
+  state.counters["fitted_ratio"] = executed / fitted;
+  state.counters["excess_us_per_action"] =
+      (executed - simulated) * 1e3 / static_cast<double>(longest_program(lowered));
+}
+
+void bm_overhead(benchmark::State& state) {
+  auto const k = static_cast<kind>(state.range(0));
+  int const m = static_cast<int>(state.range(1));
+  auto const lowered = pl::lower(make(k, m));
+  double per_action = 0.0;
+  (void)run_once(lowered, none);
+  for (auto _ : state) {
+    auto const results = run_once(lowered, none);
+    std::chrono::nanoseconds slowest{0};
+    std::size_t actions = 0;
+    for (auto const& r : results) {
+      slowest = std::max(slowest, r.metrics.step);
+      actions = std::max(actions, r.metrics.actions);
+    }
+    double const us = std::chrono::duration<double, std::micro>(slowest).count();
+    per_action += us / static_cast<double>(actions);
+    state.SetIterationTime(us * 1e-6);
+  }
+  state.SetLabel(std::string(name_of(k)) + " m=" + std::to_string(m));
+  state.counters["overhead_us_per_action"] = per_action / static_cast<double>(state.iterations());
+  state.counters["actions"] = static_cast<double>(longest_program(lowered));
+}
+
+void schedules(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"schedule", "m"});
+  for (kind k : all_kinds)
+    for (int m : {8, 16}) b->Args({static_cast<long>(k), m});
+}
+
+}  // namespace
+
+BENCHMARK(bm_step)->Apply(schedules)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_overhead)
+    ->Apply(schedules)
+    ->UseManualTime()
+    ->Iterations(50)
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();
