@@ -25,4 +25,5 @@
 #include <weft/attention/ulysses.hpp>
 #include <weft/attention/usp.hpp>
 #include <weft/pipeline/pipeline.hpp>
+#include <weft/optim/optim.hpp>
 #include <weft/rl/rl.hpp>
