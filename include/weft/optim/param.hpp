@@ -26,6 +26,11 @@ namespace weft::optim {
 //! - `decay`: AdamW applies weight decay (step 1 of the update) to this parameter. Megatron and
 //!   nanoGPT decay matrices and embeddings, not biases or norm weights.
 //! - `init_stream`: the random stream parallel/ initialises it from (unused here).
+//! - `tied`: one copy of a weight tied across pipeline stages (the input embedding and the output
+//!   layer), the primary as well as the secondary (`tied_secondary` implies it). parallel/'s
+//!   ZeRO-1 bucket plan gives such a parameter a bucket of its own, so both copies shard alike
+//!   and their owned gradient pieces can be summed over the embedding group (Megatron's
+//!   `shared_embedding`); nothing else reads it.
 struct param_info {
   std::size_t count = 0;
   bool tp_sharded = false;
@@ -33,7 +38,13 @@ struct param_info {
   bool tied_secondary = false;
   bool decay = true;
   std::uint64_t init_stream = 0;
+  bool tied = false;
 };
+
+//! Whether `p` is either copy of a tied weight.
+[[nodiscard]] constexpr bool is_tied(param_info const& p) noexcept {
+  return p.tied || p.tied_secondary;
+}
 
 //! The number of elements the parameters describe: the size their flat buffer must have.
 [[nodiscard]] inline std::size_t total_count(std::span<param_info const> params) noexcept {
