@@ -23,6 +23,12 @@ requires(TensorIn<V, host_space>&& V::rank() == 2) struct matrix_traits<V> {
   using element_type = typename V::element_type;  // const for a view of const
 };
 
+// A const view is still a view (its elements' constness is in its type).
+template <class V>
+requires(TensorIn<V, host_space>&& V::rank() == 2) struct matrix_traits<V const>
+    : matrix_traits<V> {
+};
+
 template <class T>
 struct matrix_traits<tensor<T, 2, host_space>> {
   using element_type = T;
@@ -65,7 +71,9 @@ namespace detail {
 template <class X>
 [[nodiscard]] auto as_matrix(X& x, char const* name) {
   using E = typename matrix_traits<std::remove_const_t<X>>::element_type;
-  using EC = std::conditional_t<std::is_const_v<X>, E const, E>;
+  // A const owning tensor has const elements; a const view's elements are the view's own.
+  using EC = std::conditional_t<std::is_const_v<X> && is_owning_matrix_v<std::remove_const_t<X>>,
+                                E const, E>;
   if constexpr (is_owning_matrix_v<std::remove_const_t<X>>) {
     (void)name;
     return tensor_view<EC, 2>(x.data(), x.extent(0), x.extent(1));
