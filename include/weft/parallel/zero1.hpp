@@ -1,0 +1,181 @@
+// weft/parallel/zero1.hpp — ZeRO-1 AdamW (Megatron's DistributedOptimizer): each data-parallel
+// rank keeps optim::adamw state for the pieces of the gradient buffer it owns, steps them after
+// the reduce-scatter, and all-gathers the updated parameters bucket by bucket.
+#pragma once
+
+#include <weft/comm/collectives.hpp>
+#include <weft/comm/concepts.hpp>
+#include <weft/comm/work.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/memory.hpp>  // host_space
+#include <weft/optim/adamw.hpp>
+#include <weft/optim/clip.hpp>
+#include <weft/optim/param.hpp>
+#include <weft/parallel/buckets.hpp>
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+namespace weft::parallel {
+
+//! ZeRO-1 AdamW for DP rank `dp_rank` of a sharded bucket_plan. T is the parameter and gradient
+//! type (float or double).
+//!
+//! State: one optim::adamw<T> over this rank's owned pieces (plan.owned_pieces(dp_rank), in
+//! buffer order, padding excluded), so m and v hold about 1/dp of the model (state_size();
+//! the state sizes of all ranks add up to the parameter count). The step is AdamW's, element by
+//! element, so it is bitwise equal to a replicated optim::adamw step whenever the gradients are
+//! (the threads backend's reduce-scatter and all-reduce both fold ranks in ascending order).
+//!
+//! One step, after grad_sync::finish() (and sum_tied for tied weights):
+//!   opt.load_grads(sync.buffer());                   // owned pieces -> a contiguous shard
+//!   opt.clip_grad_norm(dp_tp_pp_group, tp_rank, 1.0); // optional: norm over DP × TP × PP
+//!   opt.step(dp_group, params, lr);                  // AdamW on the shard, all-gather
+//! `params` is the user's flat definition-order parameter buffer (plan.source_size() elements),
+//! identical on every DP rank; it is the truth (no master copy is kept): step reads the owned
+//! pieces from it, updates them, and all-gathers every bucket (in place, in a staging buffer in
+//! the plan's layout that this object owns) before unpacking the result into `params` on every
+//! rank.
+template <class T>
+class zero1 {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "weft::parallel::zero1: T must be float or double");
+
+ public:
+  //! Throws invalid_argument_error for a replicated plan or a rank outside [0, plan.dp()), and
+  //! for invalid options (optim::validate).
+  zero1(bucket_plan plan, int dp_rank, optim::adamw_options const& options)
+      : plan_(std::move(plan)), rank_(dp_rank), adam_(std::span<param_info const>{}, options) {
+    WEFT_EXPECTS(plan_.sharded(), "plan", "a sharded plan (bucket_options::shard = true)",
+                 "a replicated plan");
+    WEFT_EXPECTS(dp_rank >= 0 && dp_rank < plan_.dp(), "dp_rank",
+                 ::weft::detail::concat("in [0, ", plan_.dp(), ")"), dp_rank);
+    pieces_ = plan_.owned_pieces(rank_);
+    auto const params = plan_.params();
+    infos_.reserve(pieces_.size());
+    std::size_t n = 0;
+    for (auto const& p : pieces_) {
+      // The piece keeps its parameter's flags: decay for AdamW, tp_sharded and tied_secondary
+      // for the norm.
+      param_info info = params[p.param];
+      info.count = p.count;
+      infos_.push_back(info);
+      n += p.count;
+    }
+    adam_ = optim::adamw<T>(std::span<param_info const>(infos_), options);
+    shard_params_.assign(n, T(0));
+    shard_grads_.assign(n, T(0));
+  }
+
+  [[nodiscard]] bucket_plan const& plan() const noexcept { return plan_; }
+  [[nodiscard]] int dp_rank() const noexcept { return rank_; }
+  //! The owned pieces, in buffer order; the shard is their concatenation.
+  [[nodiscard]] std::span<owned_piece const> pieces() const noexcept { return pieces_; }
+  //! One param_info per owned piece (count = the piece's), describing the shard.
+  [[nodiscard]] std::span<param_info const> shard_params() const noexcept { return infos_; }
+  //! Elements of this rank's shard, and of each of AdamW's moments.
+  [[nodiscard]] std::size_t state_size() const noexcept { return adam_.size(); }
+  [[nodiscard]] optim::adamw<T> const& optimizer() const noexcept { return adam_; }
+  //! The shard's gradients, as load_grads left them (and clip_grad_norm scaled them).
+  [[nodiscard]] std::span<T> shard_grads() noexcept { return shard_grads_; }
+
+  //! Copies the owned pieces of a reduced gradient buffer in the plan's layout (grad_sync's
+  //! buffer() after finish()) into the shard.
+  void load_grads(std::span<T const> grad_buffer) {
+    WEFT_EXPECTS_SHAPE(
+        grad_buffer.size() == plan_.buffer_size(), "grad_buffer",
+        ::weft::detail::concat(plan_.buffer_size(), " elements (the plan's buffer_size)"),
+        ::weft::detail::concat(grad_buffer.size(), " elements"));
+    std::size_t k = 0;
+    for (auto const& p : pieces_) {
+      std::copy_n(grad_buffer.begin() + static_cast<std::ptrdiff_t>(p.buffer), p.count,
+                  shard_grads_.begin() + static_cast<std::ptrdiff_t>(k));
+      k += p.count;
+    }
+  }
+
+  //! optim::clip_grad_norm over the shard: the shards of a DP group are disjoint, so the norm is
+  //! reduced over `stats_group` = data × tensor × pipeline parallel (Megatron's
+  //! intra_dist_opt_group), not tensor × pipeline as for a replicated optimizer. Returns the norm
+  //! before clipping; every rank of `stats_group` must call.
+  template <comm::CollectiveIn<host_space> S>
+  double clip_grad_norm(S& stats_group, int tp_rank, double max_norm,
+                        optim::grad_norm_kind kind = optim::grad_norm_kind::l2) {
+    return optim::clip_grad_norm(stats_group, std::span<param_info const>(infos_),
+                                 std::span<T>(shard_grads_), tp_rank, max_norm, kind);
+  }
+
+  //! optim::global_grad_norm over the shard (see clip_grad_norm for the group).
+  template <comm::CollectiveIn<host_space> S>
+  [[nodiscard]] double grad_norm(S& stats_group, int tp_rank,
+                                 optim::grad_norm_kind kind = optim::grad_norm_kind::l2) const {
+    return optim::global_grad_norm(stats_group, std::span<param_info const>(infos_),
+                                   std::span<T const>(shard_grads_), tp_rank, kind);
+  }
+
+  //! AdamW at learning rate `lr` on the owned pieces of `params` with the loaded gradients, then
+  //! an in-place all-gather of every bucket over `dp_group` (whose size is the plan's dp and whose
+  //! rank is dp_rank()), then every parameter of `params` is the gathered value. shape_error for
+  //! a `params` of another size; invalid_argument_error for a wrong group, before anything
+  //! changes.
+  template <comm::CollectiveIn<host_space> C>
+  void step(C& dp_group, std::span<T> params, double lr) {
+    WEFT_EXPECTS(dp_group.size() == plan_.dp() && dp_group.rank() == rank_, "dp_group",
+                 ::weft::detail::concat("size ", plan_.dp(), " and rank ", rank_),
+                 ::weft::detail::concat("size ", dp_group.size(), " and rank ", dp_group.rank()));
+    WEFT_EXPECTS_SHAPE(
+        params.size() == plan_.source_size(), "params",
+        ::weft::detail::concat(plan_.source_size(), " elements (the sum of the counts)"),
+        ::weft::detail::concat(params.size(), " elements"));
+    WEFT_EXPECTS(lr >= 0.0, "lr", ">= 0", lr);
+    std::size_t k = 0;
+    for (auto const& p : pieces_) {
+      std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(p.source), p.count,
+                  shard_params_.begin() + static_cast<std::ptrdiff_t>(k));
+      k += p.count;
+    }
+    adam_.step(std::span<T>(shard_params_), std::span<T const>(shard_grads_), lr);
+
+    // Each rank writes its updated range into the staging buffer (padding stays 0), then every
+    // bucket is all-gathered in place.
+    gather_.assign(plan_.buffer_size(), T(0));
+    k = 0;
+    for (auto const& p : pieces_) {
+      std::copy_n(shard_params_.begin() + static_cast<std::ptrdiff_t>(k), p.count,
+                  gather_.begin() + static_cast<std::ptrdiff_t>(p.buffer));
+      k += p.count;
+    }
+    auto const all = comm::host_view(std::span<T>(gather_));
+    std::vector<comm::work> works;
+    works.reserve(plan_.buckets().size());
+    for (auto const& bk : plan_.buckets()) {
+      std::size_t const part = bk.size() / static_cast<std::size_t>(plan_.dp());
+      auto const whole = comm::sub_buffer(all, bk.start, bk.size());
+      works.push_back(dp_group.all_gather(
+          comm::sub_buffer(whole, static_cast<std::size_t>(rank_) * part, part), whole, {}));
+    }
+    for (auto& w : works) w.wait();
+    plan_.unpack(std::span<T const>(gather_), params);
+  }
+
+  //! load_grads(grad_buffer), then step(dp_group, params, lr).
+  template <comm::CollectiveIn<host_space> C>
+  void step(C& dp_group, std::span<T> params, std::span<T const> grad_buffer, double lr) {
+    load_grads(grad_buffer);
+    step(dp_group, params, lr);
+  }
+
+ private:
+  bucket_plan plan_;
+  int rank_ = 0;
+  std::vector<owned_piece> pieces_;
+  std::vector<param_info> infos_;
+  optim::adamw<T> adam_;
+  std::vector<T> shard_params_, shard_grads_, gather_;
+};
+
+}  // namespace weft::parallel
