@@ -26,4 +26,5 @@
 #include <weft/attention/usp.hpp>
 #include <weft/pipeline/pipeline.hpp>
 #include <weft/optim/optim.hpp>
+#include <weft/parallel/parallel.hpp>
 #include <weft/rl/rl.hpp>

@@ -3,12 +3,14 @@
 // against a dense single-device f64 reference (forward, input and weight gradients, 1e-12; f32
 // within 1e-5 relative), the MLP's communication (one SUM all-reduce forward and one backward
 // without SP), the SP norm-weight gradient sum (and that skipping it leaves the ranks apart),
-// and shape errors raised before anything is communicated.
+// shape errors raised before anything is communicated, and shard initialisation (even and
+// partition_stride pieces) equal to the whole fill bit for bit.
 #include <support/counting_communicator.hpp>
 #include <support/run_ranks.hpp>
 #include <weft/comm/threads/communicator.hpp>
 #include <weft/core/tensor.hpp>
 #include <weft/parallel/linear.hpp>
+#include <weft/parallel/sharding.hpp>
 
 #include <doctest/doctest.h>
 
@@ -454,5 +456,59 @@ TEST_SUITE("threads") {
       CHECK(has(m, "x_local"));
       CHECK(has(m, "[3, 3]"));
     }
+  }
+}
+
+TEST_CASE("sharding: Megatron's partition_stride pieces") {
+  using par::shard_piece;
+  CHECK(par::tp_shard(12, 4, 1) == shard_piece{0, 3, 3});
+  auto const qkv = par::tp_shard_pieces(12, 2, 1, 3);  // [q; k; v], 2 rows of each per rank
+  REQUIRE(qkv.size() == 3);
+  CHECK(qkv[0] == shard_piece{0, 2, 2});
+  CHECK(qkv[1] == shard_piece{2, 6, 2});
+  CHECK(qkv[2] == shard_piece{4, 10, 2});
+  CHECK_THROWS_AS((void)par::tp_shard_pieces(12, 4, 0, 2),
+                  weft::shape_error);  // 8 does not divide 12
+  CHECK_THROWS_AS((void)par::tp_shard_pieces(12, 2, 2), weft::invalid_argument_error);
+}
+
+TEST_CASE("sharding: shards filled through placement equal the whole fill's slices bit for bit") {
+  index_t const out = 12, in = 5;
+  weft::rng const gen(1234, /*stream*/ 7);
+  for (int dim : {0, 1})  // column-parallel rows, row-parallel columns
+    for (int tp : {1, 2, 4})
+      for (int stride : {1, 3}) {
+        CAPTURE(dim);
+        CAPTURE(tp);
+        CAPTURE(stride);
+        index_t const rows = dim == 0 ? out : in, cols = dim == 0 ? in : out;
+        mat<double> whole(rows, cols);
+        weft::fill_normal(whole.view(), gen, 0.0, 0.02);
+        std::vector<index_t> const global{rows, cols};
+        bool same = true;
+        for (int r = 0; r < tp; ++r) {
+          auto const pieces = par::tp_shard_pieces(out, tp, r, stride);
+          index_t const held = out / tp;
+          mat<double> mine(dim == 0 ? held : rows, dim == 0 ? cols : held);
+          par::fill_normal_shard(mine.view(), gen, 0.0, 0.02, global, dim, pieces);
+          for (auto const& pc : pieces)
+            for (index_t k = 0; k < pc.size; ++k)
+              for (index_t o = 0; o < (dim == 0 ? cols : rows); ++o)
+                same = same &&
+                       (dim == 0 ? mine(pc.local_begin + k, o) == whole(pc.global_begin + k, o)
+                                 : mine(o, pc.local_begin + k) == whole(o, pc.global_begin + k));
+        }
+        CHECK(same);
+      }
+  // A vocabulary shard's rows of an embedding (uniform this time), uneven at tp 4.
+  mat<float> table(10, 3);
+  weft::fill_uniform(table.view(), gen, -1.0, 1.0);
+  for (int r = 0; r < 4; ++r) {
+    auto const shard = weft::rl::vocab_shard::even(10, 4, r);
+    mat<float> mine(shard.size, 3);
+    std::vector<index_t> const global{10, 3};
+    std::vector<par::shard_piece> const pieces{par::vocab_rows(shard)};
+    par::fill_uniform_shard(mine.view(), gen, -1.0, 1.0, global, 0, pieces);
+    CHECK(mine.v == table.block(shard.begin, shard.size, 0, 3).v);
   }
 }

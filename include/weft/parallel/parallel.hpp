@@ -1,0 +1,10 @@
+// weft/parallel/parallel.hpp — the parallel area: tensor-, sequence- and vocabulary-parallel
+// layers over a tensor-parallel group (maps, column/row linear, vocabulary shards, shard
+// initialisation) and data parallelism (gradient buckets, grad_sync, ZeRO-1).
+#pragma once
+
+#include <weft/parallel/mappings.hpp>  // copy_to_tp, reduce_from_tp, scatter/gather, SP maps
+#include <weft/parallel/linear.hpp>    // column/row-parallel linear, sum_sequence_parallel_grads
+#include <weft/parallel/vocab.hpp>     // padding, vocabulary-parallel embedding, output, loss
+#include <weft/parallel/sharding.hpp>  // tp_shard_pieces, fill_normal_shard, fill_uniform_shard
+#include <weft/parallel/dp.hpp>        // bucket_plan, grad_sync, zero1
