@@ -36,8 +36,11 @@ struct gelu_grad_fn {
   WEFT_HD C operator()(C x) const noexcept {
     C const k = C(0.79788456080286535588);
     C const t = ::cuda::std::tanh(k * (x + C(0.044715) * x * x * x));
-    return C(0.5) * (C(1) + t) +
-           C(0.5) * x * (C(1) - t * t) * k * (C(1) + C(3) * C(0.044715) * x * x);
+    C const sech2 = C(1) - t * t;
+    // Saturated tanh (|x| > ~10): sech² is exactly 0 while x² may be inf (f32 past 1.8e19), and
+    // 0·inf would be NaN; the true term is 0 there.
+    C const tail = sech2 == C(0) ? C(0) : x * sech2 * k * (C(1) + C(3) * C(0.044715) * x * x);
+    return C(0.5) * (C(1) + t) + C(0.5) * tail;
   }
 };
 
