@@ -25,6 +25,7 @@
 #include <weft/attention/ulysses.hpp>
 #include <weft/attention/usp.hpp>
 #include <weft/pipeline/pipeline.hpp>
+#include <weft/nn/nn.hpp>
 #include <weft/optim/optim.hpp>
 #include <weft/parallel/parallel.hpp>
 #include <weft/rl/rl.hpp>
