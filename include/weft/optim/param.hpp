@@ -1,8 +1,8 @@
 // weft/optim/param.hpp — param_info, what the optimizer and gradient clipping know of one
 // parameter of a flat parameter buffer: its element count, whether it is sharded over tensor
 // parallelism, whether it is the secondary copy of a tied weight, and whether AdamW decays it.
-// DESIGN.md puts the sharding layers in weft/parallel/; until that area exists this header is
-// param_info's home (weft::optim::param_info), and parallel/ is meant to use it from here.
+// It lives here (weft::optim::param_info) so optim/ needs nothing above it; weft/parallel/ uses
+// the same type (parallel/buckets.hpp: `using optim::param_info`).
 #pragma once
 
 #include <weft/core/error.hpp>
