@@ -96,7 +96,8 @@ void for_each_index(index_t n, index_t c, F&& f) {
 template <class X, class Y>
 requires HostArg<X, 2> && HostArg<Y, 2>
 void gelu_forward(X&& x, Y&& y) {
-  auto const xv = detail::arg_view(x), yv = detail::arg_view(y);
+  auto const xv = detail::arg_view(x);
+  auto const yv = detail::arg_view(y);
   detail::check_elementwise(yv, "y", xv, "x");
   detail::check_same_or_apart(yv, "y", xv, "x");
   using T = detail::value_t<decltype(yv)>;
@@ -110,7 +111,9 @@ void gelu_forward(X&& x, Y&& y) {
 template <class X, class G, class D>
 requires HostArg<X, 2> && HostArg<G, 2> && HostArg<D, 2>
 void gelu_backward(X&& x, G&& dy, D&& dx) {
-  auto const xv = detail::arg_view(x), gv = detail::arg_view(dy), dv = detail::arg_view(dx);
+  auto const xv = detail::arg_view(x);
+  auto const gv = detail::arg_view(dy);
+  auto const dv = detail::arg_view(dx);
   detail::check_elementwise(gv, "dy", xv, "x");
   detail::check_elementwise(dv, "dx", xv, "x");
   detail::check_same_or_apart(dv, "dx", xv, "x");
@@ -128,7 +131,9 @@ void gelu_backward(X&& x, G&& dy, D&& dx) {
 template <class A, class B, class Y>
 requires HostArg<A, 2> && HostArg<B, 2> && HostArg<Y, 2>
 void swiglu_forward(A&& a, B&& b, Y&& y) {
-  auto const av = detail::arg_view(a), bv = detail::arg_view(b), yv = detail::arg_view(y);
+  auto const av = detail::arg_view(a);
+  auto const bv = detail::arg_view(b);
+  auto const yv = detail::arg_view(y);
   detail::check_elementwise(bv, "b", av, "a");
   detail::check_elementwise(yv, "y", av, "a");
   detail::check_same_or_apart(yv, "y", av, "a");
@@ -146,8 +151,11 @@ void swiglu_forward(A&& a, B&& b, Y&& y) {
 template <class A, class B, class G, class DA, class DB>
 requires HostArg<A, 2> && HostArg<B, 2> && HostArg<G, 2> && HostArg<DA, 2> && HostArg<DB, 2>
 void swiglu_backward(A&& a, B&& b, G&& dy, DA&& da, DB&& db) {
-  auto const av = detail::arg_view(a), bv = detail::arg_view(b), gv = detail::arg_view(dy);
-  auto const dav = detail::arg_view(da), dbv = detail::arg_view(db);
+  auto const av = detail::arg_view(a);
+  auto const bv = detail::arg_view(b);
+  auto const gv = detail::arg_view(dy);
+  auto const dav = detail::arg_view(da);
+  auto const dbv = detail::arg_view(db);
   detail::check_elementwise(bv, "b", av, "a");
   detail::check_elementwise(gv, "dy", av, "a");
   detail::check_elementwise(dav, "da", av, "a");

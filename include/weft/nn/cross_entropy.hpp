@@ -63,7 +63,8 @@ auto const* contiguous_row(V const& v, index_t k, std::vector<value_t<V>>& buf) 
 template <class L, std::integral I, class S>
 requires HostArg<L, 2> && HostArg<S, 1>
 double cross_entropy_forward(L&& logits, std::span<I const> targets, double weight, S&& lse) {
-  auto const lv = detail::arg_view(logits), sv = detail::arg_view(lse);
+  auto const lv = detail::arg_view(logits);
+  auto const sv = detail::arg_view(lse);
   using T = detail::value_t<decltype(lv)>;
   using C = compute_t<T>;
   detail::check_ce(lv, targets, sv);
@@ -90,7 +91,8 @@ template <class L, std::integral I, class S, class D>
 requires HostArg<L, 2> && HostArg<S, 1> && HostArg<D, 2>
 void cross_entropy_backward(L&& logits, std::span<I const> targets, double weight, S&& lse,
                             D&& dlogits) {
-  auto const lv = detail::arg_view(logits), sv = detail::arg_view(lse);
+  auto const lv = detail::arg_view(logits);
+  auto const sv = detail::arg_view(lse);
   auto const dv = detail::arg_view(dlogits);
   using T = detail::value_t<decltype(lv)>;
   using C = compute_t<T>;

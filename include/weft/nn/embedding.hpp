@@ -34,7 +34,8 @@ void check_ids(std::span<I const> ids, index_t rows, char const* name) {
 template <std::integral I, class W, class O>
 requires HostArg<W, 2> && HostArg<O, 2>
 void embedding_forward(std::span<I const> ids, W&& table, O&& out) {
-  auto const wv = detail::arg_view(table), ov = detail::arg_view(out);
+  auto const wv = detail::arg_view(table);
+  auto const ov = detail::arg_view(out);
   using T = detail::value_t<decltype(ov)>;
   static_assert(std::is_same_v<detail::value_t<decltype(wv)>, T>,
                 "weft::nn::embedding_forward: table and out must hold the same element type");
@@ -55,7 +56,8 @@ void embedding_forward(std::span<I const> ids, W&& table, O&& out) {
 template <std::integral I, class G, class DW>
 requires HostArg<G, 2> && HostArg<DW, 2>
 void embedding_backward(std::span<I const> ids, G&& dout, DW&& dtable) {
-  auto const gv = detail::arg_view(dout), dv = detail::arg_view(dtable);
+  auto const gv = detail::arg_view(dout);
+  auto const dv = detail::arg_view(dtable);
   using T = detail::value_t<decltype(dv)>;
   using C = compute_t<T>;
   static_assert(std::is_same_v<detail::value_t<decltype(gv)>, T>,

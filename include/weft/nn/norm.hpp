@@ -150,9 +150,12 @@ template <class X, class W, class B, class Y, class M, class R>
 requires HostArg<X, 2> && HostArg<W, 1> && HostArg<B, 1> && HostArg<Y, 2> && HostArg<M, 1> &&
     HostArg<R, 1>
 void layer_norm_forward(X&& x, W&& weight, B&& bias, Y&& y, M&& mean, R&& rstd, double eps = 1e-5) {
-  auto const xv = detail::arg_view(x), wv = detail::arg_view(weight);
-  auto const bv = detail::arg_view(bias), yv = detail::arg_view(y);
-  auto const mv = detail::arg_view(mean), rv = detail::arg_view(rstd);
+  auto const xv = detail::arg_view(x);
+  auto const wv = detail::arg_view(weight);
+  auto const bv = detail::arg_view(bias);
+  auto const yv = detail::arg_view(y);
+  auto const mv = detail::arg_view(mean);
+  auto const rv = detail::arg_view(rstd);
   using T = detail::value_t<decltype(xv)>;
   using C = compute_t<T>;
   auto const [n, c] = detail::check_norm(xv, wv, yv, "y", mv, "mean");
@@ -176,8 +179,12 @@ template <class G, class X, class W, class M, class R, class D>
 requires HostArg<G, 2> && HostArg<X, 2> && HostArg<W, 1> && HostArg<M, 1> && HostArg<R, 1> &&
     HostArg<D, 2>
 void layer_norm_backward_input(G&& dy, X&& x, W&& weight, M&& mean, R&& rstd, D&& dx) {
-  auto const gv = detail::arg_view(dy), xv = detail::arg_view(x), wv = detail::arg_view(weight);
-  auto const mv = detail::arg_view(mean), rv = detail::arg_view(rstd), dv = detail::arg_view(dx);
+  auto const gv = detail::arg_view(dy);
+  auto const xv = detail::arg_view(x);
+  auto const wv = detail::arg_view(weight);
+  auto const mv = detail::arg_view(mean);
+  auto const rv = detail::arg_view(rstd);
+  auto const dv = detail::arg_view(dx);
   using C = compute_t<detail::value_t<decltype(xv)>>;
   static_assert(std::is_same_v<detail::value_t<decltype(gv)>, detail::value_t<decltype(xv)>>,
                 "weft::nn::layer_norm_backward_input: dy and x must hold the same element type");
@@ -201,8 +208,11 @@ template <class G, class X, class M, class R, class DW, class DB>
 requires HostArg<G, 2> && HostArg<X, 2> && HostArg<M, 1> && HostArg<R, 1> && HostArg<DW, 1> &&
     HostArg<DB, 1>
 void layer_norm_backward_weight(G&& dy, X&& x, M&& mean, R&& rstd, DW&& dweight, DB&& dbias) {
-  auto const gv = detail::arg_view(dy), xv = detail::arg_view(x), mv = detail::arg_view(mean);
-  auto const rv = detail::arg_view(rstd), dwv = detail::arg_view(dweight);
+  auto const gv = detail::arg_view(dy);
+  auto const xv = detail::arg_view(x);
+  auto const mv = detail::arg_view(mean);
+  auto const rv = detail::arg_view(rstd);
+  auto const dwv = detail::arg_view(dweight);
   auto const dbv = detail::arg_view(dbias);
   using T = detail::value_t<decltype(xv)>;
   using C = compute_t<T>;
@@ -236,7 +246,9 @@ void layer_norm_backward_weight(G&& dy, X&& x, M&& mean, R&& rstd, DW&& dweight,
 template <class X, class W, class Y, class R>
 requires HostArg<X, 2> && HostArg<W, 1> && HostArg<Y, 2> && HostArg<R, 1>
 void rms_norm_forward(X&& x, W&& weight, Y&& y, R&& rstd, double eps = 1e-6) {
-  auto const xv = detail::arg_view(x), wv = detail::arg_view(weight), yv = detail::arg_view(y);
+  auto const xv = detail::arg_view(x);
+  auto const wv = detail::arg_view(weight);
+  auto const yv = detail::arg_view(y);
   auto const rv = detail::arg_view(rstd);
   using T = detail::value_t<decltype(xv)>;
   using C = compute_t<T>;
@@ -253,8 +265,11 @@ void rms_norm_forward(X&& x, W&& weight, Y&& y, R&& rstd, double eps = 1e-6) {
 template <class G, class X, class W, class R, class D>
 requires HostArg<G, 2> && HostArg<X, 2> && HostArg<W, 1> && HostArg<R, 1> && HostArg<D, 2>
 void rms_norm_backward_input(G&& dy, X&& x, W&& weight, R&& rstd, D&& dx) {
-  auto const gv = detail::arg_view(dy), xv = detail::arg_view(x), wv = detail::arg_view(weight);
-  auto const rv = detail::arg_view(rstd), dv = detail::arg_view(dx);
+  auto const gv = detail::arg_view(dy);
+  auto const xv = detail::arg_view(x);
+  auto const wv = detail::arg_view(weight);
+  auto const rv = detail::arg_view(rstd);
+  auto const dv = detail::arg_view(dx);
   using C = compute_t<detail::value_t<decltype(xv)>>;
   static_assert(std::is_same_v<detail::value_t<decltype(gv)>, detail::value_t<decltype(xv)>>,
                 "weft::nn::rms_norm_backward_input: dy and x must hold the same element type");
@@ -273,7 +288,9 @@ void rms_norm_backward_input(G&& dy, X&& x, W&& weight, R&& rstd, D&& dx) {
 template <class G, class X, class R, class DW>
 requires HostArg<G, 2> && HostArg<X, 2> && HostArg<R, 1> && HostArg<DW, 1>
 void rms_norm_backward_weight(G&& dy, X&& x, R&& rstd, DW&& dweight) {
-  auto const gv = detail::arg_view(dy), xv = detail::arg_view(x), rv = detail::arg_view(rstd);
+  auto const gv = detail::arg_view(dy);
+  auto const xv = detail::arg_view(x);
+  auto const rv = detail::arg_view(rstd);
   auto const dwv = detail::arg_view(dweight);
   using T = detail::value_t<decltype(xv)>;
   using C = compute_t<T>;

@@ -13,7 +13,9 @@ namespace weft::nn {
 template <class A, class B, class Y>
 requires HostArg<A, 2> && HostArg<B, 2> && HostArg<Y, 2>
 void residual_forward(A&& a, B&& b, Y&& y) {
-  auto const av = detail::arg_view(a), bv = detail::arg_view(b), yv = detail::arg_view(y);
+  auto const av = detail::arg_view(a);
+  auto const bv = detail::arg_view(b);
+  auto const yv = detail::arg_view(y);
   detail::check_elementwise(bv, "b", av, "a");
   detail::check_elementwise(yv, "y", av, "a");
   detail::check_same_or_apart(yv, "y", av, "a");
@@ -32,7 +34,9 @@ void residual_forward(A&& a, B&& b, Y&& y) {
 template <class G, class B, class D>
 requires HostArg<G, 2> && HostArg<B, 2> && HostArg<D, 2>
 void residual_backward(G&& dy, B&& dbranch, D&& dx) {
-  auto const gv = detail::arg_view(dy), bv = detail::arg_view(dbranch), dv = detail::arg_view(dx);
+  auto const gv = detail::arg_view(dy);
+  auto const bv = detail::arg_view(dbranch);
+  auto const dv = detail::arg_view(dx);
   detail::check_elementwise(bv, "dbranch", gv, "dy");
   detail::check_elementwise(dv, "dx", gv, "dy");
   detail::check_same_or_apart(dv, "dx", gv, "dy");
