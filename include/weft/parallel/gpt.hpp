@@ -1,0 +1,691 @@
+// weft/parallel/gpt.hpp — nn::gpt sharded over a tensor-parallel group (Megatron's layout:
+// vocabulary-parallel embedding and output layer, column-parallel Q/K/V and MLP-in, row-parallel
+// attention-out and MLP-out, optional sequence parallelism around the norms and residuals) and a
+// context-parallel group (each sequence split in zigzag chunks, attention by ring attention).
+// Its loss and gradients are nn::gpt's on the whole batch; data parallelism is the caller's
+// gradient reduction over the data group (dp × cp), see reduce_gpt_grads.
+#pragma once
+
+#include <weft/attention/ring.hpp>
+#include <weft/attention/sharding.hpp>
+#include <weft/comm/collectives.hpp>
+#include <weft/comm/concepts.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/math.hpp>
+#include <weft/core/memory.hpp>
+#include <weft/core/random.hpp>
+#include <weft/core/tensor.hpp>
+#include <weft/nn/activation.hpp>
+#include <weft/nn/attention.hpp>
+#include <weft/nn/embedding.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/nn/linear.hpp>
+#include <weft/nn/norm.hpp>
+#include <weft/nn/params.hpp>
+#include <weft/nn/residual.hpp>
+#include <weft/optim/param.hpp>
+#include <weft/parallel/linear.hpp>
+#include <weft/parallel/mappings.hpp>
+#include <weft/parallel/sharding.hpp>
+#include <weft/parallel/vocab.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+namespace weft::parallel {
+
+//! How a GPT is split. `tp` ranks share every layer (heads, kv_heads and the MLP width must be
+//! multiples of tp; the vocabulary need not be: vocab_shard::even); `sequence_parallel` keeps
+//! the activations between the tensor-parallel layers as token slices (Megatron's
+//! --sequence-parallel; the rows a rank holds, B·S/cp, must be a multiple of tp). `cp` ranks each
+//! hold 2 zigzag chunks of every sequence (S a multiple of 2·cp) and run ring attention.
+struct gpt_parallelism {
+  int tp = 1;
+  int tp_rank = 0;
+  bool sequence_parallel = false;
+  int cp = 1;
+  int cp_rank = 0;
+};
+
+namespace detail {
+
+//! One parameter of the global layout: its global shape and how a tp rank holds it (dim -1:
+//! replicated; otherwise the pieces of dimension `dim`).
+struct gpt_piece {
+  std::vector<index_t> global_shape;
+  int dim = -1;
+  std::vector<shard_piece> pieces;
+};
+
+enum class gpt_split : std::uint8_t { replicated, rows, columns, vocab };
+
+inline gpt_split split_of(std::string_view name) {
+  auto ends = [&](std::string_view s) {
+    return name.size() >= s.size() && name.substr(name.size() - s.size()) == s;
+  };
+  if (name == "wte" || name == "head") return gpt_split::vocab;
+  if (ends(".q.w") || ends(".q.b") || ends(".k.w") || ends(".k.b") || ends(".v.w") ||
+      ends(".v.b") || ends(".fc.w") || ends(".fc.b"))
+    return gpt_split::rows;
+  if (ends(".o.w") || ends(".proj.w")) return gpt_split::columns;
+  return gpt_split::replicated;
+}
+
+inline void check_parallelism(nn::gpt_config const& c, gpt_parallelism const& p) {
+  nn::validate(c);
+  WEFT_EXPECTS(p.tp >= 1, "gpt_parallelism::tp", ">= 1", p.tp);
+  WEFT_EXPECTS(p.tp_rank >= 0 && p.tp_rank < p.tp, "gpt_parallelism::tp_rank",
+               ::weft::detail::concat("in [0, ", p.tp, ")"), p.tp_rank);
+  WEFT_EXPECTS(p.cp >= 1, "gpt_parallelism::cp", ">= 1", p.cp);
+  WEFT_EXPECTS(p.cp_rank >= 0 && p.cp_rank < p.cp, "gpt_parallelism::cp_rank",
+               ::weft::detail::concat("in [0, ", p.cp, ")"), p.cp_rank);
+  WEFT_EXPECTS(c.heads % p.tp == 0, "gpt_config::heads",
+               ::weft::detail::concat("a multiple of tp = ", p.tp), c.heads);
+  WEFT_EXPECTS(c.kv() % p.tp == 0, "gpt_config::kv_heads",
+               ::weft::detail::concat("a multiple of tp = ", p.tp, " (each rank holds whole KV heads)"),
+               c.kv());
+  WEFT_EXPECTS(c.hidden() % p.tp == 0, "gpt_config::mlp_hidden",
+               ::weft::detail::concat("a multiple of tp = ", p.tp), c.hidden());
+}
+
+inline gpt_piece piece_of(nn::param_entry const& e, nn::gpt_config const& c,
+                          gpt_parallelism const& p) {
+  gpt_piece out{e.shape, -1, {}};
+  switch (split_of(e.name)) {
+    case gpt_split::replicated: break;
+    case gpt_split::rows:
+      out.dim = 0;
+      out.pieces = tp_shard_pieces(e.shape[0], p.tp, p.tp_rank);
+      break;
+    case gpt_split::columns:
+      out.dim = 1;
+      out.pieces = tp_shard_pieces(e.shape[1], p.tp, p.tp_rank);
+      break;
+    case gpt_split::vocab:
+      out.dim = 0;
+      out.pieces = {vocab_rows(rl::vocab_shard::even(c.vocab, p.tp, p.tp_rank))};
+      break;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+//! This tp rank's parameters: nn::gpt_layout's names in its order, each with the shape of the
+//! rank's shard ("wte" and "head" [vocab rows held, d]; "q/k/v/fc.w" and their biases by output
+//! rows; "o.w" and "proj.w" by input columns; everything else whole). param_info: tp_sharded for
+//! the shards; sequence_parallel_grad, under sequence parallelism, for the parameters applied to
+//! token slices (LayerNorms, "wpe"); init_stream the global parameter's, so gpt_init_shard gives
+//! every shard the numbers of its slice of nn::gpt_init. The layout does not depend on cp.
+inline nn::param_layout gpt_shard_layout(nn::gpt_config const& c, gpt_parallelism const& p) {
+  detail::check_parallelism(c, p);
+  nn::param_layout out;
+  auto const global = nn::gpt_layout(c);
+  for (auto const& e : global.entries()) {
+    auto const piece = detail::piece_of(e, c, p);
+    std::vector<index_t> shape = e.shape;
+    optim::param_info info = e.info;
+    info.count = 0;
+    if (piece.dim >= 0) {
+      index_t held = 0;
+      for (auto const& s : piece.pieces) held += s.size;
+      shape[static_cast<std::size_t>(piece.dim)] = held;
+      info.tp_sharded = true;
+    } else {
+      bool const on_slices = e.name == "wpe" || e.name.find("ln") != std::string::npos;
+      info.sequence_parallel_grad = p.sequence_parallel && on_slices;
+    }
+    out.add(e.name, std::move(shape), info);
+  }
+  return out;
+}
+
+//! nn::gpt_init for a shard laid out by gpt_shard_layout(c, p): every parameter bit for bit the
+//! slice of the single-device initialisation with the same seed.
+template <class T>
+void gpt_init_shard(nn::param_store<T>& store, nn::gpt_config const& c, gpt_parallelism const& p,
+                    std::uint64_t seed) {
+  auto const global = nn::gpt_layout(c);
+  WEFT_EXPECTS_SHAPE(store.layout().size() == gpt_shard_layout(c, p).size(), "store",
+                     ::weft::detail::concat(gpt_shard_layout(c, p).size(),
+                                            " elements (gpt_shard_layout(config, parallelism))"),
+                     store.layout().size());
+  double const std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  for (auto const& e : global.entries()) {
+    std::string_view const n = e.name;
+    auto ends = [&](std::string_view s) {
+      return n.size() >= s.size() && n.substr(n.size() - s.size()) == s;
+    };
+    if (ends("ln1.w") || ends("ln2.w") || n == "lnf.w") {
+      store.init_constant(n, 1.0);
+    } else if (e.shape.size() == 1) {
+      store.init_constant(n, 0.0);
+    } else {
+      double const s = ends("o.w") || ends("proj.w") ? proj_std : std;
+      auto const piece = detail::piece_of(e, c, p);
+      if (piece.dim < 0) {
+        store.init_normal(n, seed, 0.0, s);
+      } else {
+        rng const gen(seed, store.layout().at(n).info.init_stream);
+        fill_normal_shard(store.template param<2>(n), gen, 0.0, s, piece.global_shape, piece.dim,
+                          piece.pieces);
+      }
+    }
+  }
+}
+
+//! Copies this tp rank's shard of every parameter out of a single-device store laid out by
+//! nn::gpt_layout(c) (to start a parallel run from a trained or checkpointed model).
+template <class T>
+void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gpt_config const& c,
+                    gpt_parallelism const& p) {
+  auto const global = nn::gpt_layout(c);
+  WEFT_EXPECTS_SHAPE(whole.layout().size() == global.size(), "whole",
+                     ::weft::detail::concat(global.size(), " elements (gpt_layout(config))"),
+                     whole.layout().size());
+  WEFT_EXPECTS_SHAPE(shard.layout().size() == gpt_shard_layout(c, p).size(), "shard",
+                     ::weft::detail::concat(gpt_shard_layout(c, p).size(),
+                                            " elements (gpt_shard_layout(config, parallelism))"),
+                     shard.layout().size());
+  for (auto const& e : global.entries()) {
+    auto const piece = detail::piece_of(e, c, p);
+    auto const src = whole.param_span(e.name);
+    auto const dst = shard.param_span(e.name);
+    if (piece.dim < 0) {
+      std::copy(src.begin(), src.end(), dst.begin());
+      continue;
+    }
+    index_t const cols = e.shape.size() == 2 ? e.shape[1] : 1;
+    if (piece.dim == 0) {
+      index_t at = 0;
+      for (auto const& s : piece.pieces) {
+        std::copy_n(src.begin() + s.global_begin * cols, s.size * cols, dst.begin() + at * cols);
+        at += s.size;
+      }
+    } else {
+      index_t const held = static_cast<index_t>(dst.size()) / e.shape[0];
+      for (index_t r = 0; r < e.shape[0]; ++r)
+        for (auto const& s : piece.pieces)
+          std::copy_n(src.begin() + r * cols + s.global_begin, s.size,
+                      dst.begin() + r * held + s.local_begin);
+    }
+  }
+}
+
+//! A data-parallel rank's batch: `tokens` and `targets` [sequences × seq_len], row-major, the same
+//! on every tp and cp rank; sequence n is rows [n·seq_len, (n+1)·seq_len) at positions 0..seq_len-1
+//! (nn::gpt_batch with cu_seqlens {0, S, 2S, ...}); target -1 means no loss at that token.
+struct gpt_sequences {
+  std::span<std::int32_t const> tokens;
+  std::span<std::int32_t const> targets;
+  index_t seq_len = 0;
+};
+
+//! nn::gpt over a tensor-parallel group `tp` and a context-parallel group `cp` (a group of size 1
+//! for either means none). The store is laid out by gpt_shard_layout(config, parallelism) with
+//! parallelism's tp, tp_rank, cp and cp_rank those of the groups. forward() and backward() are
+//! collective over tp (all-reduce / all-gather / reduce-scatter) and cp (ring attention's
+//! point-to-point); every rank of both calls them in the same order with the same batch.
+//!
+//! Rows: cp rank s holds, of every sequence, the tokens seq_layout::zigzag(cp, S) gives it, in
+//! that order (its c = S/cp rows of sequence 0, then of sequence 1, ...): N = sequences·c rows.
+//! Under sequence parallelism tp rank r holds rows [r·N/tp, (r+1)·N/tp) of those between the
+//! tensor-parallel layers.
+//!
+//! After backward() a rank's gradients are partial sums: call reduce_gpt_grads (or sum the
+//! sequence-parallel ones over tp and reduce all over the data group dp × cp yourself) before the
+//! optimizer. Activations are T (float or double), statistics compute_t<T>.
+template <class T, comm::CollectiveIn<host_space> TP, comm::PointToPointIn<host_space> CP>
+class gpt {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "weft::parallel::gpt<T>: T must be float or double");
+  using C = compute_t<T>;
+
+ public:
+  gpt(nn::gpt_config const& config, bool sequence_parallel, TP& tp, CP& cp,
+      nn::param_store<T>& store)
+      : c_(config),
+        p_{tp.size(), tp.rank(), sequence_parallel, cp.size(), cp.rank()},
+        tp_(&tp),
+        cp_(&cp),
+        store_(&store),
+        shard_(rl::vocab_shard::even(config.vocab, tp.size(), tp.rank())) {
+    auto const want = gpt_shard_layout(c_, p_);
+    WEFT_EXPECTS_SHAPE(store.layout().size() == want.size(), "store",
+                       ::weft::detail::concat(want.size(),
+                                              " elements (gpt_shard_layout(config, parallelism))"),
+                       store.layout().size());
+  }
+
+  [[nodiscard]] nn::gpt_config const& config() const noexcept { return c_; }
+  [[nodiscard]] gpt_parallelism const& parallelism() const noexcept { return p_; }
+  [[nodiscard]] rl::vocab_shard const& vocab_shard() const noexcept { return shard_; }
+
+  //! The rows of the last forward: global token index (n·S + position) of each local row.
+  [[nodiscard]] std::span<std::int64_t const> rows() const noexcept { return global_rows_; }
+
+  //! Σ token_weight · CE over THIS rank's rows with a target (the same on every tp rank; sum it
+  //! over cp and dp for the batch's loss). token_weight 0 means 1 / (targets in `b`), the mean
+  //! over this data-parallel rank's batch; a data-parallel step passes 1 / (targets over all dp
+  //! ranks).
+  double forward(gpt_sequences const& b, double token_weight = 0.0) {
+    prepare(b, token_weight);
+    index_t const d = c_.d_model;
+    bool const sp = p_.sequence_parallel;
+    // Embeddings. Under SP the vocabulary-parallel lookup is reduce-scattered straight to the
+    // token slices and each rank adds the positions of its own rows.
+    auto x0 = rows_of(x_[0], d);
+    if (sp) {
+      vocab_parallel_embedding_forward_sp(*tp_, std::span<std::int32_t const>(tokens_), shard_,
+                                          p2("wte"), x0);
+    } else {
+      vocab_parallel_embedding_forward(*tp_, std::span<std::int32_t const>(tokens_), shard_,
+                                       p2("wte"), x0);
+    }
+    nn::embedding_forward(slice_positions(), p2("wpe"), rows_of(tmp_m_, d));
+    nn::residual_forward(x0, rows_of(tmp_m_, d), x0);
+    for (index_t l = 0; l < c_.layers; ++l) block_forward(l);
+    auto& last = x_[static_cast<std::size_t>(c_.layers)];
+    nn::layer_norm_forward(rows_of(last, d), p1("lnf.w"), p1("lnf.b"), rows_of(lnf_, d),
+                           vec(lnf_mean_), vec(lnf_rstd_), c_.ln_eps);
+    index_t const vs = shard_.size;
+    if (sp) {
+      vocab_parallel_output_forward_sp(*tp_, rows_of(lnf_, d), p2("head"), rows_of(lnf_total_, d),
+                                       rows_of(logits_, vs));
+    } else {
+      vocab_parallel_output_forward(*tp_, rows_of(lnf_, d), p2("head"), rows_of(logits_, vs));
+    }
+    rl::logprob_options opt;
+    opt.ignore_index = -1;
+    std::vector<C> losses(static_cast<std::size_t>(n_));
+    vocab_parallel_cross_entropy_forward(*tp_, rows_of(logits_, vs), shard_,
+                                         std::span<std::int32_t const>(targets_),
+                                         std::span<C>(losses), std::span<C>(ce_lse_), opt);
+    double sum = 0.0;
+    for (std::size_t k = 0; k < losses.size(); ++k)
+      if (targets_[k] >= 0) sum += weight_ * static_cast<double>(losses[k]);
+    return sum;
+  }
+
+  //! Accumulates this rank's part of the gradient of the last forward's weighted loss.
+  void backward() {
+    index_t const d = c_.d_model, vs = shard_.size;
+    bool const sp = p_.sequence_parallel;
+    rl::logprob_options opt;
+    opt.ignore_index = -1;
+    std::vector<C> dloss(static_cast<std::size_t>(n_));
+    for (std::size_t k = 0; k < dloss.size(); ++k)
+      dloss[k] = targets_[k] >= 0 ? static_cast<C>(weight_) : C(0);
+    std::vector<T> dlogits(logits_.size());
+    vocab_parallel_cross_entropy_backward(rows_of(logits_, vs), shard_,
+                                          std::span<std::int32_t const>(targets_),
+                                          std::span<C const>(ce_lse_), std::span<C const>(dloss),
+                                          rows_of(dlogits, vs), opt);
+    std::vector<T> dln(static_cast<std::size_t>(m_ * d)), dx(dln.size());
+    if (sp) {
+      vocab_parallel_output_backward_input_sp(*tp_, rows_of(dlogits, vs), p2("head"),
+                                              rows_of(dln, d));
+      vocab_parallel_output_backward_weight(rows_of(dlogits, vs), rows_of(lnf_total_, d),
+                                            g2("head"));
+    } else {
+      vocab_parallel_output_backward_input(*tp_, rows_of(dlogits, vs), p2("head"),
+                                           rows_of(dln, d));
+      vocab_parallel_output_backward_weight(rows_of(dlogits, vs), rows_of(lnf_, d), g2("head"));
+    }
+    auto& last = x_[static_cast<std::size_t>(c_.layers)];
+    nn::layer_norm_backward_input(rows_of(dln, d), rows_of(last, d), p1("lnf.w"), vec(lnf_mean_),
+                                  vec(lnf_rstd_), rows_of(dx, d));
+    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(last, d), vec(lnf_mean_),
+                                   vec(lnf_rstd_), g1("lnf.w"), g1("lnf.b"));
+    for (index_t l = c_.layers - 1; l >= 0; --l) block_backward(l, dx);
+    auto const tokens = std::span<std::int32_t const>(tokens_);
+    if (sp) {
+      vocab_parallel_embedding_backward_sp(*tp_, tokens, shard_, rows_of(dx, d), g2("wte"));
+    } else {
+      vocab_parallel_embedding_backward(tokens, shard_, rows_of(dx, d), g2("wte"));
+    }
+    nn::embedding_backward(slice_positions(), rows_of(dx, d), g2("wpe"));
+  }
+
+ private:
+  struct layer_acts {
+    // ln1, x_mid, ln2 [m, d] (m: the rank's token slice under SP, else N); ln1_total and
+    // ln2_total [N, d] (the gathered norm outputs under SP; unused otherwise); q [N, d/tp],
+    // k, v [N, kvd/tp], o [N, d/tp]; fc, act [N, h/tp].
+    std::vector<T> ln1, ln1_total, q, k, v, o, x_mid, ln2, ln2_total, fc, act;
+    std::vector<C> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
+  };
+
+  void prepare(gpt_sequences const& b, double token_weight) {
+    index_t const s = b.seq_len;
+    WEFT_EXPECTS_SHAPE(s > 0 && s <= c_.context, "seq_len",
+                       ::weft::detail::concat("in [1, context = ", c_.context, "]"), s);
+    auto const total = static_cast<index_t>(b.tokens.size());
+    WEFT_EXPECTS_SHAPE(total % s == 0, "tokens",
+                       ::weft::detail::concat("a multiple of seq_len = ", s, " elements"), total);
+    WEFT_EXPECTS_SHAPE(static_cast<index_t>(b.targets.size()) == total, "targets",
+                       ::weft::detail::concat(total, " elements (as tokens)"), b.targets.size());
+    if (p_.cp > 1)
+      WEFT_EXPECTS_SHAPE(s % (2 * p_.cp) == 0, "seq_len",
+                         ::weft::detail::concat("a multiple of 2 * cp = ", 2 * p_.cp,
+                                                " (two zigzag chunks per cp rank)"),
+                         s);
+    index_t const seqs = total / s, c = s / p_.cp;
+    n_ = seqs * c;
+    if (p_.sequence_parallel)
+      WEFT_EXPECTS_SHAPE(n_ % p_.tp == 0, "tokens",
+                         ::weft::detail::concat("sequences * seq_len / cp a multiple of tp = ",
+                                                p_.tp, " under sequence parallelism"),
+                         ::weft::detail::concat(seqs, " * ", s, " / ", p_.cp, " = ", n_));
+    m_ = p_.sequence_parallel ? n_ / p_.tp : n_;
+    for (index_t k = 0; k < total; ++k) {
+      WEFT_EXPECTS(b.tokens[static_cast<std::size_t>(k)] >= 0 &&
+                       b.tokens[static_cast<std::size_t>(k)] < c_.vocab,
+                   ::weft::detail::concat("tokens[", k, "]"),
+                   ::weft::detail::concat("in [0, ", c_.vocab, ")"),
+                   b.tokens[static_cast<std::size_t>(k)]);
+      WEFT_EXPECTS(b.targets[static_cast<std::size_t>(k)] >= -1 &&
+                       b.targets[static_cast<std::size_t>(k)] < c_.vocab,
+                   ::weft::detail::concat("targets[", k, "]"),
+                   ::weft::detail::concat("-1 (ignored) or in [0, ", c_.vocab, ")"),
+                   b.targets[static_cast<std::size_t>(k)]);
+    }
+    index_t counted = 0;
+    for (auto t : b.targets) counted += t >= 0 ? 1 : 0;
+    weight_ = token_weight > 0.0 ? token_weight
+                                 : (counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0);
+    // This cp rank's rows, sequence by sequence.
+    seq_ = s;
+    seqs_ = seqs;
+    tokens_.resize(static_cast<std::size_t>(n_));
+    targets_.resize(tokens_.size());
+    positions_.resize(tokens_.size());
+    global_rows_.resize(tokens_.size());
+    std::optional<attention::seq_layout> lay;
+    if (p_.cp > 1) lay = attention::seq_layout::zigzag(p_.cp, s);
+    for (index_t n = 0; n < seqs; ++n)
+      for (index_t i = 0; i < c; ++i) {
+        index_t const pos = lay ? lay->global_position(p_.cp_rank, i) : i;
+        auto const row = static_cast<std::size_t>(n * c + i);
+        auto const src = static_cast<std::size_t>(n * s + pos);
+        tokens_[row] = b.tokens[src];
+        targets_[row] = b.targets[src];
+        positions_[row] = static_cast<std::int32_t>(pos);
+        global_rows_[row] = n * s + pos;
+      }
+    cu_seqlens_.resize(static_cast<std::size_t>(seqs + 1));
+    for (index_t n = 0; n <= seqs; ++n) cu_seqlens_[static_cast<std::size_t>(n)] = n * c;
+    allocate();
+  }
+
+  void allocate() {
+    auto const n = [&](index_t rows, index_t w) { return static_cast<std::size_t>(rows * w); };
+    index_t const d = c_.d_model, tp = p_.tp;
+    index_t const dl = d / tp, kvl = c_.kv() * c_.head_dim() / tp, hl = c_.hidden() / tp;
+    bool const sp = p_.sequence_parallel;
+    x_.resize(static_cast<std::size_t>(c_.layers + 1));
+    for (auto& x : x_) x.resize(n(m_, d));
+    tmp_m_.resize(n(m_, d));
+    acts_.resize(static_cast<std::size_t>(c_.layers));
+    for (auto& a : acts_) {
+      a.ln1.resize(n(m_, d));
+      a.ln1_total.resize(sp ? n(n_, d) : 0);
+      a.q.resize(n(n_, dl));
+      a.k.resize(n(n_, kvl));
+      a.v.resize(n(n_, kvl));
+      a.o.resize(n(n_, dl));
+      a.x_mid.resize(n(m_, d));
+      a.ln2.resize(n(m_, d));
+      a.ln2_total.resize(sp ? n(n_, d) : 0);
+      a.fc.resize(n(n_, hl));
+      a.act.resize(n(n_, hl));
+      a.ln1_mean.resize(n(m_, 1));
+      a.ln1_rstd.resize(n(m_, 1));
+      a.ln2_mean.resize(n(m_, 1));
+      a.ln2_rstd.resize(n(m_, 1));
+      a.lse.resize(n(n_, c_.heads / tp));
+    }
+    lnf_.resize(n(m_, d));
+    lnf_total_.resize(sp ? n(n_, d) : 0);
+    lnf_mean_.resize(n(m_, 1));
+    lnf_rstd_.resize(n(m_, 1));
+    logits_.resize(n(n_, shard_.size));
+    ce_lse_.resize(n(n_, 1));
+  }
+
+  //! The positions of the rows this rank holds between the tensor-parallel layers.
+  [[nodiscard]] std::span<std::int32_t const> slice_positions() const noexcept {
+    std::span<std::int32_t const> all(positions_);
+    return p_.sequence_parallel ? all.subspan(static_cast<std::size_t>(p_.tp_rank * m_),
+                                              static_cast<std::size_t>(m_))
+                                : all;
+  }
+
+  // The GEMM input of the column-parallel layers after `ln` [m, d]: ln itself, or under SP the
+  // all-gather of the slices into `total` [N, d].
+  tensor_view<T, 2> column_input(std::vector<T>& ln, std::vector<T>& total) {
+    index_t const d = c_.d_model;
+    if (!p_.sequence_parallel) return rows_of(ln, d);
+    gather_from_sp_forward(*tp_, tensor_view<T const, 2>(rows_of(ln, d)), rows_of(total, d));
+    return rows_of(total, d);
+  }
+
+  // dx [N, d], the column-parallel layers' partial input gradient, back to the norm's rows: one
+  // SUM all-reduce (dln = dx, [N, d]) or under SP one reduce-scatter into dln [m, d].
+  void column_input_backward(std::vector<T>& full, std::vector<T>& dln) {
+    index_t const d = c_.d_model;
+    if (p_.sequence_parallel) {
+      gather_from_sp_backward(*tp_, tensor_view<T const, 2>(rows_of(full, d)), rows_of(dln, d));
+    } else {
+      copy_to_tp_backward(*tp_, rows_of(full, d));
+      std::copy(full.begin(), full.end(), dln.begin());
+    }
+  }
+
+  // Row-parallel forward into y [m, d] (all-reduce, or reduce-scatter under SP).
+  template <class X>
+  void row_forward(X const& x, std::string const& w, std::string const& b, std::vector<T>& y) {
+    index_t const d = c_.d_model;
+    if (p_.sequence_parallel) {
+      row_parallel_forward_sp(*tp_, x, p2(w), p1(b), rows_of(y, d));
+    } else {
+      row_parallel_forward(*tp_, x, p2(w), p1(b), rows_of(y, d));
+    }
+  }
+
+  // Row-parallel backward from dy [m, d]: dx [N, in/tp] and the weight gradients.
+  template <class X, class DX>
+  void row_backward(std::vector<T>& dy, X const& x, std::string const& w, std::string const& b,
+                    DX const& dx) {
+    index_t const d = c_.d_model;
+    if (p_.sequence_parallel) {
+      std::vector<T> total(static_cast<std::size_t>(n_ * d));
+      row_parallel_backward_input_sp(*tp_, tensor_view<T const, 2>(rows_of(dy, d)), p2(w),
+                                     rows_of(total, d), dx);
+      row_parallel_backward_weight(rows_of(total, d), x, g2(w), g1(b));
+    } else {
+      row_parallel_backward_input(*tp_, rows_of(dy, d), p2(w), dx);
+      row_parallel_backward_weight(rows_of(dy, d), x, g2(w), g1(b));
+    }
+  }
+
+  void attention_forward(layer_acts& a) {
+    auto const h = local_heads();
+    index_t const dl = h.heads * h.head_dim, kvl = h.kv_heads * h.head_dim;
+    tensor_view<C, 2> const lse(a.lse.data(), h.heads, n_);
+    if (p_.cp == 1) {
+      nn::causal_attention_forward(rows_of(a.q, dl), rows_of(a.k, kvl), rows_of(a.v, kvl),
+                                   rows_of(a.o, dl), lse, std::span<std::int64_t const>(cu_seqlens_),
+                                   h);
+      return;
+    }
+    index_t const c = seq_ / p_.cp;
+    attention::attention_options opt;
+    opt.causal = attention::causal_mode::top_left;
+    attention::ring_forward(*cp_, attention::seq_layout::zigzag(p_.cp, seq_), bshd(a.q, c, h.heads),
+                            bshd(a.k, c, h.kv_heads), bshd(a.v, c, h.kv_heads),
+                            bshd(a.o, c, h.heads), bhs(a.lse, c, h.heads), opt);
+  }
+
+  void attention_backward(layer_acts& a, std::vector<T>& dout, std::vector<T>& dq,
+                          std::vector<T>& dk, std::vector<T>& dv) {
+    auto const h = local_heads();
+    index_t const dl = h.heads * h.head_dim, kvl = h.kv_heads * h.head_dim;
+    if (p_.cp == 1) {
+      nn::causal_attention_backward(
+          rows_of(a.q, dl), rows_of(a.k, kvl), rows_of(a.v, kvl), rows_of(a.o, dl),
+          tensor_view<C, 2>(a.lse.data(), h.heads, n_), rows_of(dout, dl), rows_of(dq, dl),
+          rows_of(dk, kvl), rows_of(dv, kvl), std::span<std::int64_t const>(cu_seqlens_), h);
+      return;
+    }
+    index_t const c = seq_ / p_.cp;
+    attention::attention_options opt;
+    opt.causal = attention::causal_mode::top_left;
+    attention::ring_backward(*cp_, attention::seq_layout::zigzag(p_.cp, seq_),
+                             bshd(a.q, c, h.heads), bshd(a.k, c, h.kv_heads),
+                             bshd(a.v, c, h.kv_heads), bshd(a.o, c, h.heads),
+                             bhs(a.lse, c, h.heads), bshd(dout, c, h.heads), bshd(dq, c, h.heads),
+                             bshd(dk, c, h.kv_heads), bshd(dv, c, h.kv_heads), opt);
+  }
+
+  void block_forward(index_t l) {
+    auto& a = acts_[static_cast<std::size_t>(l)];
+    auto& x = x_[static_cast<std::size_t>(l)];
+    auto& y = x_[static_cast<std::size_t>(l + 1)];
+    index_t const d = c_.d_model, tp = p_.tp;
+    index_t const dl = d / tp, kvl = c_.kv() * c_.head_dim() / tp, hl = c_.hidden() / tp;
+    std::string const p = "h" + std::to_string(l) + ".";
+    nn::layer_norm_forward(rows_of(x, d), p1(p + "ln1.w"), p1(p + "ln1.b"), rows_of(a.ln1, d),
+                           vec(a.ln1_mean), vec(a.ln1_rstd), c_.ln_eps);
+    auto const in1 = column_input(a.ln1, a.ln1_total);
+    column_parallel_forward(*tp_, in1, p2(p + "q.w"), p1(p + "q.b"), rows_of(a.q, dl));
+    column_parallel_forward(*tp_, in1, p2(p + "k.w"), p1(p + "k.b"), rows_of(a.k, kvl));
+    column_parallel_forward(*tp_, in1, p2(p + "v.w"), p1(p + "v.b"), rows_of(a.v, kvl));
+    attention_forward(a);
+    row_forward(rows_of(a.o, dl), p + "o.w", p + "o.b", tmp_m_);
+    nn::residual_forward(rows_of(x, d), rows_of(tmp_m_, d), rows_of(a.x_mid, d));
+    nn::layer_norm_forward(rows_of(a.x_mid, d), p1(p + "ln2.w"), p1(p + "ln2.b"),
+                           rows_of(a.ln2, d), vec(a.ln2_mean), vec(a.ln2_rstd), c_.ln_eps);
+    auto const in2 = column_input(a.ln2, a.ln2_total);
+    column_parallel_forward(*tp_, in2, p2(p + "fc.w"), p1(p + "fc.b"), rows_of(a.fc, hl));
+    nn::gelu_forward(rows_of(a.fc, hl), rows_of(a.act, hl));
+    row_forward(rows_of(a.act, hl), p + "proj.w", p + "proj.b", tmp_m_);
+    nn::residual_forward(rows_of(a.x_mid, d), rows_of(tmp_m_, d), rows_of(y, d));
+  }
+
+  //! dx [m, d] holds d(block output) on entry and d(block input) on return.
+  void block_backward(index_t l, std::vector<T>& dx) {
+    auto& a = acts_[static_cast<std::size_t>(l)];
+    auto& x = x_[static_cast<std::size_t>(l)];
+    index_t const d = c_.d_model, tp = p_.tp;
+    index_t const dl = d / tp, kvl = c_.kv() * c_.head_dim() / tp, hl = c_.hidden() / tp;
+    bool const sp = p_.sequence_parallel;
+    std::string const p = "h" + std::to_string(l) + ".";
+    auto const nr = static_cast<std::size_t>(n_), mm = static_cast<std::size_t>(m_),
+               du = static_cast<std::size_t>(d);
+    std::vector<T> dact(nr * static_cast<std::size_t>(hl)), dfc(dact.size());
+    std::vector<T> full(nr * du), dln(mm * du), dmid(mm * du), tmp(mm * du);
+    // MLP: y = x_mid + proj(gelu(fc(ln2(x_mid)))).
+    row_backward(dx, rows_of(a.act, hl), p + "proj.w", p + "proj.b", rows_of(dact, hl));
+    nn::gelu_backward(rows_of(a.fc, hl), rows_of(dact, hl), rows_of(dfc, hl));
+    nn::linear_backward_input(rows_of(dfc, hl), p2(p + "fc.w"), rows_of(full, d));
+    column_input_backward(full, dln);
+    column_parallel_backward_weight(rows_of(dfc, hl), sp ? rows_of(a.ln2_total, d) : rows_of(a.ln2, d),
+                                    g2(p + "fc.w"), g1(p + "fc.b"));
+    nn::layer_norm_backward_input(rows_of(dln, d), rows_of(a.x_mid, d), p1(p + "ln2.w"),
+                                  vec(a.ln2_mean), vec(a.ln2_rstd), rows_of(tmp, d));
+    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(a.x_mid, d), vec(a.ln2_mean),
+                                   vec(a.ln2_rstd), g1(p + "ln2.w"), g1(p + "ln2.b"));
+    nn::residual_backward(rows_of(dx, d), rows_of(tmp, d), rows_of(dmid, d));
+    // Attention: x_mid = x + o(attn(q(ln1 x), k(ln1 x), v(ln1 x))).
+    std::vector<T> dout(nr * static_cast<std::size_t>(dl)), dq(dout.size()),
+        dk(nr * static_cast<std::size_t>(kvl)), dv(dk.size());
+    row_backward(dmid, rows_of(a.o, dl), p + "o.w", p + "o.b", rows_of(dout, dl));
+    attention_backward(a, dout, dq, dk, dv);
+    // The three column-parallel input gradients are summed locally, then reduced once.
+    std::vector<T> part(full.size());
+    nn::linear_backward_input(rows_of(dq, dl), p2(p + "q.w"), rows_of(full, d));
+    nn::linear_backward_input(rows_of(dk, kvl), p2(p + "k.w"), rows_of(part, d));
+    nn::residual_forward(rows_of(full, d), rows_of(part, d), rows_of(full, d));
+    nn::linear_backward_input(rows_of(dv, kvl), p2(p + "v.w"), rows_of(part, d));
+    nn::residual_forward(rows_of(full, d), rows_of(part, d), rows_of(full, d));
+    column_input_backward(full, dln);
+    auto const in1 = sp ? rows_of(a.ln1_total, d) : rows_of(a.ln1, d);
+    column_parallel_backward_weight(rows_of(dq, dl), in1, g2(p + "q.w"), g1(p + "q.b"));
+    column_parallel_backward_weight(rows_of(dk, kvl), in1, g2(p + "k.w"), g1(p + "k.b"));
+    column_parallel_backward_weight(rows_of(dv, kvl), in1, g2(p + "v.w"), g1(p + "v.b"));
+    nn::layer_norm_backward_input(rows_of(dln, d), rows_of(x, d), p1(p + "ln1.w"),
+                                  vec(a.ln1_mean), vec(a.ln1_rstd), rows_of(tmp, d));
+    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(x, d), vec(a.ln1_mean),
+                                   vec(a.ln1_rstd), g1(p + "ln1.w"), g1(p + "ln1.b"));
+    nn::residual_backward(rows_of(dmid, d), rows_of(tmp, d), rows_of(dx, d));
+  }
+
+  [[nodiscard]] nn::attention_heads local_heads() const noexcept {
+    return {c_.heads / p_.tp, c_.kv() / p_.tp, c_.head_dim(), 0.0};
+  }
+  template <class U>
+  static tensor_view<U, 2> rows_of(std::vector<U>& v, index_t width) {
+    return tensor_view<U, 2>(v.data(), static_cast<index_t>(v.size()) / width, width);
+  }
+  template <class U>
+  static tensor_view<U, 1> vec(std::vector<U>& v) {
+    return tensor_view<U, 1>(v.data(), static_cast<index_t>(v.size()));
+  }
+  // [sequences, c, heads, head_dim] over rows [sequences·c, heads·head_dim].
+  tensor_view<T, 4> bshd(std::vector<T>& v, index_t c, index_t heads) const {
+    return tensor_view<T, 4>(v.data(), seqs_, c, heads, c_.head_dim());
+  }
+  // [sequences, heads, c] lse: the ring layout. (The cp = 1 path uses [heads, N] over the same
+  // buffer.)
+  tensor_view<C, 3> bhs(std::vector<C>& v, index_t c, index_t heads) const {
+    return tensor_view<C, 3>(v.data(), seqs_, heads, c);
+  }
+  tensor_view<T const, 2> p2(std::string const& n) const {
+    auto const w = store_->template param<2>(n);
+    return tensor_view<T const, 2>(w.data_handle(), w.extent(0), w.extent(1));
+  }
+  tensor_view<T const, 1> p1(std::string const& n) const {
+    auto const w = store_->template param<1>(n);
+    return tensor_view<T const, 1>(w.data_handle(), w.extent(0));
+  }
+  tensor_view<T, 2> g2(std::string const& n) { return store_->template grad<2>(n); }
+  tensor_view<T, 1> g1(std::string const& n) { return store_->template grad<1>(n); }
+
+  nn::gpt_config c_;
+  gpt_parallelism p_;
+  TP* tp_;
+  CP* cp_;
+  nn::param_store<T>* store_;
+  rl::vocab_shard shard_;
+  double weight_ = 0.0;
+  index_t seq_ = 0, seqs_ = 0, n_ = 0, m_ = 0;
+  std::vector<std::int32_t> tokens_, targets_, positions_;
+  std::vector<std::int64_t> global_rows_, cu_seqlens_;
+  std::vector<std::vector<T>> x_;
+  std::vector<T> tmp_m_, lnf_, lnf_total_, logits_;
+  std::vector<C> lnf_mean_, lnf_rstd_, ce_lse_;
+  std::vector<layer_acts> acts_;
+};
+
+//! The step's gradient from every rank's partial one, in place: the sequence-parallel parameters'
+//! gradients summed over `tp` (nothing without SP), then every gradient summed over `data`, the
+//! group of the ranks holding the same shard (dp × cp; the device_mesh's flattened {"dp", "cp"}
+//! group, or either axis alone). Collective over both. For overlap with backward use grad_sync
+//! over `data` instead of the second part.
+template <comm::CollectiveIn<host_space> TP, comm::CollectiveIn<host_space> DATA, class T>
+void reduce_gpt_grads(TP& tp, DATA& data, nn::param_store<T>& store) {
+  auto const infos = store.layout().infos();
+  sum_sequence_parallel_grads(tp, std::span<optim::param_info const>(infos), store.grads());
+  if (data.size() > 1) comm::all_reduce(data, store.grads(), comm::reduce_kind::sum).wait();
+}
+
+}  // namespace weft::parallel

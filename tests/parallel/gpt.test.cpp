@@ -1,0 +1,246 @@
+// Tests of weft/parallel/gpt.hpp on threads-backend ranks: a 2-layer GQA GPT over a device_mesh
+// (dp, cp, tp) gives nn::gpt's single-device loss and gradients (f64 within 1e-12, f32 within
+// 1e-5, relative to each parameter's largest gradient) on tp = 2 with and without sequence
+// parallelism, cp = 2 and 4 (zigzag ring attention), dp = 2, and the 3-D 8-rank layout
+// dp 2 x cp 2 x tp 2 with SP; every shard's initialisation is bitwise the single-device one's
+// slice; the argument checks name what is wrong.
+#include <support/run_ranks.hpp>
+#include <weft/comm/collectives.hpp>
+#include <weft/comm/threads/communicator.hpp>
+#include <weft/mesh/device_mesh.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/parallel/gpt.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace {
+using weft::index_t;
+using weft::test::run_ranks;
+using comm_t = weft::comm::threads::communicator;
+namespace nn = weft::nn;
+namespace par = weft::parallel;
+
+nn::gpt_config small() {
+  nn::gpt_config c;
+  c.vocab = 11;  // uneven over tp = 2: shards of 6 and 5 rows
+  c.context = 16;
+  c.d_model = 16;
+  c.heads = 4;
+  c.kv_heads = 2;
+  c.layers = 2;
+  c.mlp_hidden = 24;
+  return c;
+}
+
+constexpr index_t kSeqs = 4, kSeq = 8;
+
+struct data_t {
+  std::vector<std::int32_t> tokens, targets;
+  data_t() {
+    for (index_t n = 0; n < kSeqs; ++n)
+      for (index_t i = 0; i < kSeq; ++i) {
+        auto const k = static_cast<std::uint32_t>(n * 131 + i * 17 + 5);
+        tokens.push_back(static_cast<std::int32_t>(k % 11));
+        // Next token as target, the last position ignored, plus one ignored in the middle.
+        targets.push_back(i + 1 == kSeq || (n == 1 && i == 3)
+                              ? -1
+                              : static_cast<std::int32_t>((k + 17) % 11));
+      }
+  }
+  [[nodiscard]] index_t counted() const {
+    return static_cast<index_t>(std::count_if(targets.begin(), targets.end(),
+                                              [](std::int32_t t) { return t >= 0; }));
+  }
+};
+
+// GPT-2's initialisation, scaled up and jittered by global index so that every path carries a
+// gradient well above rounding (the same model in f32 and f64).
+template <class T>
+nn::param_store<T> reference_params(nn::gpt_config const& c) {
+  nn::param_store<double> s(nn::gpt_layout(c));
+  nn::gpt_init(s, c, 99);
+  nn::param_store<T> out(nn::gpt_layout(c));
+  for (std::size_t i = 0; i < s.params().size(); ++i)
+    out.params()[i] = static_cast<T>(
+        s.params()[i] * 4.0 + 0.05 * std::sin(0.37 * static_cast<double>(i)));
+  return out;
+}
+
+template <class T>
+struct reference_result {
+  double loss = 0.0;
+  nn::param_store<T> grads_as_params;  // the gradients, in a store so gpt_load_shard slices them
+};
+
+template <class T>
+reference_result<T> single_device(nn::gpt_config const& c, data_t const& data) {
+  auto store = reference_params<T>(c);
+  std::vector<std::int32_t> positions;
+  std::vector<std::int64_t> cu{0};
+  for (index_t n = 0; n < kSeqs; ++n) {
+    for (index_t i = 0; i < kSeq; ++i) positions.push_back(static_cast<std::int32_t>(i));
+    cu.push_back((n + 1) * kSeq);
+  }
+  nn::gpt<T> model(c, store);
+  double const loss = model.forward({data.tokens, positions, data.targets, cu});
+  model.backward();
+  reference_result<T> r{loss, nn::param_store<T>(nn::gpt_layout(c))};
+  std::copy(store.grads().begin(), store.grads().end(), r.grads_as_params.params().begin());
+  return r;
+}
+
+struct layout_case {
+  int dp, cp, tp;
+  bool sp;
+};
+
+std::string describe(layout_case const& l) {
+  return "dp " + std::to_string(l.dp) + " cp " + std::to_string(l.cp) + " tp " +
+         std::to_string(l.tp) + (l.sp ? " +SP" : "");
+}
+
+// Runs one step on the layout and checks loss and gradients against the single device.
+template <class T>
+void check_layout(layout_case const& l, double tol) {
+  auto const c = small();
+  data_t const data;
+  auto ref = single_device<T>(c, data);
+  auto whole = reference_params<T>(c);
+  double const weight = 1.0 / static_cast<double>(data.counted());
+  std::mutex m;
+  std::vector<std::string> failures;
+  run_ranks(l.dp * l.cp * l.tp, [&](comm_t& world) {
+    weft::device_mesh<comm_t> mesh(world, {l.dp, l.cp, l.tp}, {"dp", "cp", "tp"},
+                                   {{"dp", "cp"}});
+    auto& tp = mesh.group("tp");
+    auto& cp = mesh.group("cp");
+    auto& data_group = mesh.group({"dp", "cp"});
+    par::gpt_parallelism const p{tp.size(), tp.rank(), l.sp, cp.size(), cp.rank()};
+    nn::param_store<T> store(par::gpt_shard_layout(c, p));
+    par::gpt_load_shard(store, whole, c, p);
+    par::gpt<T, comm_t, comm_t> model(c, l.sp, tp, cp, store);
+    // This dp rank's sequences.
+    int const dpr = mesh.local_rank("dp");
+    index_t const per = kSeqs / l.dp;
+    auto const from = static_cast<std::size_t>(dpr * per * kSeq),
+               count = static_cast<std::size_t>(per * kSeq);
+    par::gpt_sequences const b{std::span(data.tokens).subspan(from, count),
+                               std::span(data.targets).subspan(from, count), kSeq};
+    double loss = model.forward(b, weight);
+    model.backward();
+    par::reduce_gpt_grads(tp, data_group, store);
+    weft::comm::all_reduce(data_group, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum)
+        .wait();
+    // The expected shard of the gradient.
+    nn::param_store<T> expect(par::gpt_shard_layout(c, p));
+    par::gpt_load_shard(expect, ref.grads_as_params, c, p);
+    std::vector<std::string> bad;
+    if (!(std::abs(loss - ref.loss) <= tol * std::abs(ref.loss)))
+      bad.push_back("loss " + std::to_string(loss) + " vs " + std::to_string(ref.loss));
+    // Errors relative to each parameter's largest gradient; where that vanishes (the key bias:
+    // softmax is shift-invariant, so its true gradient is 0) relative to 1 % of the model's.
+    double model_scale = 0.0;
+    for (auto g : ref.grads_as_params.params())
+      model_scale = std::max(model_scale, std::abs(static_cast<double>(g)));
+    for (auto const& e : store.layout().entries()) {
+      auto const got = store.grad_span(e.name);
+      auto const want = expect.param_span(e.name);
+      double scale = 0.0, err = 0.0;
+      for (std::size_t i = 0; i < got.size(); ++i) {
+        scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+        err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+      }
+      scale = std::max(scale, 0.01 * model_scale);
+      if (!(err <= tol * scale))
+        bad.push_back("rank " + std::to_string(world.rank()) + " " + e.name + ": max error " +
+                      std::to_string(err / scale) + " relative");
+    }
+    std::lock_guard lock(m);
+    failures.insert(failures.end(), bad.begin(), bad.end());
+  });
+  for (auto const& f : failures) MESSAGE(describe(l) << ": " << f);
+  CHECK_MESSAGE(failures.empty(), describe(l));
+}
+
+layout_case const kLayouts[] = {
+    {1, 1, 1, false}, {1, 1, 2, false}, {1, 1, 2, true}, {1, 2, 1, false},
+    {1, 4, 1, false}, {2, 1, 1, false}, {1, 2, 2, true}, {2, 2, 2, true},
+};
+
+}  // namespace
+
+TEST_CASE("parallel gpt: f64 loss and gradients equal the single device's within 1e-12") {
+  for (auto const& l : kLayouts) check_layout<double>(l, 1e-12);
+}
+
+TEST_CASE("parallel gpt: f32 loss and gradients equal the single device's within 1e-5") {
+  for (auto const& l : kLayouts) check_layout<float>(l, 1e-5);
+}
+
+TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-device slice") {
+  auto const c = small();
+  nn::param_store<float> whole(nn::gpt_layout(c));
+  nn::gpt_init(whole, c, 2024);
+  for (int tp : {1, 2}) {
+    for (int r = 0; r < tp; ++r) {
+      for (bool sp : {false, true}) {
+        par::gpt_parallelism const p{tp, r, sp, 1, 0};
+        nn::param_store<float> a(par::gpt_shard_layout(c, p)), b(par::gpt_shard_layout(c, p));
+        par::gpt_init_shard(a, c, p, 2024);
+        par::gpt_load_shard(b, whole, c, p);
+        INFO("tp " << tp << " rank " << r);
+        REQUIRE(a.params().size() == b.params().size());
+        CHECK(std::memcmp(a.params().data(), b.params().data(), a.params().size_bytes()) == 0);
+        // The shards are what they claim: sharded parameters smaller, flags set.
+        auto const& wte = a.layout().at("wte");
+        CHECK(wte.shape[0] == (tp == 1 ? 11 : (r == 0 ? 6 : 5)));
+        CHECK(wte.info.tp_sharded);
+        CHECK(a.layout().at("h0.o.w").shape[1] == 16 / tp);
+        CHECK_FALSE(a.layout().at("h0.o.b").info.tp_sharded);
+        CHECK(a.layout().at("h1.ln2.w").info.sequence_parallel_grad == sp);
+        CHECK(a.layout().at("wpe").info.sequence_parallel_grad == sp);
+        CHECK_FALSE(a.layout().at("h0.proj.b").info.sequence_parallel_grad);
+      }
+    }
+  }
+}
+
+TEST_CASE("parallel gpt: bad layouts and batches are refused with the value named") {
+  auto c = small();
+  CHECK_THROWS_AS(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), weft::invalid_argument_error);
+  CHECK_THROWS_WITH(par::gpt_shard_layout(c, {4, 0, false, 1, 0}),
+                    doctest::Contains("kv_heads"));
+  CHECK_THROWS_AS(par::gpt_shard_layout(c, {2, 2, false, 1, 0}), weft::invalid_argument_error);
+  data_t const data;
+  run_ranks(2, [&](comm_t& world) {
+    auto solo = world.split(world.rank(), 0);
+    par::gpt_parallelism const p{1, 0, false, 2, world.rank()};
+    nn::param_store<double> store(par::gpt_shard_layout(c, p));
+    par::gpt<double, comm_t, comm_t> model(c, false, solo, world, store);
+    // seq_len 6 is not a multiple of 2 * cp = 4: refused before anything is communicated.
+    std::vector<std::int32_t> t(12, 1);
+    CHECK_THROWS_WITH(model.forward({t, t, 6}), doctest::Contains("2 * cp"));
+    std::vector<std::int32_t> bad = data.tokens;
+    bad[5] = 11;
+    CHECK_THROWS_WITH(model.forward({bad, data.targets, kSeq}), doctest::Contains("tokens[5]"));
+  });
+  // A store of another layout.
+  run_ranks(1, [&](comm_t& world) {
+    nn::param_store<double> wrong(nn::gpt_layout([] {
+      auto k = small();
+      k.layers = 1;
+      return k;
+    }()));
+    CHECK_THROWS_AS((par::gpt<double, comm_t, comm_t>(c, false, world, world, wrong)),
+                    weft::shape_error);
+  });
+}
