@@ -51,14 +51,13 @@ struct data_t {
         auto const k = static_cast<std::uint32_t>(n * 131 + i * 17 + 5);
         tokens.push_back(static_cast<std::int32_t>(k % 11));
         // Next token as target, the last position ignored, plus one ignored in the middle.
-        targets.push_back(i + 1 == kSeq || (n == 1 && i == 3)
-                              ? -1
-                              : static_cast<std::int32_t>((k + 17) % 11));
+        targets.push_back(
+            i + 1 == kSeq || (n == 1 && i == 3) ? -1 : static_cast<std::int32_t>((k + 17) % 11));
       }
   }
   [[nodiscard]] index_t counted() const {
-    return static_cast<index_t>(std::count_if(targets.begin(), targets.end(),
-                                              [](std::int32_t t) { return t >= 0; }));
+    return static_cast<index_t>(
+        std::count_if(targets.begin(), targets.end(), [](std::int32_t t) { return t >= 0; }));
   }
 };
 
@@ -70,8 +69,8 @@ nn::param_store<T> reference_params(nn::gpt_config const& c) {
   nn::gpt_init(s, c, 99);
   nn::param_store<T> out(nn::gpt_layout(c));
   for (std::size_t i = 0; i < s.params().size(); ++i)
-    out.params()[i] = static_cast<T>(
-        s.params()[i] * 4.0 + 0.05 * std::sin(0.37 * static_cast<double>(i)));
+    out.params()[i] =
+        static_cast<T>(s.params()[i] * 4.0 + 0.05 * std::sin(0.37 * static_cast<double>(i)));
   return out;
 }
 
@@ -119,8 +118,7 @@ void check_layout(layout_case const& l, double tol) {
   std::mutex m;
   std::vector<std::string> failures;
   run_ranks(l.dp * l.cp * l.tp, [&](comm_t& world) {
-    weft::device_mesh<comm_t> mesh(world, {l.dp, l.cp, l.tp}, {"dp", "cp", "tp"},
-                                   {{"dp", "cp"}});
+    weft::device_mesh<comm_t> mesh(world, {l.dp, l.cp, l.tp}, {"dp", "cp", "tp"}, {{"dp", "cp"}});
     auto& tp = mesh.group("tp");
     auto& cp = mesh.group("cp");
     auto& data_group = mesh.group({"dp", "cp"});
@@ -217,8 +215,7 @@ TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-devi
 TEST_CASE("parallel gpt: bad layouts and batches are refused with the value named") {
   auto c = small();
   CHECK_THROWS_AS(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), weft::invalid_argument_error);
-  CHECK_THROWS_WITH(par::gpt_shard_layout(c, {4, 0, false, 1, 0}),
-                    doctest::Contains("kv_heads"));
+  CHECK_THROWS_WITH(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), doctest::Contains("kv_heads"));
   CHECK_THROWS_AS(par::gpt_shard_layout(c, {2, 2, false, 1, 0}), weft::invalid_argument_error);
   data_t const data;
   run_ranks(2, [&](comm_t& world) {

@@ -89,9 +89,10 @@ inline void check_parallelism(nn::gpt_config const& c, gpt_parallelism const& p)
                ::weft::detail::concat("in [0, ", p.cp, ")"), p.cp_rank);
   WEFT_EXPECTS(c.heads % p.tp == 0, "gpt_config::heads",
                ::weft::detail::concat("a multiple of tp = ", p.tp), c.heads);
-  WEFT_EXPECTS(c.kv() % p.tp == 0, "gpt_config::kv_heads",
-               ::weft::detail::concat("a multiple of tp = ", p.tp, " (each rank holds whole KV heads)"),
-               c.kv());
+  WEFT_EXPECTS(
+      c.kv() % p.tp == 0, "gpt_config::kv_heads",
+      ::weft::detail::concat("a multiple of tp = ", p.tp, " (each rank holds whole KV heads)"),
+      c.kv());
   WEFT_EXPECTS(c.hidden() % p.tp == 0, "gpt_config::mlp_hidden",
                ::weft::detail::concat("a multiple of tp = ", p.tp), c.hidden());
 }
@@ -259,10 +260,10 @@ class gpt {
         store_(&store),
         shard_(rl::vocab_shard::even(config.vocab, tp.size(), tp.rank())) {
     auto const want = gpt_shard_layout(c_, p_);
-    WEFT_EXPECTS_SHAPE(store.layout().size() == want.size(), "store",
-                       ::weft::detail::concat(want.size(),
-                                              " elements (gpt_shard_layout(config, parallelism))"),
-                       store.layout().size());
+    WEFT_EXPECTS_SHAPE(
+        store.layout().size() == want.size(), "store",
+        ::weft::detail::concat(want.size(), " elements (gpt_shard_layout(config, parallelism))"),
+        store.layout().size());
   }
 
   [[nodiscard]] nn::gpt_config const& config() const noexcept { return c_; }
@@ -325,10 +326,9 @@ class gpt {
     for (std::size_t k = 0; k < dloss.size(); ++k)
       dloss[k] = targets_[k] >= 0 ? static_cast<C>(weight_) : C(0);
     std::vector<T> dlogits(logits_.size());
-    vocab_parallel_cross_entropy_backward(rows_of(logits_, vs), shard_,
-                                          std::span<std::int32_t const>(targets_),
-                                          std::span<C const>(ce_lse_), std::span<C const>(dloss),
-                                          rows_of(dlogits, vs), opt);
+    vocab_parallel_cross_entropy_backward(
+        rows_of(logits_, vs), shard_, std::span<std::int32_t const>(targets_),
+        std::span<C const>(ce_lse_), std::span<C const>(dloss), rows_of(dlogits, vs), opt);
     std::vector<T> dln(static_cast<std::size_t>(m_ * d)), dx(dln.size());
     if (sp) {
       vocab_parallel_output_backward_input_sp(*tp_, rows_of(dlogits, vs), p2("head"),
@@ -336,8 +336,7 @@ class gpt {
       vocab_parallel_output_backward_weight(rows_of(dlogits, vs), rows_of(lnf_total_, d),
                                             g2("head"));
     } else {
-      vocab_parallel_output_backward_input(*tp_, rows_of(dlogits, vs), p2("head"),
-                                           rows_of(dln, d));
+      vocab_parallel_output_backward_input(*tp_, rows_of(dlogits, vs), p2("head"), rows_of(dln, d));
       vocab_parallel_output_backward_weight(rows_of(dlogits, vs), rows_of(lnf_, d), g2("head"));
     }
     auto& last = x_[static_cast<std::size_t>(c_.layers)];
@@ -523,8 +522,8 @@ class gpt {
     tensor_view<C, 2> const lse(a.lse.data(), h.heads, n_);
     if (p_.cp == 1) {
       nn::causal_attention_forward(rows_of(a.q, dl), rows_of(a.k, kvl), rows_of(a.v, kvl),
-                                   rows_of(a.o, dl), lse, std::span<std::int64_t const>(cu_seqlens_),
-                                   h);
+                                   rows_of(a.o, dl), lse,
+                                   std::span<std::int64_t const>(cu_seqlens_), h);
       return;
     }
     index_t const c = seq_ / p_.cp;
@@ -572,8 +571,8 @@ class gpt {
     attention_forward(a);
     row_forward(rows_of(a.o, dl), p + "o.w", p + "o.b", tmp_m_);
     nn::residual_forward(rows_of(x, d), rows_of(tmp_m_, d), rows_of(a.x_mid, d));
-    nn::layer_norm_forward(rows_of(a.x_mid, d), p1(p + "ln2.w"), p1(p + "ln2.b"),
-                           rows_of(a.ln2, d), vec(a.ln2_mean), vec(a.ln2_rstd), c_.ln_eps);
+    nn::layer_norm_forward(rows_of(a.x_mid, d), p1(p + "ln2.w"), p1(p + "ln2.b"), rows_of(a.ln2, d),
+                           vec(a.ln2_mean), vec(a.ln2_rstd), c_.ln_eps);
     auto const in2 = column_input(a.ln2, a.ln2_total);
     column_parallel_forward(*tp_, in2, p2(p + "fc.w"), p1(p + "fc.b"), rows_of(a.fc, hl));
     nn::gelu_forward(rows_of(a.fc, hl), rows_of(a.act, hl));
@@ -598,7 +597,8 @@ class gpt {
     nn::gelu_backward(rows_of(a.fc, hl), rows_of(dact, hl), rows_of(dfc, hl));
     nn::linear_backward_input(rows_of(dfc, hl), p2(p + "fc.w"), rows_of(full, d));
     column_input_backward(full, dln);
-    column_parallel_backward_weight(rows_of(dfc, hl), sp ? rows_of(a.ln2_total, d) : rows_of(a.ln2, d),
+    column_parallel_backward_weight(rows_of(dfc, hl),
+                                    sp ? rows_of(a.ln2_total, d) : rows_of(a.ln2, d),
                                     g2(p + "fc.w"), g1(p + "fc.b"));
     nn::layer_norm_backward_input(rows_of(dln, d), rows_of(a.x_mid, d), p1(p + "ln2.w"),
                                   vec(a.ln2_mean), vec(a.ln2_rstd), rows_of(tmp, d));
@@ -622,10 +622,10 @@ class gpt {
     column_parallel_backward_weight(rows_of(dq, dl), in1, g2(p + "q.w"), g1(p + "q.b"));
     column_parallel_backward_weight(rows_of(dk, kvl), in1, g2(p + "k.w"), g1(p + "k.b"));
     column_parallel_backward_weight(rows_of(dv, kvl), in1, g2(p + "v.w"), g1(p + "v.b"));
-    nn::layer_norm_backward_input(rows_of(dln, d), rows_of(x, d), p1(p + "ln1.w"),
-                                  vec(a.ln1_mean), vec(a.ln1_rstd), rows_of(tmp, d));
-    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(x, d), vec(a.ln1_mean),
-                                   vec(a.ln1_rstd), g1(p + "ln1.w"), g1(p + "ln1.b"));
+    nn::layer_norm_backward_input(rows_of(dln, d), rows_of(x, d), p1(p + "ln1.w"), vec(a.ln1_mean),
+                                  vec(a.ln1_rstd), rows_of(tmp, d));
+    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(x, d), vec(a.ln1_mean), vec(a.ln1_rstd),
+                                   g1(p + "ln1.w"), g1(p + "ln1.b"));
     nn::residual_backward(rows_of(dmid, d), rows_of(tmp, d), rows_of(dx, d));
   }
 
