@@ -12,6 +12,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -146,3 +149,69 @@ TEST_CASE("nn/activation, nn/residual: bad shapes and overlaps are refused, noth
 }
 
 }  // namespace
+
+TEST_CASE("core/math tanh_fn: float within 4.5 ulp of tanh, exact saturation, NaN kept") {
+  // Every 97th float in [0, inf) and its negative: error in units of the result's last place.
+  double worst = 0.0;
+  int sign_errors = 0;
+  for (std::uint32_t bits = 0; bits < 0x7f800000u; bits += 97) {
+    float x = 0.0f;
+    std::memcpy(&x, &bits, sizeof x);
+    for (float s : {x, -x}) {
+      double const want = std::tanh(static_cast<double>(s));
+      float const got = weft::tanh_fn{}(s);
+      float const w = static_cast<float>(want);
+      double const ulp =
+          std::max(static_cast<double>(std::nextafter(std::fabs(w), 2.0f) - std::fabs(w)), 1e-45);
+      // Below float's normal range the error is absolute: tanh(x) = x there.
+      double const err = std::fabs(static_cast<double>(got) - want);
+      if (std::fabs(want) > 1.2e-38) worst = std::max(worst, err / ulp);
+      sign_errors += std::signbit(got) != std::signbit(s) ? 1 : 0;
+    }
+  }
+  CHECK(worst <= 4.5);
+  CHECK(sign_errors == 0);
+  MESSAGE("tanh_fn: largest error " << worst << " ulp");
+  CHECK(weft::tanh_fn{}(9.0f) == std::tanh(9.0f));  // 1 − 3.05e-8 rounds below 1
+  CHECK(weft::tanh_fn{}(9.5f) == 1.0f);
+  CHECK(weft::tanh_fn{}(1e-5f) == 1e-5f);
+  CHECK(weft::tanh_fn{}(-1e30f) == -1.0f);
+  CHECK(weft::tanh_fn{}(std::numeric_limits<float>::infinity()) == 1.0f);
+  CHECK(std::isnan(weft::tanh_fn{}(std::numeric_limits<float>::quiet_NaN())));
+  CHECK(weft::tanh_fn{}(-0.0f) == 0.0f);
+  CHECK(std::signbit(weft::tanh_fn{}(-0.0f)));
+}
+
+TEST_CASE("nn/activation: the vectorised f32 GELU rows give the scalar functors' bits") {
+  // Rows of 37 (two blocks of 16 and a scalar tail of 5), values across the range, NaN and inf.
+  std::vector<float> x(3 * 37), dy(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    x[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)) *
+                              std::pow(10.0, static_cast<double>(i % 9) - 3.0));
+    dy[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i)));
+  }
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[4] = std::numeric_limits<float>::infinity();
+  x[5] = -std::numeric_limits<float>::infinity();
+  x[6] = 3e4f;
+  x[7] = -3e4f;
+  std::vector<float> y(x.size()), dx(x.size());
+  nn::gelu_forward(weft::tensor_view<float const, 2>(x.data(), 3, 37),
+                   weft::tensor_view<float, 2>(y.data(), 3, 37));
+  nn::gelu_backward(weft::tensor_view<float const, 2>(x.data(), 3, 37),
+                    weft::tensor_view<float const, 2>(dy.data(), 3, 37),
+                    weft::tensor_view<float, 2>(dx.data(), 3, 37));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    float const ys = nn::gelu_fn{}(x[i]);
+    float const ds = nn::gelu_grad_fn{}(x[i]) * dy[i];
+    CAPTURE(i);
+    CAPTURE(x[i]);
+    CHECK(std::memcmp(&y[i], &ys, sizeof(float)) == 0);
+    CHECK(std::memcmp(&dx[i], &ds, sizeof(float)) == 0);
+  }
+  CHECK(std::isnan(y[3]));
+  CHECK(y[4] == std::numeric_limits<float>::infinity());
+  CHECK(dx[4] == dy[4]);  // gelu'(inf) = 1
+  CHECK(dx[5] == 0.0f);   // gelu'(-inf) = 0
+  CHECK(std::isfinite(dx[6]));
+}
