@@ -60,7 +60,8 @@ struct trainer {
     for (index_t n = 0; n < batch; ++n) {
       for (index_t i = 0; i < seq; ++i) {
         h = h * 6364136223846793005ull + 1442695040888963407ull;
-        tokens.push_back(static_cast<std::int32_t>((h >> 33) % static_cast<std::uint64_t>(c.vocab)));
+        tokens.push_back(
+            static_cast<std::int32_t>((h >> 33) % static_cast<std::uint64_t>(c.vocab)));
         positions.push_back(static_cast<std::int32_t>(i));
       }
       cu.push_back((n + 1) * seq);
@@ -100,16 +101,16 @@ void bm_tiny_step(benchmark::State& state) { run_steps(state, tiny()); }
 // The single-thread sgemm baseline: C [256, 3072] += A [256, 768] · B [768, 3072].
 void bm_sgemm_baseline(benchmark::State& state) {
   index_t const m = 256, k = 768, n = 3072;
-  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f), b(static_cast<std::size_t>(k * n), 0.25f),
-      c(static_cast<std::size_t>(m * n), 0.0f);
+  std::vector<float> a(static_cast<std::size_t>(m * k), 0.5f),
+      b(static_cast<std::size_t>(k * n), 0.25f), c(static_cast<std::size_t>(m * n), 0.0f);
   for (auto _ : state) {
     weft::blas::gemm(weft::blas::op::none, weft::blas::op::none, m, n, k, 1.0f, a.data(), k,
                      b.data(), n, 0.0f, c.data(), n);
     benchmark::DoNotOptimize(c.data());
   }
-  state.counters["GFLOP_per_s"] = benchmark::Counter(
-      2.0 * static_cast<double>(m * n * k), benchmark::Counter::kIsIterationInvariantRate,
-      benchmark::Counter::kIs1000);
+  state.counters["GFLOP_per_s"] = benchmark::Counter(2.0 * static_cast<double>(m * n * k),
+                                                     benchmark::Counter::kIsIterationInvariantRate,
+                                                     benchmark::Counter::kIs1000);
 }
 BENCHMARK(bm_sgemm_baseline)->Unit(benchmark::kMillisecond)->MinTime(1.0);
 #endif

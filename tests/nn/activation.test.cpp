@@ -7,6 +7,7 @@
 
 #include "nn_test.hpp"
 
+#include <weft/core/simd.hpp>
 #include <weft/core/tensor.hpp>
 
 #include <doctest/doctest.h>
@@ -182,7 +183,9 @@ TEST_CASE("core/math tanh_fn: float within 4.5 ulp of tanh, exact saturation, Na
   CHECK(std::signbit(weft::tanh_fn{}(-0.0f)));
 }
 
-TEST_CASE("nn/activation: the vectorised f32 GELU rows give the scalar functors' bits") {
+TEST_CASE("nn/activation: the vectorised f32 GELU rows follow the scalar functors") {
+  // Bit for bit on the SSE2 baseline; the AVX2/AVX-512 versions differ only by FMA contraction.
+  bool const exact = weft::detail::host_simd_level() == weft::detail::simd_level::base;
   // Rows of 37 (two blocks of 16 and a scalar tail of 5), values across the range, NaN and inf.
   std::vector<float> x(3 * 37), dy(x.size());
   for (std::size_t i = 0; i < x.size(); ++i) {
@@ -206,8 +209,14 @@ TEST_CASE("nn/activation: the vectorised f32 GELU rows give the scalar functors'
     float const ds = nn::gelu_grad_fn{}(x[i]) * dy[i];
     CAPTURE(i);
     CAPTURE(x[i]);
-    CHECK(std::memcmp(&y[i], &ys, sizeof(float)) == 0);
-    CHECK(std::memcmp(&dx[i], &ds, sizeof(float)) == 0);
+    // Errors relative to the terms' size: 1 + tanh cancels for negative x.
+    auto close = [&](float a, float b, float scale) {
+      if (exact || !std::isfinite(b)) return std::memcmp(&a, &b, sizeof(float)) == 0;
+      return std::fabs(a - b) <= 1e-6f * (std::fabs(b) + scale);
+    };
+    float const ax = std::fabs(x[i]);
+    CHECK(close(y[i], ys, ax));
+    CHECK(close(dx[i], ds, std::fabs(dy[i]) * (1.0f + ax)));
   }
   CHECK(std::isnan(y[3]));
   CHECK(y[4] == std::numeric_limits<float>::infinity());

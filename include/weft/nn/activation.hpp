@@ -101,6 +101,56 @@ bool unit_rows(V const& v) {
   return v.stride(1) == 1;
 }
 
+// GELU over one contiguous float row (y may be x, dx may be dy): blocks of 16 that GCC vectorises,
+// compiled again for AVX2+FMA and AVX-512 and picked at run time like flash attention's row loops
+// (core/simd.hpp); the ISAs differ only by FMA contraction, within a few ulp of each other.
+WEFT_FORCEINLINE void gelu_forward_row_body(float const* x, float* y, index_t n) noexcept {
+  ::weft::detail::for_each_blocked(0, n,
+                                   [&](index_t j) WEFT_LAMBDA_INLINE { y[j] = gelu_fn{}(x[j]); });
+}
+WEFT_FORCEINLINE void gelu_backward_row_body(float const* x, float const* dy, float* dx,
+                                             index_t n) noexcept {
+  ::weft::detail::for_each_blocked(
+      0, n, [&](index_t j) WEFT_LAMBDA_INLINE { dx[j] = gelu_grad_fn{}(x[j]) * dy[j]; });
+}
+#if WEFT_MULTIVERSION
+WEFT_TARGET_AVX2 inline void gelu_forward_row_avx2(float const* x, float* y, index_t n) noexcept {
+  gelu_forward_row_body(x, y, n);
+}
+WEFT_TARGET_AVX512 inline void gelu_forward_row_avx512(float const* x, float* y,
+                                                       index_t n) noexcept {
+  gelu_forward_row_body(x, y, n);
+}
+WEFT_TARGET_AVX2 inline void gelu_backward_row_avx2(float const* x, float const* dy, float* dx,
+                                                    index_t n) noexcept {
+  gelu_backward_row_body(x, dy, dx, n);
+}
+WEFT_TARGET_AVX512 inline void gelu_backward_row_avx512(float const* x, float const* dy, float* dx,
+                                                        index_t n) noexcept {
+  gelu_backward_row_body(x, dy, dx, n);
+}
+#endif
+inline void gelu_forward_row(float const* x, float* y, index_t n) noexcept {
+#if WEFT_MULTIVERSION
+  switch (::weft::detail::host_simd_level()) {
+    case ::weft::detail::simd_level::avx512: return gelu_forward_row_avx512(x, y, n);
+    case ::weft::detail::simd_level::avx2: return gelu_forward_row_avx2(x, y, n);
+    case ::weft::detail::simd_level::base: break;
+  }
+#endif
+  gelu_forward_row_body(x, y, n);
+}
+inline void gelu_backward_row(float const* x, float const* dy, float* dx, index_t n) noexcept {
+#if WEFT_MULTIVERSION
+  switch (::weft::detail::host_simd_level()) {
+    case ::weft::detail::simd_level::avx512: return gelu_backward_row_avx512(x, dy, dx, n);
+    case ::weft::detail::simd_level::avx2: return gelu_backward_row_avx2(x, dy, dx, n);
+    case ::weft::detail::simd_level::base: break;
+  }
+#endif
+  gelu_backward_row_body(x, dy, dx, n);
+}
+
 }  // namespace detail
 
 //! y = gelu(x) elementwise (tanh form). x, y [N, H]; y may be x.
@@ -118,9 +168,13 @@ void gelu_forward(X&& x, Y&& y) {
     for (index_t i = 0; i < n && c > 0; ++i) {
       auto const* xr = &detail::at(xv, i, 0);
       auto* yr = &detail::at(yv, i, 0);
-      ::weft::detail::for_each_blocked(0, c, [&](index_t j) WEFT_LAMBDA_INLINE {
-        yr[j] = static_cast<T>(gelu_fn{}(static_cast<C>(xr[j])));
-      });
+      if constexpr (std::is_same_v<T, float>) {
+        detail::gelu_forward_row(xr, yr, c);
+      } else {
+        ::weft::detail::for_each_blocked(0, c, [&](index_t j) WEFT_LAMBDA_INLINE {
+          yr[j] = static_cast<T>(gelu_fn{}(static_cast<C>(xr[j])));
+        });
+      }
     }
     return;
   }
@@ -148,9 +202,13 @@ void gelu_backward(X&& x, G&& dy, D&& dx) {
       auto const* xr = &detail::at(xv, i, 0);
       auto const* gr = &detail::at(gv, i, 0);
       auto* dr = &detail::at(dv, i, 0);
-      ::weft::detail::for_each_blocked(0, c, [&](index_t j) WEFT_LAMBDA_INLINE {
-        dr[j] = static_cast<T>(gelu_grad_fn{}(static_cast<C>(xr[j])) * static_cast<C>(gr[j]));
-      });
+      if constexpr (std::is_same_v<T, float>) {
+        detail::gelu_backward_row(xr, gr, dr, c);
+      } else {
+        ::weft::detail::for_each_blocked(0, c, [&](index_t j) WEFT_LAMBDA_INLINE {
+          dr[j] = static_cast<T>(gelu_grad_fn{}(static_cast<C>(xr[j])) * static_cast<C>(gr[j]));
+        });
+      }
     }
     return;
   }

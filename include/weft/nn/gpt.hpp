@@ -189,10 +189,11 @@ class gpt {
   //! Accumulates the gradient of the last forward's weighted loss into the store's gradients.
   void backward() {
     index_t const d = c_.d_model, v = c_.vocab;
-    std::vector<T> dlogits(logits_.size());
+    auto& dlogits = g_.dlogits;
     cross_entropy_backward(rows(logits_, v), batch_.targets, weight_, vec(ce_lse_),
                            rows(dlogits, v));
-    std::vector<T> dln(static_cast<std::size_t>(t_ * d)), dx(dln.size());
+    auto& dln = g_.dln;
+    auto& dx = g_.dx;
     linear_backward_input(rows(dlogits, v), p2("head"), rows(dln, d));
     linear_backward_weight(rows(dlogits, v), rows(lnf_, d), g2("head"), no_bias_grad<T>());
     auto& last = x_[static_cast<std::size_t>(c_.layers)];
@@ -250,6 +251,12 @@ class gpt {
     lnf_rstd_.resize(n(1));
     logits_.resize(n(c_.vocab));
     ce_lse_.resize(n(1));
+    g_.dlogits.resize(n(c_.vocab));
+    for (auto* b : {&g_.dln, &g_.dx, &g_.dmid, &g_.tmp, &g_.dout, &g_.dq}) b->resize(n(d));
+    g_.dact.resize(n(h));
+    g_.dfc.resize(n(h));
+    g_.dk.resize(n(kvd));
+    g_.dv.resize(n(kvd));
   }
 
   void block_forward(index_t l) {
@@ -282,9 +289,13 @@ class gpt {
     auto& x = x_[static_cast<std::size_t>(l)];
     index_t const d = c_.d_model, kvd = c_.kv() * c_.head_dim(), h = c_.hidden();
     std::string const p = "h" + std::to_string(l) + ".";
-    auto const nt = static_cast<std::size_t>(t_);
-    std::vector<T> dact(nt * static_cast<std::size_t>(h)), dfc(dact.size());
-    std::vector<T> dln(nt * static_cast<std::size_t>(d)), dmid(dln.size()), tmp(dln.size());
+    // Scratch kept across steps (every buffer is overwritten before it is read): a step allocates
+    // nothing, so it neither page-faults nor zeroes fresh memory.
+    auto& dact = g_.dact;
+    auto& dfc = g_.dfc;
+    auto& dln = g_.dln;
+    auto& dmid = g_.dmid;
+    auto& tmp = g_.tmp;
     // MLP: y = x_mid + proj(gelu(fc(ln2(x_mid)))).
     linear_backward_input(rows(dx, d), p2(p + "proj.w"), rows(dact, h));
     linear_backward_weight(rows(dx, d), rows(a.act, h), g2(p + "proj.w"), g1(p + "proj.b"));
@@ -297,8 +308,10 @@ class gpt {
                                g1(p + "ln2.w"), g1(p + "ln2.b"));
     residual_backward(rows(dx, d), rows(tmp, d), rows(dmid, d));
     // Attention: x_mid = x + o.w(attn(q(ln1 x), k(ln1 x), v(ln1 x))).
-    std::vector<T> dout(dln.size()), dq(dln.size()), dk(nt * static_cast<std::size_t>(kvd)),
-        dv(dk.size());
+    auto& dout = g_.dout;
+    auto& dq = g_.dq;
+    auto& dk = g_.dk;
+    auto& dv = g_.dv;
     linear_backward_input(rows(dmid, d), p2(p + "o.w"), rows(dout, d));
     linear_backward_weight(rows(dmid, d), rows(a.o, d), g2(p + "o.w"), g1(p + "o.b"));
     causal_attention_backward(rows(a.q, d), rows(a.k, kvd), rows(a.v, kvd), rows(a.o, d),
@@ -351,6 +364,9 @@ class gpt {
   std::vector<T> tmp_d_, lnf_, logits_;
   std::vector<C> lnf_mean_, lnf_rstd_, ce_lse_;
   std::vector<layer_acts> acts_;
+  struct {
+    std::vector<T> dlogits, dln, dx, dact, dfc, dmid, tmp, dout, dq, dk, dv;
+  } g_;
 };
 
 }  // namespace weft::nn
