@@ -176,13 +176,47 @@ layout_case const kLayouts[] = {
 
 }  // namespace
 
-TEST_CASE("parallel gpt: f64 loss and gradients equal the single device's within 1e-12") {
-  for (auto const& l : kLayouts) check_layout<double>(l, 1e-12);
-}
+// Thread ranks: the `threads` label, which CI also runs under ThreadSanitizer.
+TEST_SUITE("threads") {
+  TEST_CASE("parallel gpt: f64 loss and gradients equal the single device's within 1e-12") {
+    for (auto const& l : kLayouts) check_layout<double>(l, 1e-12);
+  }
 
-TEST_CASE("parallel gpt: f32 loss and gradients equal the single device's within 1e-5") {
-  for (auto const& l : kLayouts) check_layout<float>(l, 1e-5);
-}
+  TEST_CASE("parallel gpt: f32 loss and gradients equal the single device's within 1e-5") {
+    for (auto const& l : kLayouts) check_layout<float>(l, 1e-5);
+  }
+
+  TEST_CASE("parallel gpt: bad layouts and batches are refused with the value named") {
+    auto c = small();
+    CHECK_THROWS_AS(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), weft::invalid_argument_error);
+    CHECK_THROWS_WITH(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), doctest::Contains("kv_heads"));
+    CHECK_THROWS_AS(par::gpt_shard_layout(c, {2, 2, false, 1, 0}), weft::invalid_argument_error);
+    data_t const data;
+    run_ranks(2, [&](comm_t& world) {
+      auto solo = world.split(world.rank(), 0);
+      par::gpt_parallelism const p{1, 0, false, 2, world.rank()};
+      nn::param_store<double> store(par::gpt_shard_layout(c, p));
+      par::gpt<double, comm_t, comm_t> model(c, false, solo, world, store);
+      // seq_len 6 is not a multiple of 2 * cp = 4: refused before anything is communicated.
+      std::vector<std::int32_t> t(12, 1);
+      CHECK_THROWS_WITH(model.forward({t, t, 6}), doctest::Contains("2 * cp"));
+      std::vector<std::int32_t> bad = data.tokens;
+      bad[5] = 11;
+      CHECK_THROWS_WITH(model.forward({bad, data.targets, kSeq}), doctest::Contains("tokens[5]"));
+    });
+    // A store of another layout.
+    run_ranks(1, [&](comm_t& world) {
+      nn::param_store<double> wrong(nn::gpt_layout([] {
+        auto k = small();
+        k.layers = 1;
+        return k;
+      }()));
+      CHECK_THROWS_AS((par::gpt<double, comm_t, comm_t>(c, false, world, world, wrong)),
+                      weft::shape_error);
+    });
+  }
+
+}  // TEST_SUITE("threads")
 
 TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-device slice") {
   auto const c = small();
@@ -210,34 +244,4 @@ TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-devi
       }
     }
   }
-}
-
-TEST_CASE("parallel gpt: bad layouts and batches are refused with the value named") {
-  auto c = small();
-  CHECK_THROWS_AS(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), weft::invalid_argument_error);
-  CHECK_THROWS_WITH(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), doctest::Contains("kv_heads"));
-  CHECK_THROWS_AS(par::gpt_shard_layout(c, {2, 2, false, 1, 0}), weft::invalid_argument_error);
-  data_t const data;
-  run_ranks(2, [&](comm_t& world) {
-    auto solo = world.split(world.rank(), 0);
-    par::gpt_parallelism const p{1, 0, false, 2, world.rank()};
-    nn::param_store<double> store(par::gpt_shard_layout(c, p));
-    par::gpt<double, comm_t, comm_t> model(c, false, solo, world, store);
-    // seq_len 6 is not a multiple of 2 * cp = 4: refused before anything is communicated.
-    std::vector<std::int32_t> t(12, 1);
-    CHECK_THROWS_WITH(model.forward({t, t, 6}), doctest::Contains("2 * cp"));
-    std::vector<std::int32_t> bad = data.tokens;
-    bad[5] = 11;
-    CHECK_THROWS_WITH(model.forward({bad, data.targets, kSeq}), doctest::Contains("tokens[5]"));
-  });
-  // A store of another layout.
-  run_ranks(1, [&](comm_t& world) {
-    nn::param_store<double> wrong(nn::gpt_layout([] {
-      auto k = small();
-      k.layers = 1;
-      return k;
-    }()));
-    CHECK_THROWS_AS((par::gpt<double, comm_t, comm_t>(c, false, world, world, wrong)),
-                    weft::shape_error);
-  });
 }
