@@ -191,6 +191,11 @@ TEST_SUITE("threads") {
     CHECK_THROWS_AS(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), weft::invalid_argument_error);
     CHECK_THROWS_WITH(par::gpt_shard_layout(c, {4, 0, false, 1, 0}), doctest::Contains("kv_heads"));
     CHECK_THROWS_AS(par::gpt_shard_layout(c, {2, 2, false, 1, 0}), weft::invalid_argument_error);
+    auto few = small();
+    few.vocab = 1;  // fewer vocabulary rows than tp ranks
+    few.kv_heads = 2;
+    CHECK_THROWS_WITH(par::gpt_shard_layout(few, {2, 0, false, 1, 0}),
+                      doctest::Contains("gpt_config::vocab"));
     data_t const data;
     run_ranks(2, [&](comm_t& world) {
       auto solo = world.split(world.rank(), 0);

@@ -93,6 +93,9 @@ inline void check_parallelism(nn::gpt_config const& c, gpt_parallelism const& p)
       c.kv() % p.tp == 0, "gpt_config::kv_heads",
       ::weft::detail::concat("a multiple of tp = ", p.tp, " (each rank holds whole KV heads)"),
       c.kv());
+  WEFT_EXPECTS(c.vocab >= p.tp, "gpt_config::vocab",
+               ::weft::detail::concat(">= tp = ", p.tp, " (every rank holds vocabulary rows)"),
+               c.vocab);
   WEFT_EXPECTS(c.hidden() % p.tp == 0, "gpt_config::mlp_hidden",
                ::weft::detail::concat("a multiple of tp = ", p.tp), c.hidden());
 }
