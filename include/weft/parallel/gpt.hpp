@@ -328,11 +328,12 @@ class gpt {
     std::vector<C> dloss(static_cast<std::size_t>(n_));
     for (std::size_t k = 0; k < dloss.size(); ++k)
       dloss[k] = targets_[k] >= 0 ? static_cast<C>(weight_) : C(0);
-    std::vector<T> dlogits(logits_.size());
+    auto& dlogits = g_.dlogits;
     vocab_parallel_cross_entropy_backward(
         rows_of(logits_, vs), shard_, std::span<std::int32_t const>(targets_),
         std::span<C const>(ce_lse_), std::span<C const>(dloss), rows_of(dlogits, vs), opt);
-    std::vector<T> dln(static_cast<std::size_t>(m_ * d)), dx(dln.size());
+    auto& dln = g_.dln;
+    auto& dx = g_.dx;
     if (sp) {
       vocab_parallel_output_backward_input_sp(*tp_, rows_of(dlogits, vs), p2("head"),
                                               rows_of(dln, d));
@@ -461,6 +462,15 @@ class gpt {
     lnf_rstd_.resize(n(m_, 1));
     logits_.resize(n(n_, shard_.size));
     ce_lse_.resize(n(n_, 1));
+    g_.dlogits.resize(logits_.size());
+    for (auto* b : {&g_.dln, &g_.dx, &g_.dmid, &g_.tmp}) b->resize(n(m_, d));
+    for (auto* b : {&g_.full, &g_.part, &g_.total}) b->resize(n(n_, d));
+    g_.dact.resize(n(n_, hl));
+    g_.dfc.resize(n(n_, hl));
+    g_.dout.resize(n(n_, dl));
+    g_.dq.resize(n(n_, dl));
+    g_.dk.resize(n(n_, kvl));
+    g_.dv.resize(n(n_, kvl));
   }
 
   //! The positions of the rows this rank holds between the tensor-parallel layers.
@@ -509,7 +519,7 @@ class gpt {
                     DX const& dx) {
     index_t const d = c_.d_model;
     if (p_.sequence_parallel) {
-      std::vector<T> total(static_cast<std::size_t>(n_ * d));
+      auto& total = g_.total;
       row_parallel_backward_input_sp(*tp_, tensor_view<T const, 2>(rows_of(dy, d)), p2(w),
                                      rows_of(total, d), dx);
       row_parallel_backward_weight(rows_of(total, d), x, g2(w), g1(b));
@@ -591,10 +601,13 @@ class gpt {
     index_t const dl = d / tp, kvl = c_.kv() * c_.head_dim() / tp, hl = c_.hidden() / tp;
     bool const sp = p_.sequence_parallel;
     std::string const p = "h" + std::to_string(l) + ".";
-    auto const nr = static_cast<std::size_t>(n_), mm = static_cast<std::size_t>(m_),
-               du = static_cast<std::size_t>(d);
-    std::vector<T> dact(nr * static_cast<std::size_t>(hl)), dfc(dact.size());
-    std::vector<T> full(nr * du), dln(mm * du), dmid(mm * du), tmp(mm * du);
+    // Scratch kept across steps; every buffer is overwritten before it is read.
+    auto& dact = g_.dact;
+    auto& dfc = g_.dfc;
+    auto& full = g_.full;
+    auto& dln = g_.dln;
+    auto& dmid = g_.dmid;
+    auto& tmp = g_.tmp;
     // MLP: y = x_mid + proj(gelu(fc(ln2(x_mid)))).
     row_backward(dx, rows_of(a.act, hl), p + "proj.w", p + "proj.b", rows_of(dact, hl));
     nn::gelu_backward(rows_of(a.fc, hl), rows_of(dact, hl), rows_of(dfc, hl));
@@ -609,12 +622,14 @@ class gpt {
                                    vec(a.ln2_rstd), g1(p + "ln2.w"), g1(p + "ln2.b"));
     nn::residual_backward(rows_of(dx, d), rows_of(tmp, d), rows_of(dmid, d));
     // Attention: x_mid = x + o(attn(q(ln1 x), k(ln1 x), v(ln1 x))).
-    std::vector<T> dout(nr * static_cast<std::size_t>(dl)), dq(dout.size()),
-        dk(nr * static_cast<std::size_t>(kvl)), dv(dk.size());
+    auto& dout = g_.dout;
+    auto& dq = g_.dq;
+    auto& dk = g_.dk;
+    auto& dv = g_.dv;
     row_backward(dmid, rows_of(a.o, dl), p + "o.w", p + "o.b", rows_of(dout, dl));
     attention_backward(a, dout, dq, dk, dv);
     // The three column-parallel input gradients are summed locally, then reduced once.
-    std::vector<T> part(full.size());
+    auto& part = g_.part;
     nn::linear_backward_input(rows_of(dq, dl), p2(p + "q.w"), rows_of(full, d));
     nn::linear_backward_input(rows_of(dk, kvl), p2(p + "k.w"), rows_of(part, d));
     nn::residual_forward(rows_of(full, d), rows_of(part, d), rows_of(full, d));
@@ -677,6 +692,9 @@ class gpt {
   std::vector<T> tmp_m_, lnf_, lnf_total_, logits_;
   std::vector<C> lnf_mean_, lnf_rstd_, ce_lse_;
   std::vector<layer_acts> acts_;
+  struct {
+    std::vector<T> dlogits, dln, dx, dact, dfc, full, part, total, dmid, tmp, dout, dq, dk, dv;
+  } g_;
 };
 
 //! The step's gradient from every rank's partial one, in place: the sequence-parallel parameters'
