@@ -1,0 +1,206 @@
+// weft/parallel/gpt_shard.hpp — which piece of nn::gpt's parameters a tensor-parallel rank holds
+// (Megatron's GPT layout: vocabulary-parallel embedding and head, column-parallel Q/K/V and
+// MLP-in by output rows, row-parallel out projections by input columns, the rest whole), the
+// shard's param_layout, and its initialisation and loading, bitwise the single device's slice.
+#pragma once
+
+#include <weft/core/error.hpp>
+#include <weft/core/random.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/nn/params.hpp>
+#include <weft/optim/param.hpp>
+#include <weft/parallel/sharding.hpp>
+#include <weft/rl/vocab_parallel.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace weft::parallel {
+
+//! How a GPT is split. `tp` ranks share every layer (heads, kv_heads and the MLP width must be
+//! multiples of tp; the vocabulary need not be: vocab_shard::even); `sequence_parallel` keeps
+//! the activations between the tensor-parallel layers as token slices (Megatron's
+//! --sequence-parallel; the rows a rank holds, B·S/cp, must be a multiple of tp). `cp` ranks each
+//! hold 2 zigzag chunks of every sequence (S a multiple of 2·cp) and run ring attention.
+struct gpt_parallelism {
+  int tp = 1;
+  int tp_rank = 0;
+  bool sequence_parallel = false;
+  int cp = 1;
+  int cp_rank = 0;
+};
+
+namespace detail {
+
+//! One parameter of the global layout: its global shape and how a tp rank holds it (dim -1:
+//! replicated; otherwise the pieces of dimension `dim`).
+struct gpt_piece {
+  std::vector<index_t> global_shape;
+  int dim = -1;
+  std::vector<shard_piece> pieces;
+};
+
+enum class gpt_split : std::uint8_t { replicated, rows, columns, vocab };
+
+inline gpt_split split_of(std::string_view name) {
+  auto ends = [&](std::string_view s) {
+    return name.size() >= s.size() && name.substr(name.size() - s.size()) == s;
+  };
+  if (name == "wte" || name == "head") return gpt_split::vocab;
+  if (ends(".q.w") || ends(".q.b") || ends(".k.w") || ends(".k.b") || ends(".v.w") ||
+      ends(".v.b") || ends(".fc.w") || ends(".fc.b"))
+    return gpt_split::rows;
+  if (ends(".o.w") || ends(".proj.w")) return gpt_split::columns;
+  return gpt_split::replicated;
+}
+
+inline void check_parallelism(nn::gpt_config const& c, gpt_parallelism const& p) {
+  nn::validate(c);
+  WEFT_EXPECTS(p.tp >= 1, "gpt_parallelism::tp", ">= 1", p.tp);
+  WEFT_EXPECTS(p.tp_rank >= 0 && p.tp_rank < p.tp, "gpt_parallelism::tp_rank",
+               ::weft::detail::concat("in [0, ", p.tp, ")"), p.tp_rank);
+  WEFT_EXPECTS(p.cp >= 1, "gpt_parallelism::cp", ">= 1", p.cp);
+  WEFT_EXPECTS(p.cp_rank >= 0 && p.cp_rank < p.cp, "gpt_parallelism::cp_rank",
+               ::weft::detail::concat("in [0, ", p.cp, ")"), p.cp_rank);
+  WEFT_EXPECTS(c.heads % p.tp == 0, "gpt_config::heads",
+               ::weft::detail::concat("a multiple of tp = ", p.tp), c.heads);
+  WEFT_EXPECTS(
+      c.kv() % p.tp == 0, "gpt_config::kv_heads",
+      ::weft::detail::concat("a multiple of tp = ", p.tp, " (each rank holds whole KV heads)"),
+      c.kv());
+  WEFT_EXPECTS(c.vocab >= p.tp, "gpt_config::vocab",
+               ::weft::detail::concat(">= tp = ", p.tp, " (every rank holds vocabulary rows)"),
+               c.vocab);
+  WEFT_EXPECTS(c.hidden() % p.tp == 0, "gpt_config::mlp_hidden",
+               ::weft::detail::concat("a multiple of tp = ", p.tp), c.hidden());
+}
+
+inline gpt_piece piece_of(nn::param_entry const& e, nn::gpt_config const& c,
+                          gpt_parallelism const& p) {
+  gpt_piece out{e.shape, -1, {}};
+  switch (split_of(e.name)) {
+    case gpt_split::replicated: break;
+    case gpt_split::rows:
+      out.dim = 0;
+      out.pieces = tp_shard_pieces(e.shape[0], p.tp, p.tp_rank);
+      break;
+    case gpt_split::columns:
+      out.dim = 1;
+      out.pieces = tp_shard_pieces(e.shape[1], p.tp, p.tp_rank);
+      break;
+    case gpt_split::vocab:
+      out.dim = 0;
+      out.pieces = {vocab_rows(rl::vocab_shard::even(c.vocab, p.tp, p.tp_rank))};
+      break;
+  }
+  return out;
+}
+
+}  // namespace detail
+
+//! This tp rank's parameters: nn::gpt_layout's names in its order, each with the shape of the
+//! rank's shard ("wte" and "head" [vocab rows held, d]; "q/k/v/fc.w" and their biases by output
+//! rows; "o.w" and "proj.w" by input columns; everything else whole). param_info: tp_sharded for
+//! the shards; sequence_parallel_grad, under sequence parallelism, for the parameters applied to
+//! token slices (LayerNorms, "wpe"); init_stream the global parameter's, so gpt_init_shard gives
+//! every shard the numbers of its slice of nn::gpt_init. The layout does not depend on cp.
+inline nn::param_layout gpt_shard_layout(nn::gpt_config const& c, gpt_parallelism const& p) {
+  detail::check_parallelism(c, p);
+  nn::param_layout out;
+  auto const global = nn::gpt_layout(c);
+  for (auto const& e : global.entries()) {
+    auto const piece = detail::piece_of(e, c, p);
+    std::vector<index_t> shape = e.shape;
+    optim::param_info info = e.info;
+    info.count = 0;
+    if (piece.dim >= 0) {
+      index_t held = 0;
+      for (auto const& s : piece.pieces) held += s.size;
+      shape[static_cast<std::size_t>(piece.dim)] = held;
+      info.tp_sharded = true;
+    } else {
+      bool const on_slices = e.name == "wpe" || e.name.find("ln") != std::string::npos;
+      info.sequence_parallel_grad = p.sequence_parallel && on_slices;
+    }
+    out.add(e.name, std::move(shape), info);
+  }
+  return out;
+}
+
+//! nn::gpt_init for a shard laid out by gpt_shard_layout(c, p): every parameter bit for bit the
+//! slice of the single-device initialisation with the same seed.
+template <class T>
+void gpt_init_shard(nn::param_store<T>& store, nn::gpt_config const& c, gpt_parallelism const& p,
+                    std::uint64_t seed) {
+  auto const global = nn::gpt_layout(c);
+  WEFT_EXPECTS_SHAPE(store.layout().size() == gpt_shard_layout(c, p).size(), "store",
+                     ::weft::detail::concat(gpt_shard_layout(c, p).size(),
+                                            " elements (gpt_shard_layout(config, parallelism))"),
+                     store.layout().size());
+  double const std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
+  for (auto const& e : global.entries()) {
+    std::string_view const n = e.name;
+    auto ends = [&](std::string_view s) {
+      return n.size() >= s.size() && n.substr(n.size() - s.size()) == s;
+    };
+    if (ends("ln1.w") || ends("ln2.w") || n == "lnf.w") {
+      store.init_constant(n, 1.0);
+    } else if (e.shape.size() == 1) {
+      store.init_constant(n, 0.0);
+    } else {
+      double const s = ends("o.w") || ends("proj.w") ? proj_std : std;
+      auto const piece = detail::piece_of(e, c, p);
+      if (piece.dim < 0) {
+        store.init_normal(n, seed, 0.0, s);
+      } else {
+        rng const gen(seed, store.layout().at(n).info.init_stream);
+        fill_normal_shard(store.template param<2>(n), gen, 0.0, s, piece.global_shape, piece.dim,
+                          piece.pieces);
+      }
+    }
+  }
+}
+
+//! Copies this tp rank's shard of every parameter out of a single-device store laid out by
+//! nn::gpt_layout(c) (to start a parallel run from a trained or checkpointed model).
+template <class T>
+void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gpt_config const& c,
+                    gpt_parallelism const& p) {
+  auto const global = nn::gpt_layout(c);
+  WEFT_EXPECTS_SHAPE(whole.layout().size() == global.size(), "whole",
+                     ::weft::detail::concat(global.size(), " elements (gpt_layout(config))"),
+                     whole.layout().size());
+  WEFT_EXPECTS_SHAPE(shard.layout().size() == gpt_shard_layout(c, p).size(), "shard",
+                     ::weft::detail::concat(gpt_shard_layout(c, p).size(),
+                                            " elements (gpt_shard_layout(config, parallelism))"),
+                     shard.layout().size());
+  for (auto const& e : global.entries()) {
+    auto const piece = detail::piece_of(e, c, p);
+    auto const src = whole.param_span(e.name);
+    auto const dst = shard.param_span(e.name);
+    if (piece.dim < 0) {
+      std::copy(src.begin(), src.end(), dst.begin());
+      continue;
+    }
+    index_t const cols = e.shape.size() == 2 ? e.shape[1] : 1;
+    if (piece.dim == 0) {
+      index_t at = 0;
+      for (auto const& s : piece.pieces) {
+        std::copy_n(src.begin() + s.global_begin * cols, s.size * cols, dst.begin() + at * cols);
+        at += s.size;
+      }
+    } else {
+      index_t const held = static_cast<index_t>(dst.size()) / e.shape[0];
+      for (index_t r = 0; r < e.shape[0]; ++r)
+        for (auto const& s : piece.pieces)
+          std::copy_n(src.begin() + r * cols + s.global_begin, s.size,
+                      dst.begin() + r * held + s.local_begin);
+    }
+  }
+}
+
+}  // namespace weft::parallel
