@@ -1,13 +1,16 @@
-// gpt_parallel — trains a GPT language model with weft's parallel layers on any dp × cp × tp
-// layout of thread ranks: vocabulary-parallel embedding and output layer, column/row-parallel
-// attention and MLP (optionally sequence-parallel), zigzag ring attention over cp, gradients
-// reduced over dp × cp, the global gradient norm clipped over tp, AdamW with warmup + cosine.
+// gpt_parallel — trains a GPT language model with weft's parallel layers on any pp × dp × cp × tp
+// layout of thread ranks: the blocks split into pipeline stages run by weft's executor (1F1B,
+// GPipe or ZB-H1 over microbatches), vocabulary-parallel embedding and output layer, column/row-
+// parallel attention and MLP (optionally sequence-parallel), zigzag ring attention over cp,
+// gradients reduced over dp × cp, the global gradient norm clipped over pp × tp, AdamW with
+// warmup + cosine.
 // The data is a fixed random Markov chain over the vocabulary (each token is followed by its
 // successor under a fixed permutation 90 % of the time), so the loss falls from log V towards the
 // chain's entropy. With --check it also trains the single-device nn::gpt from the same
 // initialisation on the same batches and compares the losses step by step.
 //
-//   gpt_parallel [--dp N] [--tp N] [--cp N] [--sp] [--steps N] [--batch B] [--seq-len S]
+//   gpt_parallel [--dp N] [--tp N] [--cp N] [--pp N] [--microbatches M] [--schedule NAME] [--sp]
+//                [--steps N] [--batch B] [--seq-len S]
 //                [--layers L] [--d-model D] [--heads H] [--kv-heads K] [--vocab V] [--lr X]
 //                [--seed N] [--f64] [--check]
 //
@@ -22,6 +25,12 @@
 #include <weft/optim/clip.hpp>
 #include <weft/optim/lr_schedule.hpp>
 #include <weft/parallel/gpt.hpp>
+#include <weft/parallel/gpt_pipeline.hpp>
+#include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/pipeline/schedules/zero_bubble.hpp>
 
 #include <algorithm>
 #include <charconv>
@@ -32,6 +41,7 @@
 #include <iostream>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -46,7 +56,9 @@ using weft::index_t;
 using comm_t = weft::comm::threads::communicator;
 
 struct options {
-  int dp = 1, tp = 1, cp = 1;
+  int dp = 1, tp = 1, cp = 1, pp = 1;
+  int microbatches = 0;  // 0: one sequence per microbatch under pp > 1, else the whole batch
+  std::string schedule = "1f1b";
   bool sp = false;
   int steps = 20;
   int batch = 8;  // global sequences per step
@@ -59,13 +71,20 @@ struct options {
 };
 
 void usage(std::ostream& os) {
-  os << "usage: gpt_parallel [--dp N] [--tp N] [--cp N] [--sp] [--steps N] [--batch B]\n"
+  os << "usage: gpt_parallel [--dp N] [--tp N] [--cp N] [--pp N] [--microbatches M]\n"
+        "                    [--schedule 1f1b|gpipe|zb-h1] [--sp] [--steps N] [--batch B]\n"
         "                    [--seq-len S] [--layers L] [--d-model D] [--heads H] [--kv-heads K]\n"
         "                    [--vocab V] [--lr X] [--seed N] [--f64] [--check] [--help]\n\n"
-        "Trains a GPT on dp x cp x tp thread ranks and prints the loss per step.\n"
+        "Trains a GPT on pp x dp x cp x tp thread ranks and prints the loss per step.\n"
         "  --dp, --tp, --cp  data-, tensor- and context-parallel degrees (default 1 each; at most\n"
         "                    64 ranks in all). tp divides heads, kv-heads and 4 d-model; cp needs\n"
         "                    seq-len a multiple of 2 cp; dp divides batch\n"
+        "  --pp              pipeline stages (default 1; at most --layers): the blocks split\n"
+        "                    evenly, run by weft's pipeline executor\n"
+        "  --microbatches    microbatches per dp rank and step under --pp (default: one sequence\n"
+        "                    each); divides batch / dp; 1f1b and zb-h1 need at least pp\n"
+        "  --schedule        1f1b (default), gpipe or zb-h1 (runs, without its benefit: the\n"
+        "                    GPT's backward is fused)\n"
         "  --sp              sequence parallelism between the tensor-parallel layers\n"
         "  --steps           training steps (default 20)\n"
         "  --batch           sequences per step over all dp ranks (default 8)\n"
@@ -110,6 +129,15 @@ options parse(int argc, char** argv) {
       o.tp = parse_number(a, value(), 1, 64);
     } else if (a == "--cp") {
       o.cp = parse_number(a, value(), 1, 64);
+    } else if (a == "--pp") {
+      o.pp = parse_number(a, value(), 1, 64);
+    } else if (a == "--microbatches") {
+      o.microbatches = parse_number(a, value(), 1, 4096);
+    } else if (a == "--schedule") {
+      o.schedule = std::string(value());
+      if (o.schedule != "1f1b" && o.schedule != "gpipe" && o.schedule != "zb-h1")
+        throw bad_argument{"argument `--schedule`: expected 1f1b, gpipe or zb-h1, actual `" +
+                           o.schedule + "`"};
     } else if (a == "--sp") {
       o.sp = true;
     } else if (a == "--steps") {
@@ -140,12 +168,29 @@ options parse(int argc, char** argv) {
       throw bad_argument{"unknown argument `" + std::string(a) + "` (see --help)"};
     }
   }
-  if (o.dp * o.tp * o.cp > 64)
-    throw bad_argument{"argument `--dp x --tp x --cp`: expected at most 64 ranks, actual " +
-                       std::to_string(o.dp * o.tp * o.cp)};
+  if (o.pp * o.dp * o.tp * o.cp > 64)
+    throw bad_argument{"argument `--pp x --dp x --tp x --cp`: expected at most 64 ranks, actual " +
+                       std::to_string(o.pp * o.dp * o.tp * o.cp)};
   if (o.batch % o.dp != 0)
     throw bad_argument{"argument `--batch`: expected a multiple of --dp = " + std::to_string(o.dp) +
                        ", actual " + std::to_string(o.batch)};
+  if (o.pp > o.layers)
+    throw bad_argument{"argument `--pp`: expected at most --layers = " + std::to_string(o.layers) +
+                       " (every stage holds a block), actual " + std::to_string(o.pp)};
+  int const per = o.batch / o.dp;
+  if (o.microbatches == 0) o.microbatches = o.pp > 1 ? per : 1;
+  if (per % o.microbatches != 0)
+    throw bad_argument{"argument `--microbatches`: expected a divisor of batch / dp = " +
+                       std::to_string(per) + ", actual " + std::to_string(o.microbatches)};
+  if (o.microbatches > 1 && o.pp == 1)
+    throw bad_argument{
+        "argument `--microbatches`: expected 1 without --pp (gradient accumulation "
+        "runs through the pipeline executor), actual " +
+        std::to_string(o.microbatches)};
+  if (o.pp > 1 && o.schedule != "gpipe" && o.microbatches < o.pp)
+    throw bad_argument{
+        "argument `--microbatches`: expected at least --pp = " + std::to_string(o.pp) + " for " +
+        o.schedule + ", actual " + std::to_string(o.microbatches)};
   return o;
 }
 
@@ -249,33 +294,68 @@ std::vector<double> train_parallel(options const& o) {
   auto const c = config_of(o);
   std::vector<double> losses;
   std::mutex print;
-  weft::comm::threads::world(o.dp * o.cp * o.tp).run([&](comm_t& world) {
-    weft::device_mesh<comm_t> mesh(world, {o.dp, o.cp, o.tp}, {"dp", "cp", "tp"}, {{"dp", "cp"}});
+  namespace pl = weft::pipeline;
+  weft::comm::threads::world(o.pp * o.dp * o.cp * o.tp).run([&](comm_t& world) {
+    // pp outermost, tp innermost (Megatron's order); the data group dp × cp reduces gradients,
+    // the model group pp × tp holds disjoint pieces of them (the gradient norm's group).
+    weft::device_mesh<comm_t> mesh(world, {o.pp, o.dp, o.cp, o.tp}, {"pp", "dp", "cp", "tp"},
+                                   {{"dp", "cp"}, {"pp", "tp"}});
     auto& tp = mesh.group("tp");
     auto& cp = mesh.group("cp");
+    auto& pp = mesh.group("pp");
     auto& data = mesh.group({"dp", "cp"});
-    par::gpt_parallelism const p{tp.size(), tp.rank(), o.sp, cp.size(), cp.rank()};
+    auto& model_group = mesh.group({"pp", "tp"});
+    par::gpt_parallelism const p{tp.size(), tp.rank(), o.sp,     cp.size(),
+                                 cp.rank(), pp.size(), pp.rank()};
     nn::param_store<T> store(par::gpt_shard_layout(c, p));
     par::gpt_init_shard(store, c, p, o.seed);
-    par::gpt<T, comm_t, comm_t> model(c, o.sp, tp, cp, store);
     auto const infos = store.layout().infos();
     optim::adamw<T> opt(infos, adam_of(o));
     int const dpr = mesh.local_rank("dp");
     auto const per = static_cast<std::size_t>(o.batch / o.dp * o.seq_len);
+    auto const mb_len = per / static_cast<std::size_t>(o.microbatches);
+    batch_data b;
+    // Microbatch i of this dp rank's share of the step's batch (every stage reads the same).
+    auto const microbatch = [&](int i) {
+      auto const at = static_cast<std::size_t>(dpr) * per + static_cast<std::size_t>(i) * mb_len;
+      return par::gpt_sequences{std::span<std::int32_t const>(b.tokens).subspan(at, mb_len),
+                                std::span<std::int32_t const>(b.targets).subspan(at, mb_len),
+                                o.seq_len};
+    };
+    std::optional<par::gpt<T, comm_t, comm_t>> model;
+    std::optional<par::gpt_pipeline_stage<T, comm_t, comm_t>> stage;
+    std::optional<pl::step_plan> plan;
+    if (o.pp == 1) {
+      model.emplace(c, p, tp, cp, store);
+    } else {
+      stage.emplace(c, p, tp, cp, store, microbatch);
+      auto const sched = o.schedule == "gpipe"   ? pl::gpipe(o.pp, o.microbatches)
+                         : o.schedule == "zb-h1" ? pl::zero_bubble_h1(o.pp, o.microbatches)
+                                                 : pl::one_f_one_b(o.pp, o.microbatches);
+      plan = pl::prepare_step(pl::lower(sched), pp.rank(), *stage);
+    }
     for (int step = 0; step < o.steps; ++step) {
       auto const t0 = std::chrono::steady_clock::now();
-      auto const b = make_batch(o, step);
+      b = make_batch(o, step);
       auto const counted =
           std::count_if(b.targets.begin(), b.targets.end(), [](std::int32_t t) { return t >= 0; });
       store.zero_grad();
-      double loss = model.forward({std::span(b.tokens).subspan(dpr * per, per),
-                                   std::span(b.targets).subspan(dpr * per, per), o.seq_len},
-                                  1.0 / static_cast<double>(counted));
-      model.backward();
+      double loss = 0.0;
+      if (model) {
+        loss = model->forward(microbatch(0), 1.0 / static_cast<double>(counted));
+        model->backward();
+      } else {
+        pl::step_options so;
+        so.total_tokens = static_cast<double>(counted);  // the mean over the global batch
+        auto const r = pl::run_step(*plan, *stage, pp, so);
+        loss = r.has_loss ? r.loss : 0.0;
+      }
       par::reduce_gpt_grads(tp, data, store);
-      double const norm = optim::clip_grad_norm(tp, infos, store.grads(), tp.rank(), 1.0);
+      double const norm = optim::clip_grad_norm(model_group, infos, store.grads(), tp.rank(), 1.0);
       opt.step(store.params(), store.grads(), lr_at(o, step));
-      weft::comm::all_reduce(data, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum)
+      // The loss: each tp rank of the last stage holds its rows' part; count one per tp group.
+      if (tp.rank() != 0) loss = 0.0;
+      weft::comm::all_reduce(world, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum)
           .wait();
       auto const dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (world.rank() == 0) {
@@ -294,10 +374,11 @@ std::vector<double> train_parallel(options const& o) {
 template <class T>
 int run(options const& o) {
   std::printf(
-      "gpt_parallel: dp %d x cp %d x tp %d%s on %d thread ranks, %s; %d layers, d %d, "
+      "gpt_parallel: pp %d x dp %d x cp %d x tp %d%s on %d thread ranks, %s; %d layers, d %d, "
       "%d heads (%d kv), vocab %d; %d x %d tokens per step\n",
-      o.dp, o.cp, o.tp, o.sp ? " (+SP)" : "", o.dp * o.cp * o.tp, o.f64 ? "f64" : "f32", o.layers,
-      o.d_model, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads, o.vocab, o.batch, o.seq_len);
+      o.pp, o.dp, o.cp, o.tp, o.sp ? " (+SP)" : "", o.pp * o.dp * o.cp * o.tp,
+      o.f64 ? "f64" : "f32", o.layers, o.d_model, o.heads, o.kv_heads > 0 ? o.kv_heads : o.heads,
+      o.vocab, o.batch, o.seq_len);
   auto const losses = train_parallel<T>(o);
   int status = 0;
   std::printf("loss %.6f -> %.6f (log V = %.4f)\n", losses.front(), losses.back(),

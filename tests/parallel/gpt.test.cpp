@@ -3,13 +3,21 @@
 // 1e-5, relative to each parameter's largest gradient) on tp = 2 with and without sequence
 // parallelism, cp = 2 and 4 (zigzag ring attention), dp = 2, and the 3-D 8-rank layout
 // dp 2 x cp 2 x tp 2 with SP; every shard's initialisation is bitwise the single-device one's
-// slice; the argument checks name what is wrong.
+// slice; the argument checks name what is wrong. Pipeline parallelism (gpt_pipeline_stage under
+// the executor: 1F1B, GPipe, ZB-H1; pp 2 alone, with tp 2 + SP, and the 4-D 16-rank layout
+// pp 2 x dp 2 x cp 2 x tp 2 + SP) gives the same numbers within the same tolerances.
 #include <support/run_ranks.hpp>
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/communicator.hpp>
 #include <weft/mesh/device_mesh.hpp>
 #include <weft/nn/gpt.hpp>
 #include <weft/parallel/gpt.hpp>
+#include <weft/parallel/gpt_pipeline.hpp>
+#include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/pipeline/schedules/zero_bubble.hpp>
 
 #include <doctest/doctest.h>
 
@@ -100,11 +108,20 @@ reference_result<T> single_device(nn::gpt_config const& c, data_t const& data) {
 struct layout_case {
   int dp, cp, tp;
   bool sp;
+  int pp = 1;
+  char const* schedule = "1f1b";  // with pp > 1: 1f1b, gpipe or zb-h1
 };
 
 std::string describe(layout_case const& l) {
   return "dp " + std::to_string(l.dp) + " cp " + std::to_string(l.cp) + " tp " +
-         std::to_string(l.tp) + (l.sp ? " +SP" : "");
+         std::to_string(l.tp) + (l.sp ? " +SP" : "") +
+         (l.pp > 1 ? " pp " + std::to_string(l.pp) + " " + l.schedule : "");
+}
+
+weft::pipeline::schedule schedule_of(std::string const& name, int p, int m) {
+  if (name == "gpipe") return weft::pipeline::gpipe(p, m);
+  if (name == "zb-h1") return weft::pipeline::zero_bubble_h1(p, m);
+  return weft::pipeline::one_f_one_b(p, m);
 }
 
 // Runs one step on the layout and checks loss and gradients against the single device.
@@ -117,27 +134,50 @@ void check_layout(layout_case const& l, double tol) {
   double const weight = 1.0 / static_cast<double>(data.counted());
   std::mutex m;
   std::vector<std::string> failures;
-  run_ranks(l.dp * l.cp * l.tp, [&](comm_t& world) {
-    weft::device_mesh<comm_t> mesh(world, {l.dp, l.cp, l.tp}, {"dp", "cp", "tp"}, {{"dp", "cp"}});
+  run_ranks(l.pp * l.dp * l.cp * l.tp, [&](comm_t& world) {
+    weft::device_mesh<comm_t> mesh(world, {l.pp, l.dp, l.cp, l.tp}, {"pp", "dp", "cp", "tp"},
+                                   {{"dp", "cp"}});
     auto& tp = mesh.group("tp");
     auto& cp = mesh.group("cp");
+    auto& pp = mesh.group("pp");
     auto& data_group = mesh.group({"dp", "cp"});
-    par::gpt_parallelism const p{tp.size(), tp.rank(), l.sp, cp.size(), cp.rank()};
+    par::gpt_parallelism const p{tp.size(), tp.rank(), l.sp,     cp.size(),
+                                 cp.rank(), pp.size(), pp.rank()};
     nn::param_store<T> store(par::gpt_shard_layout(c, p));
     par::gpt_load_shard(store, whole, c, p);
-    par::gpt<T, comm_t, comm_t> model(c, l.sp, tp, cp, store);
     // This dp rank's sequences.
     int const dpr = mesh.local_rank("dp");
     index_t const per = kSeqs / l.dp;
     auto const from = static_cast<std::size_t>(dpr * per * kSeq),
                count = static_cast<std::size_t>(per * kSeq);
-    par::gpt_sequences const b{std::span(data.tokens).subspan(from, count),
-                               std::span(data.targets).subspan(from, count), kSeq};
-    double loss = model.forward(b, weight);
-    model.backward();
+    double loss = 0.0;
+    if (l.pp == 1) {
+      par::gpt<T, comm_t, comm_t> model(c, l.sp, tp, cp, store);
+      par::gpt_sequences const b{std::span(data.tokens).subspan(from, count),
+                                 std::span(data.targets).subspan(from, count), kSeq};
+      loss = model.forward(b, weight);
+      model.backward();
+    } else {
+      // One sequence per microbatch; the executor's token_mean weight 1 / (the batch's targets).
+      auto const mb = [&](int i) {
+        auto const at = from + static_cast<std::size_t>(i * kSeq);
+        return par::gpt_sequences{std::span(data.tokens).subspan(at, kSeq),
+                                  std::span(data.targets).subspan(at, kSeq), kSeq};
+      };
+      par::gpt_pipeline_stage<T, comm_t, comm_t> stage(c, p, tp, cp, store, mb);
+      weft::pipeline::step_options opt;
+      opt.total_tokens = static_cast<double>(data.counted());
+      auto const r = weft::pipeline::run_step(
+          weft::pipeline::lower(schedule_of(l.schedule, l.pp, static_cast<int>(per))), stage, pp,
+          opt);
+      // The loss lives on the last stage's ranks: sum it there over the data group, then share it.
+      loss = r.has_loss ? r.loss : 0.0;
+    }
     par::reduce_gpt_grads(tp, data_group, store);
     weft::comm::all_reduce(data_group, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum)
         .wait();
+    if (l.pp > 1)
+      weft::comm::all_reduce(pp, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum).wait();
     // The expected shard of the gradient.
     nn::param_store<T> expect(par::gpt_shard_layout(c, p));
     par::gpt_load_shard(expect, ref.grads_as_params, c, p);
@@ -174,6 +214,11 @@ layout_case const kLayouts[] = {
     {1, 4, 1, false}, {2, 1, 1, false}, {1, 2, 2, true}, {2, 2, 2, true},
 };
 
+layout_case const kPipelineLayouts[] = {
+    {1, 1, 1, false, 2, "1f1b"}, {1, 1, 1, false, 2, "gpipe"}, {1, 1, 1, false, 2, "zb-h1"},
+    {1, 1, 2, true, 2, "1f1b"},  {2, 2, 2, true, 2, "1f1b"},
+};
+
 }  // namespace
 
 // Thread ranks: the `threads` label, which CI also runs under ThreadSanitizer.
@@ -184,6 +229,11 @@ TEST_SUITE("threads") {
 
   TEST_CASE("parallel gpt: f32 loss and gradients equal the single device's within 1e-5") {
     for (auto const& l : kLayouts) check_layout<float>(l, 1e-5);
+  }
+
+  TEST_CASE("parallel gpt: pipeline stages under the executor equal the single device") {
+    for (auto const& l : kPipelineLayouts) check_layout<double>(l, 1e-12);
+    for (auto const& l : kPipelineLayouts) check_layout<float>(l, 1e-5);
   }
 
   TEST_CASE("parallel gpt: bad layouts and batches are refused with the value named") {
@@ -230,7 +280,7 @@ TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-devi
   for (int tp : {1, 2}) {
     for (int r = 0; r < tp; ++r) {
       for (bool sp : {false, true}) {
-        par::gpt_parallelism const p{tp, r, sp, 1, 0};
+        par::gpt_parallelism const p{tp, r, sp, 1, 0, 1, 0};
         nn::param_store<float> a(par::gpt_shard_layout(c, p)), b(par::gpt_shard_layout(c, p));
         par::gpt_init_shard(a, c, p, 2024);
         par::gpt_load_shard(b, whole, c, p);
@@ -249,4 +299,40 @@ TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-devi
       }
     }
   }
+  // Pipeline stages: each holds its blocks (and the first the embeddings, the last the head),
+  // bitwise the single device's; together they hold every parameter once.
+  auto three = c;
+  three.layers = 3;
+  nn::param_store<float> whole3(nn::gpt_layout(three));
+  nn::gpt_init(whole3, three, 7);
+  for (int pp : {2, 3}) {
+    std::size_t held = 0;
+    for (int s = 0; s < pp; ++s) {
+      par::gpt_parallelism const p{2, 1, true, 1, 0, pp, s};
+      nn::param_store<float> a(par::gpt_shard_layout(three, p)), b(par::gpt_shard_layout(three, p));
+      par::gpt_init_shard(a, three, p, 7);
+      par::gpt_load_shard(b, whole3, three, p);
+      INFO("pp " << pp << " stage " << s);
+      CHECK(std::memcmp(a.params().data(), b.params().data(), a.params().size_bytes()) == 0);
+      CHECK(a.layout().contains("wte") == (s == 0));
+      CHECK(a.layout().contains("wpe") == (s == 0));
+      CHECK(a.layout().contains("head") == (s == pp - 1));
+      CHECK(a.layout().contains("lnf.w") == (s == pp - 1));
+      auto const range = par::gpt_stage_layers(3, pp, s);
+      for (index_t l = 0; l < 3; ++l)
+        CHECK(a.layout().contains("h" + std::to_string(l) + ".q.w") == range.contains(l));
+      for (auto const& e : a.layout().entries()) held += e.info.count;
+    }
+    par::gpt_parallelism const whole_tp{2, 1, true, 1, 0};
+    CHECK(held == par::gpt_shard_layout(three, whole_tp).size());
+  }
+  // The split: layers / pp each, the first layers % pp stages one more.
+  CHECK(par::gpt_stage_layers(3, 2, 0).first == 0);
+  CHECK(par::gpt_stage_layers(3, 2, 0).last == 2);
+  CHECK(par::gpt_stage_layers(3, 2, 1).first == 2);
+  CHECK(par::gpt_stage_layers(3, 2, 1).last == 3);
+  CHECK(par::gpt_stage_layers(7, 3, 2).first == 5);
+  CHECK(par::gpt_stage_layers(7, 3, 2).size() == 2);
+  CHECK_THROWS_WITH(par::gpt_shard_layout(three, {1, 0, false, 1, 0, 4, 0}),
+                    doctest::Contains("gpt_parallelism::pp"));
 }

@@ -76,17 +76,32 @@ class gpt {
  public:
   gpt(nn::gpt_config const& config, bool sequence_parallel, TP& tp, CP& cp,
       nn::param_store<T>& store)
+      : gpt(config, gpt_parallelism{tp.size(), tp.rank(), sequence_parallel, cp.size(), cp.rank()},
+            tp, cp, store) {}
+
+  //! One pipeline stage of the model (parallelism.pp > 1; see forward_stage): parallelism's tp,
+  //! tp_rank, cp and cp_rank must be those of the groups, and the store laid out by
+  //! gpt_shard_layout(config, parallelism), which holds this stage's parameters only.
+  gpt(nn::gpt_config const& config, gpt_parallelism const& parallelism, TP& tp, CP& cp,
+      nn::param_store<T>& store)
       : c_(config),
-        p_{tp.size(), tp.rank(), sequence_parallel, cp.size(), cp.rank()},
+        p_(parallelism),
         tp_(&tp),
         cp_(&cp),
         store_(&store),
         shard_(rl::vocab_shard::even(config.vocab, tp.size(), tp.rank())) {
+    WEFT_EXPECTS(p_.tp == tp.size() && p_.tp_rank == tp.rank(), "parallelism.tp, tp_rank",
+                 ::weft::detail::concat(tp.size(), ", ", tp.rank(), " (the tp group's)"),
+                 ::weft::detail::concat(p_.tp, ", ", p_.tp_rank));
+    WEFT_EXPECTS(p_.cp == cp.size() && p_.cp_rank == cp.rank(), "parallelism.cp, cp_rank",
+                 ::weft::detail::concat(cp.size(), ", ", cp.rank(), " (the cp group's)"),
+                 ::weft::detail::concat(p_.cp, ", ", p_.cp_rank));
     auto const want = gpt_shard_layout(c_, p_);
     WEFT_EXPECTS_SHAPE(
         store.layout().size() == want.size(), "store",
         ::weft::detail::concat(want.size(), " elements (gpt_shard_layout(config, parallelism))"),
         store.layout().size());
+    layers_ = gpt_stage_layers(c_.layers, p_.pp, p_.pp_rank);
   }
 
   [[nodiscard]] nn::gpt_config const& config() const noexcept { return c_; }
@@ -96,28 +111,96 @@ class gpt {
   //! The rows of the last forward: global token index (n·S + position) of each local row.
   [[nodiscard]] std::span<std::int64_t const> rows() const noexcept { return global_rows_; }
 
+  //! The blocks this rank's pipeline stage holds (all of them without pipeline parallelism).
+  [[nodiscard]] gpt_layer_range layers() const noexcept { return layers_; }
+
+  //! Elements of the activation a pipeline stage sends to the next (and of its gradient) for a
+  //! microbatch of `sequences` sequences of `seq_len` tokens: this rank's rows (sequences ·
+  //! seq_len / cp, divided by tp under sequence parallelism) × d_model, in forward's row order.
+  [[nodiscard]] std::size_t boundary_size(index_t sequences, index_t seq_len) const noexcept {
+    index_t const rows = sequences * seq_len / p_.cp / (p_.sequence_parallel ? p_.tp : 1);
+    return static_cast<std::size_t>(rows * c_.d_model);
+  }
+
   //! Σ token_weight · CE over THIS rank's rows with a target (the same on every tp rank; sum it
   //! over cp and dp for the batch's loss). token_weight 0 means 1 / (targets in `b`), the mean
   //! over this data-parallel rank's batch; a data-parallel step passes 1 / (targets over all dp
-  //! ranks).
+  //! ranks). The whole model only (pp = 1; a pipeline stage runs forward_stage).
   double forward(gpt_sequences const& b, double token_weight = 0.0) {
+    WEFT_EXPECTS(p_.pp == 1, "parallelism.pp", "1 for forward() (a pipeline stage: forward_stage)",
+                 p_.pp);
+    prepare(b, token_weight > 0.0 ? token_weight : mean_weight(b));
+    return run_forward({}, {});
+  }
+
+  //! One pipeline stage's forward of microbatch `b` (every stage is given the same sequences:
+  //! the first reads the tokens, the last the targets, all the shapes). The first stage embeds
+  //! the tokens, the others read the previous stage's activation from `in` (boundary_size
+  //! elements); every stage runs its blocks; the last returns Σ token_weight · CE over this rank's
+  //! rows (token_weight taken as is: the pipeline's loss weight), the others write their output
+  //! activation to `out` (boundary_size elements) and return 0. `in` must stay unchanged until
+  //! backward_stage returns; the model holds one microbatch's activations (one instance per
+  //! microbatch in flight, over the same store: see gpt_pipeline_stage).
+  double forward_stage(gpt_sequences const& b, double token_weight, std::span<T const> in,
+                       std::span<T> out) {
     prepare(b, token_weight);
+    auto const want = static_cast<std::size_t>(m_ * c_.d_model);
+    if (!p_.first_stage())
+      WEFT_EXPECTS_SHAPE(in.size() == want, "in",
+                         ::weft::detail::concat(want, " elements (boundary_size)"), in.size());
+    if (!p_.last_stage())
+      WEFT_EXPECTS_SHAPE(out.size() == want, "out",
+                         ::weft::detail::concat(want, " elements (boundary_size)"), out.size());
+    return run_forward(in, out);
+  }
+
+  //! Accumulates this rank's part of the gradient of the last forward_stage's weighted loss: the
+  //! last stage seeds it from the loss, the others read the gradient of their output from `dout`;
+  //! every stage but the first writes the gradient of its input to `din` (boundary_size each).
+  void backward_stage(std::span<T const> dout, std::span<T> din) {
+    auto const want = static_cast<std::size_t>(m_ * c_.d_model);
+    if (!p_.last_stage())
+      WEFT_EXPECTS_SHAPE(dout.size() == want, "dout",
+                         ::weft::detail::concat(want, " elements (boundary_size)"), dout.size());
+    if (!p_.first_stage())
+      WEFT_EXPECTS_SHAPE(din.size() == want, "din",
+                         ::weft::detail::concat(want, " elements (boundary_size)"), din.size());
+    run_backward(dout, din);
+  }
+
+  //! Accumulates this rank's part of the gradient of the last forward's weighted loss.
+  void backward() {
+    WEFT_EXPECTS(p_.pp == 1, "parallelism.pp",
+                 "1 for backward() (a pipeline stage: backward_stage)", p_.pp);
+    run_backward({}, {});
+  }
+
+ private:
+  double run_forward(std::span<T const> in, std::span<T> out) {
     index_t const d = c_.d_model;
     bool const sp = p_.sequence_parallel;
-    // Embeddings. Under SP the vocabulary-parallel lookup is reduce-scattered straight to the
-    // token slices and each rank adds the positions of its own rows.
     auto x0 = rows_of(x_[0], d);
-    if (sp) {
-      vocab_parallel_embedding_forward_sp(*tp_, std::span<std::int32_t const>(tokens_), shard_,
-                                          p2("wte"), x0);
+    if (p_.first_stage()) {
+      // Embeddings. Under SP the vocabulary-parallel lookup is reduce-scattered straight to the
+      // token slices and each rank adds the positions of its own rows.
+      if (sp) {
+        vocab_parallel_embedding_forward_sp(*tp_, std::span<std::int32_t const>(tokens_), shard_,
+                                            p2("wte"), x0);
+      } else {
+        vocab_parallel_embedding_forward(*tp_, std::span<std::int32_t const>(tokens_), shard_,
+                                         p2("wte"), x0);
+      }
+      nn::embedding_forward(slice_positions(), p2("wpe"), rows_of(tmp_m_, d));
+      nn::residual_forward(x0, rows_of(tmp_m_, d), x0);
     } else {
-      vocab_parallel_embedding_forward(*tp_, std::span<std::int32_t const>(tokens_), shard_,
-                                       p2("wte"), x0);
+      std::copy(in.begin(), in.end(), x_[0].begin());
     }
-    nn::embedding_forward(slice_positions(), p2("wpe"), rows_of(tmp_m_, d));
-    nn::residual_forward(x0, rows_of(tmp_m_, d), x0);
-    for (index_t l = 0; l < c_.layers; ++l) block_forward(l);
-    auto& last = x_[static_cast<std::size_t>(c_.layers)];
+    for (index_t l = 0; l < layers_.size(); ++l) block_forward(l);
+    auto& last = x_[static_cast<std::size_t>(layers_.size())];
+    if (!p_.last_stage()) {
+      std::copy(last.begin(), last.end(), out.begin());
+      return 0.0;
+    }
     nn::layer_norm_forward(rows_of(last, d), p1("lnf.w"), p1("lnf.b"), rows_of(lnf_, d),
                            vec(lnf_mean_), vec(lnf_rstd_), c_.ln_eps);
     index_t const vs = shard_.size;
@@ -139,8 +222,31 @@ class gpt {
     return sum;
   }
 
-  //! Accumulates this rank's part of the gradient of the last forward's weighted loss.
-  void backward() {
+  void run_backward(std::span<T const> dout, std::span<T> din) {
+    index_t const d = c_.d_model;
+    bool const sp = p_.sequence_parallel;
+    auto& dx = g_.dx;
+    if (p_.last_stage()) {
+      head_backward();
+    } else {
+      std::copy(dout.begin(), dout.end(), dx.begin());
+    }
+    for (index_t l = layers_.size() - 1; l >= 0; --l) block_backward(l, dx);
+    if (!p_.first_stage()) {
+      std::copy(dx.begin(), dx.end(), din.begin());
+      return;
+    }
+    auto const tokens = std::span<std::int32_t const>(tokens_);
+    if (sp) {
+      vocab_parallel_embedding_backward_sp(*tp_, tokens, shard_, rows_of(dx, d), g2("wte"));
+    } else {
+      vocab_parallel_embedding_backward(tokens, shard_, rows_of(dx, d), g2("wte"));
+    }
+    nn::embedding_backward(slice_positions(), rows_of(dx, d), g2("wpe"));
+  }
+
+  // The last stage's backward from the loss to d(last block's output) in g_.dx.
+  void head_backward() {
     index_t const d = c_.d_model, vs = shard_.size;
     bool const sp = p_.sequence_parallel;
     rl::logprob_options opt;
@@ -163,22 +269,13 @@ class gpt {
       vocab_parallel_output_backward_input(*tp_, rows_of(dlogits, vs), p2("head"), rows_of(dln, d));
       vocab_parallel_output_backward_weight(rows_of(dlogits, vs), rows_of(lnf_, d), g2("head"));
     }
-    auto& last = x_[static_cast<std::size_t>(c_.layers)];
+    auto& last = x_[static_cast<std::size_t>(layers_.size())];
     nn::layer_norm_backward_input(rows_of(dln, d), rows_of(last, d), p1("lnf.w"), vec(lnf_mean_),
                                   vec(lnf_rstd_), rows_of(dx, d));
     nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(last, d), vec(lnf_mean_),
                                    vec(lnf_rstd_), g1("lnf.w"), g1("lnf.b"));
-    for (index_t l = c_.layers - 1; l >= 0; --l) block_backward(l, dx);
-    auto const tokens = std::span<std::int32_t const>(tokens_);
-    if (sp) {
-      vocab_parallel_embedding_backward_sp(*tp_, tokens, shard_, rows_of(dx, d), g2("wte"));
-    } else {
-      vocab_parallel_embedding_backward(tokens, shard_, rows_of(dx, d), g2("wte"));
-    }
-    nn::embedding_backward(slice_positions(), rows_of(dx, d), g2("wpe"));
   }
 
- private:
   struct layer_acts {
     // ln1, x_mid, ln2 [m, d] (m: the rank's token slice under SP, else N); ln1_total and
     // ln2_total [N, d] (the gathered norm outputs under SP; unused otherwise); q [N, d/tp],
@@ -186,6 +283,13 @@ class gpt {
     std::vector<T> ln1, ln1_total, q, k, v, o, x_mid, ln2, ln2_total, fc, act;
     std::vector<C> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
   };
+
+  // 1 / (targets in b): forward()'s default weight.
+  static double mean_weight(gpt_sequences const& b) {
+    index_t counted = 0;
+    for (auto t : b.targets) counted += t >= 0 ? 1 : 0;
+    return counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0;
+  }
 
   void prepare(gpt_sequences const& b, double token_weight) {
     index_t const s = b.seq_len;
@@ -221,10 +325,7 @@ class gpt {
                    ::weft::detail::concat("-1 (ignored) or in [0, ", c_.vocab, ")"),
                    b.targets[static_cast<std::size_t>(k)]);
     }
-    index_t counted = 0;
-    for (auto t : b.targets) counted += t >= 0 ? 1 : 0;
-    weight_ = token_weight > 0.0 ? token_weight
-                                 : (counted > 0 ? 1.0 / static_cast<double>(counted) : 0.0);
+    weight_ = token_weight;
     // This cp rank's rows, sequence by sequence.
     seq_ = s;
     seqs_ = seqs;
@@ -254,10 +355,11 @@ class gpt {
     index_t const d = c_.d_model, tp = p_.tp;
     index_t const dl = d / tp, kvl = c_.kv() * c_.head_dim() / tp, hl = c_.hidden() / tp;
     bool const sp = p_.sequence_parallel;
-    x_.resize(static_cast<std::size_t>(c_.layers + 1));
+    bool const last = p_.last_stage();
+    x_.resize(static_cast<std::size_t>(layers_.size() + 1));
     for (auto& x : x_) x.resize(n(m_, d));
     tmp_m_.resize(n(m_, d));
-    acts_.resize(static_cast<std::size_t>(c_.layers));
+    acts_.resize(static_cast<std::size_t>(layers_.size()));
     for (auto& a : acts_) {
       a.ln1.resize(n(m_, d));
       a.ln1_total.resize(sp ? n(n_, d) : 0);
@@ -276,12 +378,12 @@ class gpt {
       a.ln2_rstd.resize(n(m_, 1));
       a.lse.resize(n(n_, c_.heads / tp));
     }
-    lnf_.resize(n(m_, d));
-    lnf_total_.resize(sp ? n(n_, d) : 0);
-    lnf_mean_.resize(n(m_, 1));
-    lnf_rstd_.resize(n(m_, 1));
-    logits_.resize(n(n_, shard_.size));
-    ce_lse_.resize(n(n_, 1));
+    lnf_.resize(last ? n(m_, d) : 0);
+    lnf_total_.resize(last && sp ? n(n_, d) : 0);
+    lnf_mean_.resize(last ? n(m_, 1) : 0);
+    lnf_rstd_.resize(last ? n(m_, 1) : 0);
+    logits_.resize(last ? n(n_, shard_.size) : 0);
+    ce_lse_.resize(last ? n(n_, 1) : 0);
     g_.dlogits.resize(logits_.size());
     for (auto* b : {&g_.dln, &g_.dx, &g_.dmid, &g_.tmp}) b->resize(n(m_, d));
     for (auto* b : {&g_.full, &g_.part, &g_.total}) b->resize(n(n_, d));
@@ -388,13 +490,14 @@ class gpt {
                              bshd(dk, c, h.kv_heads), bshd(dv, c, h.kv_heads), opt);
   }
 
+  // Local block l of this stage (global block layers_.first + l).
   void block_forward(index_t l) {
     auto& a = acts_[static_cast<std::size_t>(l)];
     auto& x = x_[static_cast<std::size_t>(l)];
     auto& y = x_[static_cast<std::size_t>(l + 1)];
     index_t const d = c_.d_model, tp = p_.tp;
     index_t const dl = d / tp, kvl = c_.kv() * c_.head_dim() / tp, hl = c_.hidden() / tp;
-    std::string const p = "h" + std::to_string(l) + ".";
+    std::string const p = "h" + std::to_string(layers_.first + l) + ".";
     nn::layer_norm_forward(rows_of(x, d), p1(p + "ln1.w"), p1(p + "ln1.b"), rows_of(a.ln1, d),
                            vec(a.ln1_mean), vec(a.ln1_rstd), c_.ln_eps);
     auto const in1 = column_input(a.ln1, a.ln1_total);
@@ -420,7 +523,7 @@ class gpt {
     index_t const d = c_.d_model, tp = p_.tp;
     index_t const dl = d / tp, kvl = c_.kv() * c_.head_dim() / tp, hl = c_.hidden() / tp;
     bool const sp = p_.sequence_parallel;
-    std::string const p = "h" + std::to_string(l) + ".";
+    std::string const p = "h" + std::to_string(layers_.first + l) + ".";
     // Scratch kept across steps; every buffer is overwritten before it is read.
     auto& dact = g_.dact;
     auto& dfc = g_.dfc;
@@ -505,6 +608,7 @@ class gpt {
   nn::param_store<T>* store_;
   rl::vocab_shard shard_;
   double weight_ = 0.0;
+  gpt_layer_range layers_;
   index_t seq_ = 0, seqs_ = 0, n_ = 0, m_ = 0;
   std::vector<std::int32_t> tokens_, targets_, positions_;
   std::vector<std::int64_t> global_rows_, cu_seqlens_;

@@ -1,7 +1,9 @@
-// weft/parallel/gpt_shard.hpp — which piece of nn::gpt's parameters a tensor-parallel rank holds
-// (Megatron's GPT layout: vocabulary-parallel embedding and head, column-parallel Q/K/V and
-// MLP-in by output rows, row-parallel out projections by input columns, the rest whole), the
-// shard's param_layout, and its initialisation and loading, bitwise the single device's slice.
+// weft/parallel/gpt_shard.hpp — which piece of nn::gpt's parameters a rank holds: of a tensor-
+// parallel group, Megatron's GPT layout (vocabulary-parallel embedding and head, column-parallel
+// Q/K/V and MLP-in by output rows, row-parallel out projections by input columns, the rest
+// whole); of a pipeline, a contiguous range of blocks (the first stage also the embeddings, the
+// last the final norm and head). The shard's param_layout, and its initialisation and loading,
+// bitwise the single device's slice.
 #pragma once
 
 #include <weft/core/error.hpp>
@@ -25,14 +27,37 @@ namespace weft::parallel {
 //! multiples of tp; the vocabulary need not be: vocab_shard::even); `sequence_parallel` keeps
 //! the activations between the tensor-parallel layers as token slices (Megatron's
 //! --sequence-parallel; the rows a rank holds, B·S/cp, must be a multiple of tp). `cp` ranks each
-//! hold 2 zigzag chunks of every sequence (S a multiple of 2·cp) and run ring attention.
+//! hold 2 zigzag chunks of every sequence (S a multiple of 2·cp) and run ring attention. `pp`
+//! pipeline stages each hold a contiguous range of the blocks (gpt_stage_layers; pp <= layers),
+//! the first also the token and position embeddings, the last the final LayerNorm and the head.
 struct gpt_parallelism {
   int tp = 1;
   int tp_rank = 0;
   bool sequence_parallel = false;
   int cp = 1;
   int cp_rank = 0;
+  int pp = 1;
+  int pp_rank = 0;
+
+  [[nodiscard]] constexpr bool first_stage() const noexcept { return pp_rank == 0; }
+  [[nodiscard]] constexpr bool last_stage() const noexcept { return pp_rank == pp - 1; }
 };
+
+//! The blocks [first, last) pipeline stage `pp_rank` of `pp` holds: layers / pp each, the first
+//! layers % pp stages one more (Megatron needs pp to divide the layers; weft does not).
+struct gpt_layer_range {
+  index_t first = 0;
+  index_t last = 0;
+  [[nodiscard]] constexpr index_t size() const noexcept { return last - first; }
+  [[nodiscard]] constexpr bool contains(index_t l) const noexcept { return l >= first && l < last; }
+};
+
+[[nodiscard]] constexpr gpt_layer_range gpt_stage_layers(index_t layers, int pp,
+                                                         int pp_rank) noexcept {
+  index_t const base = layers / pp, extra = layers % pp, r = pp_rank;
+  index_t const first = r * base + std::min(r, extra);
+  return {first, first + base + (r < extra ? 1 : 0)};
+}
 
 namespace detail {
 
@@ -77,6 +102,25 @@ inline void check_parallelism(nn::gpt_config const& c, gpt_parallelism const& p)
                c.vocab);
   WEFT_EXPECTS(c.hidden() % p.tp == 0, "gpt_config::mlp_hidden",
                ::weft::detail::concat("a multiple of tp = ", p.tp), c.hidden());
+  WEFT_EXPECTS(
+      p.pp >= 1 && p.pp <= c.layers, "gpt_parallelism::pp",
+      ::weft::detail::concat("in [1, layers = ", c.layers, "] (every stage holds a block)"), p.pp);
+  WEFT_EXPECTS(p.pp_rank >= 0 && p.pp_rank < p.pp, "gpt_parallelism::pp_rank",
+               ::weft::detail::concat("in [0, ", p.pp, ")"), p.pp_rank);
+}
+
+//! Whether pipeline stage p.pp_rank holds the parameter `name` of nn::gpt_layout.
+inline bool stage_holds(std::string_view name, nn::gpt_config const& c, gpt_parallelism const& p) {
+  if (name == "wte" || name == "wpe") return p.first_stage();
+  if (name == "head" || name.starts_with("lnf.")) return p.last_stage();
+  if (name.size() > 1 && name[0] == 'h') {
+    index_t l = 0;
+    std::size_t i = 1;
+    for (; i < name.size() && name[i] >= '0' && name[i] <= '9'; ++i) l = l * 10 + (name[i] - '0');
+    if (i > 1 && i < name.size() && name[i] == '.')
+      return gpt_stage_layers(c.layers, p.pp, p.pp_rank).contains(l);
+  }
+  return true;
 }
 
 inline gpt_piece piece_of(nn::param_entry const& e, nn::gpt_config const& c,
@@ -102,7 +146,8 @@ inline gpt_piece piece_of(nn::param_entry const& e, nn::gpt_config const& c,
 
 }  // namespace detail
 
-//! This tp rank's parameters: nn::gpt_layout's names in its order, each with the shape of the
+//! This rank's parameters: those of its pipeline stage (all with pp = 1), nn::gpt_layout's names
+//! in its order, each with the shape of the
 //! rank's shard ("wte" and "head" [vocab rows held, d]; "q/k/v/fc.w" and their biases by output
 //! rows; "o.w" and "proj.w" by input columns; everything else whole). param_info: tp_sharded for
 //! the shards; sequence_parallel_grad, under sequence parallelism, for the parameters applied to
@@ -113,6 +158,7 @@ inline nn::param_layout gpt_shard_layout(nn::gpt_config const& c, gpt_parallelis
   nn::param_layout out;
   auto const global = nn::gpt_layout(c);
   for (auto const& e : global.entries()) {
+    if (!detail::stage_holds(e.name, c, p)) continue;
     auto const piece = detail::piece_of(e, c, p);
     std::vector<index_t> shape = e.shape;
     optim::param_info info = e.info;
@@ -143,6 +189,7 @@ void gpt_init_shard(nn::param_store<T>& store, nn::gpt_config const& c, gpt_para
                      store.layout().size());
   double const std = 0.02, proj_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers));
   for (auto const& e : global.entries()) {
+    if (!detail::stage_holds(e.name, c, p)) continue;
     std::string_view const n = e.name;
     auto ends = [&](std::string_view s) {
       return n.size() >= s.size() && n.substr(n.size() - s.size()) == s;
@@ -165,8 +212,8 @@ void gpt_init_shard(nn::param_store<T>& store, nn::gpt_config const& c, gpt_para
   }
 }
 
-//! Copies this tp rank's shard of every parameter out of a single-device store laid out by
-//! nn::gpt_layout(c) (to start a parallel run from a trained or checkpointed model).
+//! Copies this rank's shard of every parameter of its stage out of a single-device store laid out
+//! by nn::gpt_layout(c) (to start a parallel run from a trained or checkpointed model).
 template <class T>
 void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gpt_config const& c,
                     gpt_parallelism const& p) {
@@ -179,6 +226,7 @@ void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gp
                                             " elements (gpt_shard_layout(config, parallelism))"),
                      shard.layout().size());
   for (auto const& e : global.entries()) {
+    if (!detail::stage_holds(e.name, c, p)) continue;
     auto const piece = detail::piece_of(e, c, p);
     auto const src = whole.param_span(e.name);
     auto const dst = shard.param_span(e.name);

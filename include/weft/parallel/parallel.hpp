@@ -10,3 +10,4 @@
 #include <weft/parallel/sharding.hpp>  // tp_shard_pieces, fill_normal_shard, fill_uniform_shard
 #include <weft/parallel/dp.hpp>        // bucket_plan, grad_sync, zero1
 #include <weft/parallel/gpt.hpp>       // nn::gpt over tp (+SP) and cp, shard init
+#include <weft/parallel/gpt_pipeline.hpp>  // the GPT cut into pipeline stages (a Stage)

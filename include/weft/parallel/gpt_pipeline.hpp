@@ -1,0 +1,137 @@
+// weft/parallel/gpt_pipeline.hpp — parallel::gpt cut into pipeline stages for weft::pipeline's
+// executor: a `Stage` whose rank holds one contiguous range of blocks (gpt_stage_layers), the
+// first stage also the embeddings, the last the final norm, head and loss, with one model
+// instance per stash slot over the rank's one parameter store, so that every microbatch in
+// flight keeps its own activations while the gradients accumulate in one buffer.
+#pragma once
+
+#include <weft/comm/concepts.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/nn/params.hpp>
+#include <weft/parallel/gpt.hpp>
+#include <weft/parallel/gpt_shard.hpp>
+#include <weft/pipeline/stage.hpp>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace weft::parallel {
+
+//! One pipeline rank's share of a GPT (parallelism.pp stages, one chunk per rank: the plain
+//! schedules GPipe, 1F1B, ZB-H1; not the interleaved ones, whose ranks hold several chunks, nor
+//! the vocabulary-balanced ones, whose output layer is sharded over the pipeline) over its tensor-
+//! and context-parallel groups. `microbatch(i)` gives microbatch i's sequences, the same on every
+//! stage, and must stay valid during the step (the spans are read in forward and the shapes in
+//! the layouts). The last stage's loss is Σ loss_weight · CE over its rows (the executor's
+//! weights: token_mean with step_options::total_tokens = the step's targets over every data
+//! rank gives the mean over the global batch).
+//!
+//! Backward is fused: B computes the input and the weight gradients together (so a split
+//! backward's I does all the work and W nothing: zero-bubble schedules run, with the same
+//! numbers, but without their benefit). Gradients accumulate in `store`'s gradient buffer in
+//! microbatch order; zeroing them between steps, the sequence-parallel and data-parallel
+//! reductions (reduce_gpt_grads) and the optimizer are the caller's, after run_step.
+template <class T, comm::CollectiveIn<host_space> TP, comm::PointToPointIn<host_space> CP>
+class gpt_pipeline_stage {
+ public:
+  using stage_concept = pipeline::stage_tag;
+  using model_type = gpt<T, TP, CP>;
+
+  gpt_pipeline_stage(nn::gpt_config const& config, gpt_parallelism const& parallelism, TP& tp,
+                     CP& cp, nn::param_store<T>& store,
+                     std::function<gpt_sequences(int)> microbatch)
+      : c_(config),
+        p_(parallelism),
+        tp_(&tp),
+        cp_(&cp),
+        store_(&store),
+        microbatch_(std::move(microbatch)) {
+    WEFT_EXPECTS(static_cast<bool>(microbatch_), "microbatch", "a callable", "an empty function");
+    // One instance now, so that a wrong layout or store fails at construction.
+    models_.push_back(std::make_unique<model_type>(c_, p_, *tp_, *cp_, *store_));
+  }
+
+  [[nodiscard]] gpt_parallelism const& parallelism() const noexcept { return p_; }
+  //! The model instance of stash slot `slot` (its rows(), for instance).
+  [[nodiscard]] model_type& model(int slot) { return *models_.at(static_cast<std::size_t>(slot)); }
+
+  [[nodiscard]] pipeline::message_layout input_layout(pipeline::stage_call const& c) const {
+    check(c);
+    if (c.first_stage()) return {0, dtype_of<T>};
+    return {boundary(c.microbatch), dtype_of<T>};
+  }
+  [[nodiscard]] pipeline::message_layout output_layout(pipeline::stage_call const& c) const {
+    check(c);
+    if (c.last_stage()) return {0, dtype_of<T>};
+    return {boundary(c.microbatch), dtype_of<T>};
+  }
+
+  void reserve_slots(int chunk, int slots) {
+    WEFT_EXPECTS(chunk == 0, "chunk",
+                 "0 (gpt_pipeline_stage holds one chunk per rank: no interleaved schedules)",
+                 chunk);
+    WEFT_EXPECTS(slots >= 1, "slots", ">= 1", slots);
+    while (models_.size() < static_cast<std::size_t>(slots))
+      models_.push_back(std::make_unique<model_type>(c_, p_, *tp_, *cp_, *store_));
+  }
+
+  double forward(pipeline::stage_call const& c, comm::buffer_view in, comm::buffer_view out) {
+    check(c);
+    return slot(c).forward_stage(microbatch_(c.microbatch), c.loss_weight, typed<T const>(in),
+                                 typed<T>(out));
+  }
+  void backward(pipeline::stage_call const& c, comm::buffer_view dout, comm::buffer_view din) {
+    check(c);
+    slot(c).backward_stage(typed<T const>(dout), typed<T>(din));
+  }
+  void backward_input(pipeline::stage_call const& c, comm::buffer_view dout,
+                      comm::buffer_view din) {
+    backward(c, dout, din);
+  }
+  //! Nothing: the weight gradients were accumulated by backward_input (see the class comment).
+  void backward_weight(pipeline::stage_call const& c) { check(c); }
+
+ private:
+  void check(pipeline::stage_call const& c) const {
+    WEFT_EXPECTS(c.num_stages == p_.pp, "stage_call::num_stages",
+                 ::weft::detail::concat(p_.pp, " (parallelism.pp: one chunk per rank)"),
+                 c.num_stages);
+    WEFT_EXPECTS(c.stage == p_.pp_rank, "stage_call::stage",
+                 ::weft::detail::concat(p_.pp_rank, " (parallelism.pp_rank)"), c.stage);
+  }
+  [[nodiscard]] std::size_t boundary(int microbatch) const {
+    auto const b = microbatch_(microbatch);
+    WEFT_EXPECTS_SHAPE(b.seq_len > 0, "microbatch(i).seq_len", "> 0", b.seq_len);
+    index_t const seqs = static_cast<index_t>(b.tokens.size()) / b.seq_len;
+    return models_.front()->boundary_size(seqs, b.seq_len);
+  }
+  model_type& slot(pipeline::stage_call const& c) {
+    WEFT_EXPECTS(c.slot >= 0 && static_cast<std::size_t>(c.slot) < models_.size(),
+                 "stage_call::slot", ::weft::detail::concat("in [0, ", models_.size(), ")"),
+                 c.slot);
+    return *models_[static_cast<std::size_t>(c.slot)];
+  }
+  template <class U>
+  static std::span<U> typed(comm::buffer_view v) {
+    if (v.count > 0)
+      WEFT_EXPECTS(v.type == dtype_of<std::remove_const_t<U>>, "message type",
+                   name(dtype_of<std::remove_const_t<U>>), name(v.type));
+    return {static_cast<U*>(v.data), v.count};
+  }
+
+  nn::gpt_config c_;
+  gpt_parallelism p_;
+  TP* tp_;
+  CP* cp_;
+  nn::param_store<T>* store_;
+  std::function<gpt_sequences(int)> microbatch_;
+  std::vector<std::unique_ptr<model_type>> models_;
+};
+
+}  // namespace weft::parallel
