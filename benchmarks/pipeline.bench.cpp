@@ -22,6 +22,9 @@
 // (the vocabulary generator's planning ratios), IF and IB free. Each rank thread sets its timer
 // slack to 1 ns (Linux), so a 2 ms sleep overshoots by the wake-up latency only (~30-60 us on the
 // shared VM; the default 50 us slack doubles that). Figures and commands: benchmarks/RESULTS.md.
+// bm_search: search::search_schedule at p = 8, m = 32 (the bound: under 10 s) with
+// non-uniform stage costs, a p2p latency and a memory limit of 2p-1 microbatches per rank (arg
+// 1) or none (arg 0); counters makespan, best_hand (ZB-H1 there) and gain_pct.
 //   weft.bench.pipeline --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <weft/comm/threads/world.hpp>
 #include <weft/pipeline/pipeline.hpp>
@@ -245,8 +248,39 @@ void schedules(benchmark::internal::Benchmark* b) {
     for (int m : {8, 16}) b->Args({static_cast<long>(k), m});
 }
 
+// Non-uniform F, I, W per stage (as tests/pipeline/search.test.cpp's grid) and p2p 0.25.
+void bm_search(benchmark::State& state) {
+  int const p = 8, m = 32;
+  pl::cost_model c;
+  for (int r = 0; r < p; ++r) {
+    c.forward.push_back(0.6 + 0.1 * ((r * 5 + 2) % 11));
+    c.backward_input.push_back(0.7 + 0.15 * ((r * 3 + 1) % 7));
+    c.backward_weight.push_back(0.3 + 0.1 * ((r * 7 + 3) % 9));
+    c.activation_bytes.push_back(1.0);
+    c.parameter_bytes.push_back(0.0);
+  }
+  c.p2p_latency = 0.25;
+  pl::search::search_options o;
+  if (state.range(0) != 0) o.memory_limit.assign(static_cast<std::size_t>(p), 2.0 * p - 1);
+  double makespan = 0, hand = 0, candidates = 0, evaluations = 0;
+  for (auto _ : state) {
+    auto const res = pl::search::search_schedule(p, m, c, o);
+    makespan = res.makespan;
+    hand = res.best_hand_makespan;
+    candidates = res.candidates;
+    evaluations = res.evaluations;
+    benchmark::ClobberMemory();
+  }
+  state.counters["makespan"] = makespan;
+  state.counters["best_hand"] = hand;
+  state.counters["gain_pct"] = 100.0 * (1.0 - makespan / hand);
+  state.counters["candidates"] = candidates;
+  state.counters["evaluations"] = evaluations;
+}
+
 }  // namespace
 
+BENCHMARK(bm_search)->ArgName("limited")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_step)->Apply(schedules)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_overhead)
     ->Apply(schedules)

@@ -1,6 +1,6 @@
 // weft/pipeline/pipeline.hpp — the pipeline area in one include: schedules as data, their
-// generators, lowering, validation, simulation and drawings. Host and nvcc safe; the range-v3
-// planning helpers in weft/pipeline/plan/ are not included (host-only).
+// generators, schedule search, lowering, validation, simulation and drawings. Host and nvcc safe;
+// the range-v3 planning helpers in weft/pipeline/plan/ are not included (host-only).
 #pragma once
 
 #include <weft/pipeline/action.hpp>
@@ -16,6 +16,7 @@
 #include <weft/pipeline/schedules/options.hpp>
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
+#include <weft/pipeline/search/search.hpp>
 #include <weft/pipeline/simulate.hpp>
 #include <weft/pipeline/stage.hpp>
 #include <weft/pipeline/step.hpp>
