@@ -1,7 +1,8 @@
 // benchmarks/comm.bench.cpp — threads-backend collectives: algorithm and bus bandwidth (nccl-tests
 // formulas) of all_reduce, all_gather, reduce_scatter and all_to_all from 4 KiB to 256 MiB at 2 and
 // 4 ranks beside two concurrent single-thread memcpys of the same size; 8-byte all_reduce latency
-// beside a std::barrier round trip. The Open MPI twin is benchmarks/mpi/comm_mpi.bench.cpp.
+// beside a std::barrier round trip, and the same through comm::monitored (straggler detection on).
+// The Open MPI twin is benchmarks/mpi/comm_mpi.bench.cpp.
 //
 // Ranks are threads: rank 0 is the benchmark's own thread, ranks 1..n-1 are helpers. Every
 // iteration starts all ranks together (a std::barrier whose completion stamps t0), runs one
@@ -18,6 +19,7 @@
 //   weft.bench.comm --benchmark_filter='all_reduce/ranks:2/bytes:67108864|memcpy2/bytes:67108864'
 //                   --benchmark_repetitions=5
 #include <weft/comm/concepts.hpp>
+#include <weft/comm/monitored.hpp>
 #include <weft/comm/threads/communicator.hpp>
 
 #include <benchmark/benchmark.h>
@@ -36,6 +38,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -303,12 +306,28 @@ std::map<int, double>& barrier_best() {
 // back-to-back operations per timed iteration
 
 // 8-byte all_reduce (two floats) latency: `latency_batch` calls per iteration, time per call.
+// Monitored: the same calls through comm::monitored with one shared straggler_monitor (default
+// options), to measure what arrival stamps and the per-collective evaluation cost.
+template <bool Monitored>
 void bm_threads_latency(benchmark::State& st) {
   int const n = static_cast<int>(st.range(0));
   wt::options opts;
   opts.timeout = std::chrono::seconds(60);
   opts.history_size = 0;
-  auto comms = wt::make_communicators(n, opts);
+  using comm_type =
+      std::conditional_t<Monitored, wc::monitored<wt::communicator>, wt::communicator>;
+  std::vector<comm_type> comms;
+  {
+    auto plain = wt::make_communicators(n, opts);
+    auto mon = std::make_shared<wc::straggler_monitor>(n);
+    for (auto& c : plain) {
+      if constexpr (Monitored) {
+        comms.emplace_back(std::move(c), mon);
+      } else {
+        comms.push_back(std::move(c));
+      }
+    }
+  }
   team t(n);
   struct alignas(64) eight {
     float in[2];
@@ -391,7 +410,14 @@ void reg() {
       ->Iterations(3000)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threads/all_reduce_8B", bm_threads_latency)
+  benchmark::RegisterBenchmark("threads/all_reduce_8B", bm_threads_latency<false>)
+      ->Arg(2)
+      ->Arg(4)
+      ->ArgNames({"ranks"})
+      ->Iterations(3000)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("threads/all_reduce_8B_monitored", bm_threads_latency<true>)
       ->Arg(2)
       ->Arg(4)
       ->ArgNames({"ranks"})
