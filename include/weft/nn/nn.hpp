@@ -6,6 +6,7 @@
 #include <weft/nn/activation.hpp>
 #include <weft/nn/attention.hpp>
 #include <weft/nn/cross_entropy.hpp>
+#include <weft/nn/decode.hpp>
 #include <weft/nn/embedding.hpp>
 #include <weft/nn/gpt.hpp>
 #include <weft/nn/linear.hpp>

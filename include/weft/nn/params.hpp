@@ -149,6 +149,10 @@ class param_store {
     auto const& e = layout_.at(name);
     return {params_.data() + e.offset, e.info.count};
   }
+  [[nodiscard]] std::span<T const> param_span(std::string_view name) const {
+    auto const& e = layout_.at(name);
+    return {params_.data() + e.offset, e.info.count};
+  }
   [[nodiscard]] std::span<T> grad_span(std::string_view name) {
     auto const& e = layout_.at(name);
     return {grads_.data() + e.offset, e.info.count};

@@ -35,6 +35,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -110,6 +111,18 @@ class gpt {
 
   //! The rows of the last forward: global token index (n·S + position) of each local row.
   [[nodiscard]] std::span<std::int64_t const> rows() const noexcept { return global_rows_; }
+
+  //! A loss on the log-probabilities of the targets, for objectives other than cross-entropy (a
+  //! policy-gradient loss): called by the last stage's forward with this rank's rows (their
+  //! global token indices, as rows()) and logp[k] = log softmax(logits_k)[target_k] (0 where the
+  //! target is -1), all computed over the whole vocabulary across tp; returns the loss and writes
+  //! dlogp[k] = d loss / d logp[k] (read only where the target is >= 0), which seeds backward. It
+  //! is called on every tp rank with the same values. The token weight of forward is then unused.
+  using token_loss_fn = std::function<double(
+      std::span<std::int64_t const> rows, std::span<double const> logp, std::span<double> dlogp)>;
+
+  //! Sets the token loss of the following forwards (empty: the weighted cross-entropy).
+  void set_token_loss(token_loss_fn fn) { token_loss_ = std::move(fn); }
 
   //! The blocks this rank's pipeline stage holds (all of them without pipeline parallelism).
   [[nodiscard]] gpt_layer_range layers() const noexcept { return layers_; }
@@ -216,6 +229,15 @@ class gpt {
     vocab_parallel_cross_entropy_forward(*tp_, rows_of(logits_, vs), shard_,
                                          std::span<std::int32_t const>(targets_),
                                          std::span<C>(losses), std::span<C>(ce_lse_), opt);
+    if (token_loss_) {
+      tl_logp_.assign(losses.size(), 0.0);
+      tl_dlogp_.assign(losses.size(), 0.0);
+      for (std::size_t k = 0; k < losses.size(); ++k)
+        if (targets_[k] >= 0) tl_logp_[k] = -static_cast<double>(losses[k]);
+      return token_loss_(std::span<std::int64_t const>(global_rows_),
+                         std::span<double const>(tl_logp_), std::span<double>(tl_dlogp_));
+    }
+    tl_dlogp_.clear();
     double sum = 0.0;
     for (std::size_t k = 0; k < losses.size(); ++k)
       if (targets_[k] >= 0) sum += weight_ * static_cast<double>(losses[k]);
@@ -252,8 +274,12 @@ class gpt {
     rl::logprob_options opt;
     opt.ignore_index = -1;
     std::vector<C> dloss(static_cast<std::size_t>(n_));
+    // d loss / d CE_k: the token weight, or -d loss / d logp_k under a token loss (CE = -logp).
+    bool const custom = !tl_dlogp_.empty();
     for (std::size_t k = 0; k < dloss.size(); ++k)
-      dloss[k] = targets_[k] >= 0 ? static_cast<C>(weight_) : C(0);
+      dloss[k] = targets_[k] < 0 ? C(0)
+                 : custom        ? static_cast<C>(-tl_dlogp_[k])
+                                 : static_cast<C>(weight_);
     auto& dlogits = g_.dlogits;
     vocab_parallel_cross_entropy_backward(
         rows_of(logits_, vs), shard_, std::span<std::int32_t const>(targets_),
@@ -609,6 +635,8 @@ class gpt {
   rl::vocab_shard shard_;
   double weight_ = 0.0;
   gpt_layer_range layers_;
+  token_loss_fn token_loss_;
+  std::vector<double> tl_logp_, tl_dlogp_;
   index_t seq_ = 0, seqs_ = 0, n_ = 0, m_ = 0;
   std::vector<std::int32_t> tokens_, targets_, positions_;
   std::vector<std::int64_t> global_rows_, cu_seqlens_;

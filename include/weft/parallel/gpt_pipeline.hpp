@@ -1,6 +1,7 @@
 // weft/parallel/gpt_pipeline.hpp — parallel::gpt cut into pipeline stages for weft::pipeline's
 // executor: a `Stage` whose rank holds one contiguous range of blocks (gpt_stage_layers), the
-// first stage also the embeddings, the last the final norm, head and loss, with one model
+// first stage also the embeddings, the last the final norm, head and loss (cross-entropy or a
+// token loss on the targets' log-probabilities), with one model
 // instance per stash slot over the rank's one parameter store, so that every microbatch in
 // flight keeps its own activations while the gradients accumulate in one buffer.
 #pragma once
@@ -15,6 +16,7 @@
 #include <weft/pipeline/stage.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -42,16 +44,24 @@ class gpt_pipeline_stage {
  public:
   using stage_concept = pipeline::stage_tag;
   using model_type = gpt<T, TP, CP>;
+  //! gpt::token_loss_fn with the microbatch's index first: the last stage's loss on the log-
+  //! probabilities of microbatch i's targets (rows: global token indices within the microbatch).
+  //! Empty: the cross-entropy weighted by the executor's loss weight.
+  using microbatch_loss_fn =
+      std::function<double(int microbatch, std::span<std::int64_t const> rows,
+                           std::span<double const> logp, std::span<double> dlogp)>;
 
   gpt_pipeline_stage(nn::gpt_config const& config, gpt_parallelism const& parallelism, TP& tp,
                      CP& cp, nn::param_store<T>& store,
-                     std::function<gpt_sequences(int)> microbatch)
+                     std::function<gpt_sequences(int)> microbatch,
+                     microbatch_loss_fn token_loss = {})
       : c_(config),
         p_(parallelism),
         tp_(&tp),
         cp_(&cp),
         store_(&store),
-        microbatch_(std::move(microbatch)) {
+        microbatch_(std::move(microbatch)),
+        token_loss_(std::move(token_loss)) {
     WEFT_EXPECTS(static_cast<bool>(microbatch_), "microbatch", "a callable", "an empty function");
     // One instance now, so that a wrong layout or store fails at construction.
     models_.push_back(std::make_unique<model_type>(c_, p_, *tp_, *cp_, *store_));
@@ -83,8 +93,14 @@ class gpt_pipeline_stage {
 
   double forward(pipeline::stage_call const& c, comm::buffer_view in, comm::buffer_view out) {
     check(c);
-    return slot(c).forward_stage(microbatch_(c.microbatch), c.loss_weight, typed<T const>(in),
-                                 typed<T>(out));
+    auto& m = slot(c);
+    if (token_loss_ && c.last_stage()) {
+      m.set_token_loss([this, i = c.microbatch](
+                           std::span<std::int64_t const> rows, std::span<double const> logp,
+                           std::span<double> dlogp) { return token_loss_(i, rows, logp, dlogp); });
+    }
+    return m.forward_stage(microbatch_(c.microbatch), c.loss_weight, typed<T const>(in),
+                           typed<T>(out));
   }
   void backward(pipeline::stage_call const& c, comm::buffer_view dout, comm::buffer_view din) {
     check(c);
@@ -131,6 +147,7 @@ class gpt_pipeline_stage {
   CP* cp_;
   nn::param_store<T>* store_;
   std::function<gpt_sequences(int)> microbatch_;
+  microbatch_loss_fn token_loss_;
   std::vector<std::unique_ptr<model_type>> models_;
 };
 

@@ -6,6 +6,7 @@
 // bitwise the single device's slice.
 #pragma once
 
+#include <weft/comm/collectives.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/random.hpp>
 #include <weft/nn/gpt.hpp>
@@ -144,6 +145,36 @@ inline gpt_piece piece_of(nn::param_entry const& e, nn::gpt_config const& c,
   return out;
 }
 
+//! Copies parameter `e`'s shard between the whole tensor and the shard: whole -> shard when
+//! `to_shard`, else shard -> whole (its places only).
+template <class S, class D>
+void copy_piece(nn::param_entry const& e, gpt_piece const& piece, S src, D dst, bool to_shard) {
+  if (piece.dim < 0) {
+    std::copy(src.begin(), src.end(), dst.begin());
+    return;
+  }
+  index_t const cols = e.shape.size() == 2 ? e.shape[1] : 1;
+  auto const shard_size = static_cast<index_t>(to_shard ? dst.size() : src.size());
+  auto move = [&](index_t whole_at, index_t shard_at, index_t n) {
+    if (to_shard)
+      std::copy_n(src.begin() + whole_at, n, dst.begin() + shard_at);
+    else
+      std::copy_n(src.begin() + shard_at, n, dst.begin() + whole_at);
+  };
+  if (piece.dim == 0) {
+    index_t at = 0;
+    for (auto const& s : piece.pieces) {
+      move(s.global_begin * cols, at * cols, s.size * cols);
+      at += s.size;
+    }
+  } else {
+    index_t const held = shard_size / e.shape[0];
+    for (index_t r = 0; r < e.shape[0]; ++r)
+      for (auto const& s : piece.pieces)
+        move(r * cols + s.global_begin, r * held + s.local_begin, s.size);
+  }
+}
+
 }  // namespace detail
 
 //! This rank's parameters: those of its pipeline stage (all with pp = 1), nn::gpt_layout's names
@@ -227,28 +258,40 @@ void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gp
                      shard.layout().size());
   for (auto const& e : global.entries()) {
     if (!detail::stage_holds(e.name, c, p)) continue;
-    auto const piece = detail::piece_of(e, c, p);
-    auto const src = whole.param_span(e.name);
-    auto const dst = shard.param_span(e.name);
-    if (piece.dim < 0) {
-      std::copy(src.begin(), src.end(), dst.begin());
-      continue;
-    }
-    index_t const cols = e.shape.size() == 2 ? e.shape[1] : 1;
-    if (piece.dim == 0) {
-      index_t at = 0;
-      for (auto const& s : piece.pieces) {
-        std::copy_n(src.begin() + s.global_begin * cols, s.size * cols, dst.begin() + at * cols);
-        at += s.size;
-      }
-    } else {
-      index_t const held = static_cast<index_t>(dst.size()) / e.shape[0];
-      for (index_t r = 0; r < e.shape[0]; ++r)
-        for (auto const& s : piece.pieces)
-          std::copy_n(src.begin() + r * cols + s.global_begin, s.size,
-                      dst.begin() + r * held + s.local_begin);
-    }
+    detail::copy_piece(e, detail::piece_of(e, c, p), whole.param_span(e.name),
+                       shard.param_span(e.name), true);
   }
+}
+
+//! The whole model, laid out by nn::gpt_layout(c), on every rank of `model_group` from the
+//! shards: `model_group` holds one replica's pieces (the ranks of one data-parallel replica's
+//! pipeline × tensor-parallel grid: the mesh's flattened {"pp", "tp"} group, or "tp" alone, or a
+//! group of one). Each rank writes its stage's pieces into zeros (a replicated parameter from tp
+//! rank 0 only), then one SUM all-reduce joins them: exact, every element has one non-zero term
+//! (a -0.0 parameter arrives as +0.0). For generation on a full replica after each optimizer
+//! step (a few hundred KiB for small models). Collective over `model_group`.
+template <comm::CollectiveIn<host_space> G, class T>
+void gpt_gather_replica(G& model_group, nn::param_store<T> const& shard, nn::param_store<T>& whole,
+                        nn::gpt_config const& c, gpt_parallelism const& p) {
+  auto const global = nn::gpt_layout(c);
+  WEFT_EXPECTS_SHAPE(whole.layout().size() == global.size(), "whole",
+                     ::weft::detail::concat(global.size(), " elements (gpt_layout(config))"),
+                     whole.layout().size());
+  WEFT_EXPECTS_SHAPE(shard.layout().size() == gpt_shard_layout(c, p).size(), "shard",
+                     ::weft::detail::concat(gpt_shard_layout(c, p).size(),
+                                            " elements (gpt_shard_layout(config, parallelism))"),
+                     shard.layout().size());
+  WEFT_EXPECTS(model_group.size() == p.pp * p.tp, "model_group.size()",
+               ::weft::detail::concat("pp * tp = ", p.pp * p.tp), model_group.size());
+  auto all = whole.params();
+  std::fill(all.begin(), all.end(), T(0));
+  for (auto const& e : global.entries()) {
+    if (!detail::stage_holds(e.name, c, p)) continue;
+    auto const piece = detail::piece_of(e, c, p);
+    if (piece.dim < 0 && p.tp_rank != 0) continue;
+    detail::copy_piece(e, piece, shard.param_span(e.name), whole.param_span(e.name), false);
+  }
+  if (model_group.size() > 1) comm::all_reduce(model_group, all, comm::reduce_kind::sum).wait();
 }
 
 }  // namespace weft::parallel

@@ -1,0 +1,1026 @@
+// rl_trainer — weft's reference RL trainer: a GPT-2 style model learns 2-digit addition by SFT,
+// then by DAPO or GRPO, on any pp × dp × cp × tp layout of thread ranks, composed from weft's
+// layers (parallel::gpt and its pipeline stages), the pipeline executor, the key/value-cache
+// decoder, the RL losses and advantages, and AdamW. No autograd: forward, hand-written backward.
+//
+// Every rank holds a full replica of the model for generation (gathered from the shards after
+// each optimizer step) and generates a share of the groups; a sample's randomness is keyed by
+// (seed, step, prompt, sample, position) through Philox, so rollouts do not depend on the layout.
+// The rollouts are shared by all ranks, every rank takes the same filtering decision, and the
+// update runs under the layout: each data-parallel rank trains on contiguous whole groups,
+// microbatch by microbatch (one group each) through its pipeline, with the policy loss on the
+// last stage's log-probabilities, gradients summed over dp × cp, clipped over pp × tp.
+//
+//   rl_trainer [--mode dapo|grpo] [--seed N] [--rl-steps N] [--dp N] [--pp N] [--tp N] [--cp N]
+//              [--sp] [--refill whole|sized] [--zero-advantage] [--out DIR] [--check] ...
+//
+// See --help and docs/trainer.md. Exit status: 0 on success (with --check: the layout followed
+// the one-rank run), 1 when a check fails, 2 on a bad command line.
+#include <weft/comm/collectives.hpp>
+#include <weft/comm/threads/world.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/random.hpp>
+#include <weft/mesh/device_mesh.hpp>
+#include <weft/nn/decode.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/optim/adamw.hpp>
+#include <weft/optim/clip.hpp>
+#include <weft/parallel/gpt.hpp>
+#include <weft/parallel/gpt_pipeline.hpp>
+#include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/rl/advantages.hpp>
+#include <weft/rl/aggregation.hpp>
+#include <weft/rl/policy_loss.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <numeric>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace {
+
+namespace nn = weft::nn;
+namespace par = weft::parallel;
+namespace pl = weft::pipeline;
+namespace rl = weft::rl;
+namespace optim = weft::optim;
+using weft::index_t;
+using comm_t = weft::comm::threads::communicator;
+using clock_type = std::chrono::steady_clock;
+
+// ---- options ------------------------------------------------------------------------------------
+
+struct options {
+  std::string mode = "dapo";  // dapo | grpo
+  std::uint64_t seed = 0;
+  int rl_steps = 150;
+  int sft_max_steps = 2000;
+  int sft_steps = 0;  // > 0: exactly this many SFT steps, no accuracy target (tests)
+  double sft_target = 0.30;
+  int sft_batch = 64, sft_eval_every = 20, sft_eval_prompts = 256;
+  double sft_lr = 1e-3, rl_lr = 1e-4;
+  int prompts = 32, group = 8, max_rounds = 3, minibatches = 2;
+  std::string refill = "whole";  // whole (verl) | sized (from the observed keep rate)
+  bool zero_advantage = false;
+  int eval_prompts = 1000;
+  int dp = 1, pp = 1, tp = 1, cp = 1;
+  bool sp = false;
+  std::string out;  // output folder ("" = none)
+  bool check = false;
+  bool quiet = false;
+  bool f64 = false;
+};
+
+struct bad_argument {
+  std::string message;
+};
+
+void usage(std::ostream& os) {
+  os << "usage: rl_trainer [--mode dapo|grpo] [--seed N] [--rl-steps N] [--sft-max-steps N]\n"
+        "                  [--sft-steps N] [--sft-target X] [--prompts N] [--group G]\n"
+        "                  [--max-rounds N] [--refill whole|sized] [--zero-advantage]\n"
+        "                  [--eval-prompts N] [--dp N] [--pp N] [--tp N] [--cp N] [--sp]\n"
+        "                  [--out DIR] [--check] [--f64] [--quiet] [--help]\n\n"
+        "SFT, then RL (DAPO or GRPO) of a 2-layer GPT on 2-digit addition; prints a line per RL\n"
+        "step and the accuracies after SFT and after RL.\n"
+        "  --mode            dapo (default: eps 0.2/0.28, dual clip 10, token-mean, dynamic\n"
+        "                    sampling) or grpo (eps 0.2/0.2, seq-mean-token-mean, one round)\n"
+        "  --seed            seed of everything random (default 0)\n"
+        "  --rl-steps        RL steps (default 150)\n"
+        "  --sft-max-steps   SFT step cap (default 2000); SFT stops once the sampled exact match\n"
+        "                    of 256 fresh prompts, tested every 20 steps, reaches --sft-target\n"
+        "                    (default 0.30)\n"
+        "  --sft-steps       exactly N SFT steps, no target (default 0: use the target)\n"
+        "  --prompts, --group  prompts per round and samples per prompt (default 32, 8)\n"
+        "  --max-rounds      DAPO generation rounds per step (default 3)\n"
+        "  --refill          whole: every round draws --prompts prompts (verl); sized: a refill\n"
+        "                    round draws ceil(missing / keep rate * 1.1) prompts\n"
+        "  --zero-advantage  control: every advantage 0 (nothing should be learned)\n"
+        "  --eval-prompts    held-out prompts evaluated after SFT and after RL (default 1000)\n"
+        "  --dp --pp --tp --cp  the layout (default 1 each; at most 64 thread ranks); --sp:\n"
+        "                    sequence parallelism; pp <= 2 (the model's layers), tp divides 4\n"
+        "  --out DIR         write metrics.csv, summary.json and plots (SVG) to DIR\n"
+        "  --check           also run the one-rank trainer and compare: identical rollouts and\n"
+        "                    losses within float tolerance (dp alone: bit for bit)\n"
+        "  --f64             train and generate in double precision (layout tests)\n"
+        "  --quiet           no per-step lines\n";
+}
+
+template <class N>
+N parse_number(std::string_view flag, std::string_view text, N lo, N hi) {
+  N value{};
+  auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size() || !(value >= lo) || !(value <= hi))
+    throw bad_argument{"argument `" + std::string(flag) + "`: expected a number in [" +
+                       std::to_string(lo) + ", " + std::to_string(hi) + "], actual `" +
+                       std::string(text) + "`"};
+  return value;
+}
+
+options parse(int argc, char** argv) {
+  options o;
+  for (int i = 1; i < argc; ++i) {
+    std::string_view const a = argv[i];
+    auto value = [&]() -> std::string_view {
+      if (i + 1 >= argc) throw bad_argument{"argument `" + std::string(a) + "`: expected a value"};
+      return argv[++i];
+    };
+    if (a == "--help") {
+      usage(std::cout);
+      std::exit(0);
+    } else if (a == "--mode") {
+      o.mode = std::string(value());
+      if (o.mode != "dapo" && o.mode != "grpo")
+        throw bad_argument{"argument `--mode`: expected dapo or grpo, actual `" + o.mode + "`"};
+    } else if (a == "--seed") {
+      o.seed = parse_number<std::uint64_t>(a, value(), 0, 1ull << 40);
+    } else if (a == "--rl-steps") {
+      o.rl_steps = parse_number(a, value(), 0, 100000);
+    } else if (a == "--sft-max-steps") {
+      o.sft_max_steps = parse_number(a, value(), 0, 1000000);
+    } else if (a == "--sft-steps") {
+      o.sft_steps = parse_number(a, value(), 0, 1000000);
+    } else if (a == "--sft-target") {
+      o.sft_target = parse_number(a, value(), 0.0, 1.0);
+    } else if (a == "--prompts") {
+      o.prompts = parse_number(a, value(), 1, 4096);
+    } else if (a == "--group") {
+      o.group = parse_number(a, value(), 2, 256);
+    } else if (a == "--max-rounds") {
+      o.max_rounds = parse_number(a, value(), 1, 100);
+    } else if (a == "--refill") {
+      o.refill = std::string(value());
+      if (o.refill != "whole" && o.refill != "sized")
+        throw bad_argument{"argument `--refill`: expected whole or sized, actual `" + o.refill +
+                           "`"};
+    } else if (a == "--zero-advantage") {
+      o.zero_advantage = true;
+    } else if (a == "--eval-prompts") {
+      o.eval_prompts = parse_number(a, value(), 1, 1000000);
+    } else if (a == "--dp") {
+      o.dp = parse_number(a, value(), 1, 64);
+    } else if (a == "--pp") {
+      o.pp = parse_number(a, value(), 1, 2);
+    } else if (a == "--tp") {
+      o.tp = parse_number(a, value(), 1, 4);
+    } else if (a == "--cp") {
+      o.cp = parse_number(a, value(), 1, 4);
+    } else if (a == "--sp") {
+      o.sp = true;
+    } else if (a == "--out") {
+      o.out = std::string(value());
+    } else if (a == "--check") {
+      o.check = true;
+    } else if (a == "--f64") {
+      o.f64 = true;
+    } else if (a == "--quiet") {
+      o.quiet = true;
+    } else {
+      throw bad_argument{"unknown argument `" + std::string(a) + "` (see --help)"};
+    }
+  }
+  if (o.dp * o.pp * o.tp * o.cp > 64)
+    throw bad_argument{"argument `--dp x --pp x --tp x --cp`: expected at most 64 ranks, actual " +
+                       std::to_string(o.dp * o.pp * o.tp * o.cp)};
+  if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
+  return o;
+}
+
+// ---- the task: 2-digit addition over 14 symbols -------------------------------------------------
+
+constexpr std::int32_t kPlus = 10, kEq = 11, kEos = 12, kPad = 13;
+constexpr index_t kVocab = 14, kPrompt = 6, kMaxNew = 4, kContext = 16;
+
+struct problem {
+  int a = 0, b = 0;
+};
+
+std::array<std::int32_t, kPrompt> prompt_of(problem p) {
+  return {p.a / 10, p.a % 10, kPlus, p.b / 10, p.b % 10, kEq};
+}
+std::array<std::int32_t, kMaxNew> answer_of(problem p) {
+  int const s = p.a + p.b;
+  return {s / 100, s / 10 % 10, s % 10, kEos};
+}
+
+// Random streams: each purpose its own, each draw a pure function of its index.
+enum stream : std::uint64_t {
+  sft_prompts = 1,
+  sft_eval_prompts = 2,
+  sft_eval_sampling = 3,
+  rl_prompts = 4,
+  rl_sampling = 5,
+  eval_prompts = 6,
+  eval_sampling = 7,
+};
+
+problem draw_problem(std::uint64_t seed, stream s, std::uint64_t index) {
+  weft::rng const g(seed, s);
+  return {static_cast<int>(g.uniform_int(2 * index, 100)),
+          static_cast<int>(g.uniform_int(2 * index + 1, 100))};
+}
+
+nn::gpt_config model_config() {
+  nn::gpt_config c;
+  c.vocab = kVocab;
+  c.context = kContext;
+  c.d_model = 64;
+  c.heads = 4;
+  c.layers = 2;
+  c.mlp_hidden = 256;
+  c.ln_eps = 1e-5;
+  return c;
+}
+
+// ---- rollouts -----------------------------------------------------------------------------------
+
+//! One generated response: the problem, up to 4 tokens, the sampler's log-probs and entropies.
+struct sample {
+  problem p;
+  std::array<std::int32_t, kMaxNew> tokens{kPad, kPad, kPad, kPad};
+  int length = 0;  // valid tokens: through the first EOS, or all 4 (truncated)
+  std::array<double, kMaxNew> logp{}, entropy{};
+  bool truncated = false, correct = false;
+  double reward = -1.0;
+};
+constexpr std::size_t kSampleWords = 2 + 4 + 1 + 4 + 4 + 2 + 1;
+
+void pack(sample const& s, double* w) {
+  w[0] = s.p.a;
+  w[1] = s.p.b;
+  for (int t = 0; t < 4; ++t) {
+    w[2 + t] = s.tokens[t];
+    w[7 + t] = s.logp[t];
+    w[11 + t] = s.entropy[t];
+  }
+  w[6] = s.length;
+  w[15] = s.truncated ? 1 : 0;
+  w[16] = s.correct ? 1 : 0;
+  w[17] = s.reward;
+}
+sample unpack(double const* w) {
+  sample s;
+  s.p = {static_cast<int>(w[0]), static_cast<int>(w[1])};
+  for (int t = 0; t < 4; ++t) {
+    s.tokens[t] = static_cast<std::int32_t>(w[2 + t]);
+    s.logp[t] = w[7 + t];
+    s.entropy[t] = w[11 + t];
+  }
+  s.length = static_cast<int>(w[6]);
+  s.truncated = w[15] != 0;
+  s.correct = w[16] != 0;
+  s.reward = w[17];
+  return s;
+}
+
+//! Samples `rows` responses to `probs[r]` (one row each) with the decoder: temperature 1, or
+//! greedy; row r's coin at position t is gen.uniform_double(keys[r] * 4 + t).
+template <class T>
+void generate(nn::gpt_decoder<T>& dec, std::span<problem const> probs,
+              std::span<std::uint64_t const> keys, weft::rng gen, bool greedy,
+              std::span<sample> out) {
+  auto const rows = static_cast<index_t>(probs.size());
+  dec.reset(rows);
+  std::vector<T> logits(static_cast<std::size_t>(rows * kVocab));
+  weft::tensor_view<T, 2> lv(logits.data(), rows, kVocab);
+  std::vector<std::int32_t> col(static_cast<std::size_t>(rows));
+  for (index_t t = 0; t < kPrompt; ++t) {
+    for (index_t r = 0; r < rows; ++r)
+      col[static_cast<std::size_t>(r)] = prompt_of(probs[static_cast<std::size_t>(r)])[t];
+    dec.step(col, lv);
+  }
+  std::vector<bool> done(static_cast<std::size_t>(rows), false);
+  for (index_t t = 0; t < kMaxNew; ++t) {
+    for (index_t r = 0; r < rows; ++r) {
+      auto& s = out[static_cast<std::size_t>(r)];
+      // log-softmax in double
+      double mx = -std::numeric_limits<double>::infinity();
+      for (index_t v = 0; v < kVocab; ++v) mx = std::max(mx, static_cast<double>(lv(r, v)));
+      double sum = 0;
+      for (index_t v = 0; v < kVocab; ++v) sum += std::exp(static_cast<double>(lv(r, v)) - mx);
+      double const lse = mx + std::log(sum);
+      std::int32_t tok = 0;
+      if (greedy) {
+        for (index_t v = 1; v < kVocab; ++v)
+          if (lv(r, v) > lv(r, tok)) tok = static_cast<std::int32_t>(v);
+      } else {
+        double const u = gen.uniform_double(keys[static_cast<std::size_t>(r)] * 4 + t) * sum;
+        double cum = 0;
+        tok = static_cast<std::int32_t>(kVocab - 1);
+        for (index_t v = 0; v < kVocab; ++v) {
+          cum += std::exp(static_cast<double>(lv(r, v)) - mx);
+          if (u < cum) {
+            tok = static_cast<std::int32_t>(v);
+            break;
+          }
+        }
+      }
+      double h = 0;
+      for (index_t v = 0; v < kVocab; ++v) {
+        double const lp = static_cast<double>(lv(r, v)) - lse;
+        h -= std::exp(lp) * lp;
+      }
+      col[static_cast<std::size_t>(r)] = tok;
+      if (done[static_cast<std::size_t>(r)]) continue;
+      s.tokens[t] = tok;
+      s.logp[t] = static_cast<double>(lv(r, tok)) - lse;
+      s.entropy[t] = h;
+      s.length = static_cast<int>(t) + 1;
+      if (tok == kEos) done[static_cast<std::size_t>(r)] = true;
+    }
+    if (t + 1 < kMaxNew) dec.step(col, lv);
+  }
+  for (index_t r = 0; r < rows; ++r) {
+    auto& s = out[static_cast<std::size_t>(r)];
+    s.p = probs[static_cast<std::size_t>(r)];
+    s.truncated = !done[static_cast<std::size_t>(r)];
+    auto const want = answer_of(s.p);
+    s.correct = !s.truncated && s.length == kMaxNew &&
+                std::equal(want.begin(), want.end(), s.tokens.begin());
+    s.reward = s.correct ? 1.0 : -1.0;
+  }
+}
+
+// ---- metrics and outputs
+// --------------------------------------------------------------------------
+
+struct step_metrics {
+  std::vector<std::pair<std::string, double>> values;
+  void set(std::string const& k, double v) {
+    for (auto& [n, x] : values)
+      if (n == k) {
+        x = v;
+        return;
+      }
+    values.emplace_back(k, v);
+  }
+  [[nodiscard]] double get(std::string const& k) const {
+    for (auto const& [n, x] : values)
+      if (n == k) return x;
+    return std::numeric_limits<double>::quiet_NaN();
+  }
+};
+
+struct run_result {
+  int sft_steps = 0;
+  double acc_sft_sampled = 0, acc_sft_greedy = 0, acc_rl_sampled = 0, acc_rl_greedy = 0;
+  std::vector<step_metrics> steps;
+  std::vector<std::uint64_t> rollout_hashes;  // per RL step, over every generated sample
+  std::vector<double> losses;                 // per RL mini-batch: the policy loss
+  std::vector<double> final_params;           // the replica after RL
+  double seconds_sft = 0, seconds_rl = 0;
+};
+
+std::uint64_t hash_words(std::span<double const> w, std::uint64_t h) {
+  for (double x : w) {
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &x, 8);
+    h = (h ^ bits) * 0x100000001b3ull;
+  }
+  return h;
+}
+
+// ---- the per-rank trainer
+// -------------------------------------------------------------------------
+
+template <class T>
+class trainer {
+ public:
+  trainer(options const& o, comm_t& world)
+      : o_(o),
+        c_(model_config()),
+        world_(&world),
+        mesh_(world, {o.pp, o.dp, o.cp, o.tp}, {"pp", "dp", "cp", "tp"},
+              {{"dp", "cp"}, {"pp", "tp"}}),
+        tp_(&mesh_.group("tp")),
+        cp_(&mesh_.group("cp")),
+        pp_(&mesh_.group("pp")),
+        data_(&mesh_.group({"dp", "cp"})),
+        model_group_(&mesh_.group({"pp", "tp"})),
+        p_{tp_->size(), tp_->rank(), o.sp, cp_->size(), cp_->rank(), pp_->size(), pp_->rank()},
+        store_(par::gpt_shard_layout(c_, p_)),
+        replica_(nn::gpt_layout(c_)),
+        decoder_(c_, replica_, std::max<index_t>(o.group, kEvalChunk), kPrompt + kMaxNew),
+        dp_rank_(mesh_.local_rank("dp")),
+        seq_len_(round_up(kPrompt + kMaxNew, 2 * o.cp)) {
+    par::gpt_init_shard(store_, c_, p_, o.seed);
+    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
+    if (o.pp == 1) model_.emplace(c_, p_, *tp_, *cp_, store_);
+    if (seq_len_ > kContext)
+      throw bad_argument{"argument `--cp`: 2 cp must divide a length <= the context 16"};
+  }
+
+  run_result run() {
+    run_result r;
+    auto const t0 = clock_type::now();
+    sft(r);
+    r.seconds_sft = seconds_since(t0);
+    auto const e1 = evaluate();
+    r.acc_sft_sampled = e1[0];
+    r.acc_sft_greedy = e1[1];
+    say("after SFT (%d steps, %.1f s): eval accuracy sampled %.3f, greedy %.3f\n", r.sft_steps,
+        r.seconds_sft, e1[0], e1[1]);
+    auto const t1 = clock_type::now();
+    rl_phase(r);
+    r.seconds_rl = seconds_since(t1);
+    auto const e2 = evaluate();
+    r.acc_rl_sampled = e2[0];
+    r.acc_rl_greedy = e2[1];
+    say("after RL (%d steps, %.1f s): eval accuracy sampled %.3f, greedy %.3f\n", o_.rl_steps,
+        r.seconds_rl, e2[0], e2[1]);
+    r.final_params.assign(replica_.params().begin(), replica_.params().end());
+    return r;
+  }
+
+ private:
+  static constexpr index_t kEvalChunk = 50;
+
+  static index_t round_up(index_t n, index_t k) { return (n + k - 1) / k * k; }
+  static double seconds_since(clock_type::time_point t) {
+    return std::chrono::duration<double>(clock_type::now() - t).count();
+  }
+  template <class... A>
+  void say(char const* fmt, A... a) const {
+    if (world_->rank() != 0 || o_.quiet) return;
+    std::printf(fmt, a...);
+    std::fflush(stdout);
+  }
+
+  // A training sequence: the prompt, the response (or the SFT answer), PAD to seq_len_; the
+  // targets are the response tokens at the positions that predict them.
+  void append_sequence(problem p, std::span<std::int32_t const> response, int length,
+                       std::vector<std::int32_t>& tokens,
+                       std::vector<std::int32_t>& targets) const {
+    auto const pr = prompt_of(p);
+    auto const at = tokens.size();
+    tokens.insert(tokens.end(), pr.begin(), pr.end());
+    for (int t = 0; t < length; ++t) tokens.push_back(response[static_cast<std::size_t>(t)]);
+    tokens.resize(at + static_cast<std::size_t>(seq_len_), kPad);
+    targets.resize(tokens.size(), -1);
+    for (int t = 0; t < length; ++t)
+      targets[at + static_cast<std::size_t>(kPrompt - 1 + t)] =
+          response[static_cast<std::size_t>(t)];
+  }
+
+  //! One optimizer step on `seqs` sequences (tokens/targets, seq_len_ each) cut into microbatches
+  //! of `mb` sequences. This dp rank trains on its contiguous share; with one dp rank the share
+  //! is accumulated in two halves summed at the end, as two dp ranks sum theirs, so dp 2 is bit
+  //! for bit the single rank. `loss` (empty: cross-entropy with `ce_weight`) is the token loss of
+  //! a microbatch's rows, called with the index of its first sequence. Returns {loss, grad norm}.
+  std::array<double, 2> train_step(
+      std::vector<std::int32_t> const& tokens, std::vector<std::int32_t> const& targets, index_t mb,
+      double ce_weight, optim::adamw<T>& opt, double lr,
+      std::function<double(index_t first_seq, std::span<std::int64_t const>,
+                           std::span<double const>, std::span<double>)> const& loss) {
+    index_t const seqs = static_cast<index_t>(tokens.size()) / seq_len_;
+    index_t const units = (seqs + mb - 1) / mb;  // microbatches of the whole step
+    // This dp rank's microbatches [u0, u1), in one or two halves.
+    index_t const u0 = units * dp_rank_ / o_.dp, u1 = units * (dp_rank_ + 1) / o_.dp;
+    std::vector<std::pair<index_t, index_t>> halves;
+    if (o_.dp == 1) {
+      halves = {{u0, units / 2}, {units / 2, u1}};
+    } else {
+      halves = {{u0, u1}};
+    }
+    double loss_sum = 0;
+    std::vector<T> first_half;
+    store_.zero_grad();
+    for (std::size_t h = 0; h < halves.size(); ++h) {
+      auto const [a, b] = halves[h];
+      if (h == 1) {
+        first_half.assign(store_.grads().begin(), store_.grads().end());
+        store_.zero_grad();
+      }
+      loss_sum += run_units(tokens, targets, seqs, mb, a, b, ce_weight, loss);
+      if (h == 1) {
+        auto g = store_.grads();
+        for (std::size_t k = 0; k < g.size(); ++k) g[k] = first_half[k] + g[k];
+      }
+    }
+    par::reduce_gpt_grads(*tp_, *data_, store_);
+    auto const infos = store_.layout().infos();
+    double const norm =
+        optim::clip_grad_norm(*model_group_, infos, store_.grads(), p_.tp_rank, 1.0);
+    opt.step(store_.params(), store_.grads(), lr);
+    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
+    // The loss: the last stage's tp rank 0 of every data rank holds a part.
+    double l = p_.last_stage() && p_.tp_rank == 0 ? loss_sum : 0.0;
+    weft::comm::all_reduce(*world_, std::span<double>(&l, 1), weft::comm::reduce_kind::sum).wait();
+    return {l, norm};
+  }
+
+  // Forward and backward of microbatches [a, b) (accumulating); returns this rank's loss part.
+  double run_units(std::vector<std::int32_t> const& tokens,
+                   std::vector<std::int32_t> const& targets, index_t seqs, index_t mb, index_t a,
+                   index_t b, double ce_weight,
+                   std::function<double(index_t, std::span<std::int64_t const>,
+                                        std::span<double const>, std::span<double>)> const& loss) {
+    if (b <= a) return 0.0;
+    auto const unit = [&](index_t u) {
+      index_t const first = u * mb, n = std::min(mb, seqs - first);
+      auto const at = static_cast<std::size_t>(first * seq_len_);
+      auto const len = static_cast<std::size_t>(n * seq_len_);
+      return par::gpt_sequences{std::span(tokens).subspan(at, len),
+                                std::span(targets).subspan(at, len), seq_len_};
+    };
+    if (model_) {
+      double sum = 0;
+      for (index_t u = a; u < b; ++u) {
+        if (loss)
+          model_->set_token_loss([&, first = u * mb](auto rows, auto logp, auto dlogp) {
+            return loss(first, rows, logp, dlogp);
+          });
+        sum += model_->forward(unit(u), ce_weight);
+        model_->backward();
+      }
+      return sum;
+    }
+    int const m = static_cast<int>(b - a);
+    typename par::gpt_pipeline_stage<T, comm_t, comm_t>::microbatch_loss_fn mloss;
+    if (loss)
+      mloss = [&](int i, auto rows, auto logp, auto dlogp) {
+        return loss((a + i) * mb, rows, logp, dlogp);
+      };
+    par::gpt_pipeline_stage<T, comm_t, comm_t> stage(
+        c_, p_, *tp_, *cp_, store_, [&](int i) { return unit(a + i); }, mloss);
+    // 1F1B needs at least pp microbatches; fewer (a small DAPO batch) run GPipe.
+    auto const sched = m >= o_.pp ? pl::one_f_one_b(o_.pp, m) : pl::gpipe(o_.pp, m);
+    pl::step_options so;
+    so.weighting = pl::loss_weighting::token_mean;
+    so.total_tokens = 1.0 / ce_weight;  // w_i = ce_weight (unused under a token loss)
+    auto const r = pl::run_step(pl::lower(sched), stage, *pp_, so);
+    return r.has_loss ? r.loss : 0.0;
+  }
+
+  // Sampled exact match of `probs` (one sample each at temperature 1, coins from `s`, keys
+  // offset by `key0`), or greedy; generation split over every rank in chunks of kEvalChunk.
+  double accuracy(std::vector<problem> const& probs, weft::rng gen, std::uint64_t key0,
+                  bool greedy) {
+    auto const n = static_cast<index_t>(probs.size());
+    double correct = 0;
+    int chunk = 0;
+    for (index_t at = 0; at < n; at += kEvalChunk, ++chunk) {
+      if (chunk % world_->size() != world_->rank()) continue;
+      index_t const k = std::min(kEvalChunk, n - at);
+      std::vector<sample> out(static_cast<std::size_t>(k));
+      std::vector<std::uint64_t> keys(static_cast<std::size_t>(k));
+      std::iota(keys.begin(), keys.end(), key0 + static_cast<std::uint64_t>(at));
+      generate(decoder_, std::span(probs).subspan(static_cast<std::size_t>(at), k), keys, gen,
+               greedy, out);
+      for (auto const& s : out) correct += s.correct ? 1 : 0;
+    }
+    weft::comm::all_reduce(*world_, std::span<double>(&correct, 1), weft::comm::reduce_kind::sum)
+        .wait();
+    return correct / static_cast<double>(n);
+  }
+
+  std::array<double, 2> evaluate() {
+    std::vector<problem> probs;
+    for (int i = 0; i < o_.eval_prompts; ++i)
+      probs.push_back(draw_problem(o_.seed, eval_prompts, static_cast<std::uint64_t>(i)));
+    weft::rng const gen(o_.seed, eval_sampling);
+    return {accuracy(probs, gen, 0, false), accuracy(probs, gen, 0, true)};
+  }
+
+  void sft(run_result& r) {
+    optim::adamw_options ao;
+    ao.lr = o_.sft_lr;
+    ao.weight_decay = 0.0;
+    optim::adamw<T> opt(store_.layout().infos(), ao);
+    int const cap = o_.sft_steps > 0 ? o_.sft_steps : o_.sft_max_steps;
+    int step = 0;
+    for (; step < cap; ++step) {
+      std::vector<std::int32_t> tokens, targets;
+      for (int i = 0; i < o_.sft_batch; ++i) {
+        auto const p =
+            draw_problem(o_.seed, sft_prompts, static_cast<std::uint64_t>(step * o_.sft_batch + i));
+        auto const ans = answer_of(p);
+        append_sequence(p, ans, kMaxNew, tokens, targets);
+      }
+      double const w = 1.0 / static_cast<double>(o_.sft_batch * kMaxNew);
+      auto const [loss, norm] = train_step(tokens, targets, 8, w, opt, o_.sft_lr, {});
+      (void)norm;
+      if (o_.sft_steps == 0 && (step + 1) % o_.sft_eval_every == 0) {
+        int const k = (step + 1) / o_.sft_eval_every;
+        std::vector<problem> probs;
+        for (int i = 0; i < o_.sft_eval_prompts; ++i)
+          probs.push_back(draw_problem(o_.seed, sft_eval_prompts,
+                                       static_cast<std::uint64_t>(k * o_.sft_eval_prompts + i)));
+        double const acc = accuracy(
+            probs, weft::rng(o_.seed, sft_eval_sampling),
+            static_cast<std::uint64_t>(k) * static_cast<std::uint64_t>(o_.sft_eval_prompts), false);
+        say("sft step %4d  loss %.4f  sampled exact match %.3f\n", step + 1, loss, acc);
+        if (acc >= o_.sft_target) {
+          ++step;
+          break;
+        }
+      }
+    }
+    r.sft_steps = step;
+  }
+
+  // Generates groups for prompts [uid0, uid0 + n) of this step: G samples each; group g by rank
+  // g % world; returns every group's samples on every rank.
+  std::vector<sample> generate_round(std::uint64_t uid0, int n) {
+    auto const g = static_cast<std::size_t>(o_.group);
+    std::vector<double> words(static_cast<std::size_t>(n) * g * kSampleWords, 0.0);
+    weft::rng const gen(o_.seed, rl_sampling);
+    for (int k = 0; k < n; ++k) {
+      if (k % world_->size() != world_->rank()) continue;
+      std::uint64_t const uid = uid0 + static_cast<std::uint64_t>(k);
+      problem const p = draw_problem(o_.seed, rl_prompts, uid);
+      std::vector<problem> probs(g, p);
+      std::vector<std::uint64_t> keys(g);
+      for (std::size_t s = 0; s < g; ++s) keys[s] = uid * g + s;
+      std::vector<sample> out(g);
+      generate(decoder_, probs, keys, gen, false, out);
+      for (std::size_t s = 0; s < g; ++s)
+        pack(out[s], words.data() + (static_cast<std::size_t>(k) * g + s) * kSampleWords);
+    }
+    // Every element has one writer: the sum is exact.
+    weft::comm::all_reduce(*world_, std::span<double>(words), weft::comm::reduce_kind::sum).wait();
+    std::vector<sample> all;
+    for (std::size_t i = 0; i < words.size() / kSampleWords; ++i)
+      all.push_back(unpack(words.data() + i * kSampleWords));
+    return all;
+  }
+
+  void rl_phase(run_result& r) {
+    optim::adamw_options ao;
+    ao.lr = o_.rl_lr;
+    ao.weight_decay = 0.0;
+    optim::adamw<T> opt(store_.layout().infos(), ao);
+    bool const dapo = o_.mode == "dapo";
+    rl::policy_loss_config pc;
+    pc.clip_low = 0.2;
+    pc.clip_high = dapo ? 0.28 : 0.2;
+    pc.dual_clip = dapo ? 10.0 : std::numeric_limits<double>::infinity();
+    pc.log_ratio_clamp = 20.0;
+    auto const agg = dapo ? rl::loss_agg::token_mean : rl::loss_agg::seq_mean_token_mean;
+    auto const g = static_cast<std::size_t>(o_.group);
+    std::uint64_t next_uid = 0;
+    double generated_total = 0;
+    for (int step = 0; step < o_.rl_steps; ++step) {
+      auto const t0 = clock_type::now();
+      // ---- rollouts, dynamic sampling ----
+      std::vector<sample> kept;
+      std::uint64_t hash = 0xcbf29ce484222325ull;
+      int rounds = 0, generated_groups = 0, zero_std_groups = 0;
+      double kept_rate_num = 0, kept_rate_den = 0, round_acc = 0, round_reward = 0;
+      int request = o_.prompts;
+      while (true) {
+        auto const round = generate_round(next_uid, request);
+        next_uid += static_cast<std::uint64_t>(request);
+        ++rounds;
+        generated_groups += request;
+        for (auto const& s : round) {
+          // The rollout's discrete content: problem, tokens, length (log-probs vary by rounding).
+          std::array<double, 7> w{double(s.p.a),       double(s.p.b),       double(s.tokens[0]),
+                                  double(s.tokens[1]), double(s.tokens[2]), double(s.tokens[3]),
+                                  double(s.length)};
+          hash = hash_words(w, hash);
+          round_acc += s.correct ? 1 : 0;
+          round_reward += s.reward;
+        }
+        int kept_here = 0;
+        for (int k = 0; k < request; ++k) {
+          auto const first = round.begin() + static_cast<std::ptrdiff_t>(k * g);
+          bool const varied =
+              std::any_of(first, first + static_cast<std::ptrdiff_t>(g),
+                          [&](sample const& s) { return s.reward != first->reward; });
+          if (!varied) ++zero_std_groups;
+          if (dapo && !varied) continue;
+          ++kept_here;
+          if (static_cast<int>(kept.size() / g) < o_.prompts)
+            kept.insert(kept.end(), first, first + static_cast<std::ptrdiff_t>(g));
+        }
+        kept_rate_num += kept_here;
+        kept_rate_den += request;
+        int const missing = o_.prompts - static_cast<int>(kept.size() / g);
+        if (!dapo || missing <= 0 || rounds >= o_.max_rounds) break;
+        if (o_.refill == "sized") {
+          // rl::dynamic_sampler::next_request's rule: ceil(missing / keep rate * 1.1).
+          double const rate = kept_rate_num > 0 ? kept_rate_num / kept_rate_den : 0.0;
+          request = rate > 0 ? static_cast<int>(std::ceil(missing / rate * 1.1)) : o_.prompts;
+          request = std::clamp(request, 1, o_.prompts);
+        }
+      }
+      double const gen_s = seconds_since(t0);
+      double const samples_here = static_cast<double>(generated_groups) * static_cast<double>(g);
+      generated_total += samples_here;
+      r.rollout_hashes.push_back(hash);
+      // ---- advantages, weights ----
+      auto const kept_groups = static_cast<index_t>(kept.size() / g);
+      std::vector<double> rewards, adv(kept.size());
+      for (auto const& s : kept) rewards.push_back(s.reward);
+      if (!kept.empty())
+        rl::grpo_advantages(rewards, rl::group_layout::fixed(static_cast<index_t>(g)), adv,
+                            rl::grpo_options{true, 1e-6});
+      if (o_.zero_advantage) std::fill(adv.begin(), adv.end(), 0.0);
+      // ---- update: mini-batches of whole groups ----
+      auto const t1 = clock_type::now();
+      rl::policy_metrics pm;
+      double pg_loss = 0, grad_norm = 0, entropy = 0;
+      int updates = 0;
+      for (int mbi = 0; mbi < o_.minibatches; ++mbi) {
+        index_t const ga = kept_groups * mbi / o_.minibatches,
+                      gb = kept_groups * (mbi + 1) / o_.minibatches;
+        if (gb <= ga) continue;
+        auto const s0 = static_cast<std::size_t>(ga) * g, s1 = static_cast<std::size_t>(gb) * g;
+        index_t const rows = static_cast<index_t>(s1 - s0);
+        // Aggregation weights over the mini-batch's [rows, 4] response tokens.
+        std::vector<std::uint8_t> mask(static_cast<std::size_t>(rows * kMaxNew), 0);
+        std::vector<double> weights(mask.size(), 0.0), ent(mask.size(), 0.0);
+        for (index_t i = 0; i < rows; ++i)
+          for (int t = 0; t < kept[s0 + static_cast<std::size_t>(i)].length; ++t) {
+            mask[static_cast<std::size_t>(i * kMaxNew + t)] = 1;
+            ent[static_cast<std::size_t>(i * kMaxNew + t)] =
+                kept[s0 + static_cast<std::size_t>(i)].entropy[static_cast<std::size_t>(t)];
+          }
+        auto const lay = rl::token_layout::padded(rows, kMaxNew);
+        rl::aggregation_weights(agg, lay, mask, rl::count_tokens(lay, mask), weights);
+        entropy += rl::weighted_sum(ent, weights);
+        std::vector<std::int32_t> tokens, targets;
+        for (auto i = s0; i < s1; ++i)
+          append_sequence(kept[i].p, kept[i].tokens, kept[i].length, tokens, targets);
+        rl::policy_metrics local;
+        // The policy loss of a microbatch's rows (global token index n·S + position).
+        auto const loss = [&](index_t first_seq, std::span<std::int64_t const> rws,
+                              std::span<double const> logp, std::span<double> dlogp) {
+          std::vector<double> lp, old, a, w, d;
+          std::vector<std::size_t> where;
+          for (std::size_t k = 0; k < rws.size(); ++k) {
+            index_t const n = rws[k] / seq_len_, pos = rws[k] % seq_len_;
+            index_t const t = pos - (kPrompt - 1);
+            auto const i = static_cast<std::size_t>(first_seq + n);
+            if (t < 0 || t >= kMaxNew || mask[i * kMaxNew + static_cast<std::size_t>(t)] == 0)
+              continue;
+            lp.push_back(logp[k]);
+            old.push_back(kept[s0 + i].logp[static_cast<std::size_t>(t)]);
+            a.push_back(adv[s0 + i]);
+            w.push_back(weights[i * kMaxNew + static_cast<std::size_t>(t)]);
+            where.push_back(k);
+          }
+          if (lp.empty()) return 0.0;
+          std::vector<std::uint8_t> ones(lp.size(), 1);
+          d.resize(lp.size());
+          rl::policy_inputs<double, std::uint8_t> in{rl::arg::new_logp(lp), rl::arg::old_logp(old),
+                                                     rl::arg::advantages(a), rl::arg::mask(ones),
+                                                     rl::arg::weights(w)};
+          auto const res = rl::policy_loss(
+              pc, rl::token_layout::padded(1, static_cast<index_t>(lp.size())), in, d);
+          for (std::size_t j = 0; j < where.size(); ++j) dlogp[where[j]] = d[j];
+          if (p_.tp_rank == 0) local += res.metrics;
+          return res.loss;
+        };
+        auto const [l, norm] =
+            train_step(tokens, targets, static_cast<index_t>(g), 1.0, opt, o_.rl_lr, loss);
+        r.losses.push_back(l);
+        pm += all_reduce_metrics_world(local);
+        pg_loss += l;
+        grad_norm += norm;
+        ++updates;
+      }
+      double const upd_s = seconds_since(t1);
+      // ---- metrics ----
+      step_metrics m;
+      double len = 0, clipped = 0, score = 0, acc = 0;
+      for (auto const& s : kept) {
+        len += s.length;
+        clipped += s.truncated ? 1 : 0;
+        score += s.reward;
+        acc += s.correct ? 1 : 0;
+      }
+      double const nk = std::max<double>(1.0, static_cast<double>(kept.size()));
+      m.set("step", step + 1);
+      m.set("samples", generated_total);
+      m.set("rollout/acc", round_acc / samples_here);
+      m.set("rollout/reward", round_reward / samples_here);
+      m.set("critic/score/mean", score / nk);
+      m.set("acc/mean", acc / nk);
+      m.set("actor/entropy", updates > 0 ? entropy / updates : 0.0);
+      m.set("actor/pg_loss", updates > 0 ? pg_loss / updates : 0.0);
+      m.set("actor/pg_clipfrac", pm.pg_clipfrac());
+      m.set("actor/pg_clipfrac_lower", pm.pg_clipfrac_lower());
+      m.set("actor/ppo_kl", pm.ppo_kl());
+      m.set("actor/grad_norm", updates > 0 ? grad_norm / updates : 0.0);
+      m.set("actor/lr", o_.rl_lr);
+      m.set("response_length/mean", len / nk);
+      m.set("response_length/clip_ratio", clipped / nk);
+      m.set("frac_reward_zero_std", static_cast<double>(zero_std_groups) / generated_groups);
+      m.set("train/num_gen_batches", rounds);
+      m.set("train/kept_groups", static_cast<double>(kept_groups));
+      m.set("timing_s/gen", gen_s);
+      m.set("timing_s/update_actor", upd_s);
+      m.set("timing_s/step", seconds_since(t0));
+      say("rl step %3d  reward %+.3f  acc %.3f  entropy %.3f  clip %.3f/%.3f  len %.2f  "
+          "rounds %d  samples %.0f  %.2f s\n",
+          step + 1, m.get("rollout/reward"), m.get("rollout/acc"), m.get("actor/entropy"),
+          m.get("actor/pg_clipfrac"), m.get("actor/pg_clipfrac_lower"),
+          m.get("response_length/mean"), rounds, generated_total, m.get("timing_s/step"));
+      r.steps.push_back(std::move(m));
+    }
+  }
+
+  rl::policy_metrics all_reduce_metrics_world(rl::policy_metrics const& local) {
+    return rl::all_reduce_metrics(*world_, local);
+  }
+
+  options o_;
+  nn::gpt_config c_;
+  comm_t* world_;
+  weft::device_mesh<comm_t> mesh_;
+  comm_t *tp_, *cp_, *pp_, *data_, *model_group_;
+  par::gpt_parallelism p_;
+  nn::param_store<T> store_, replica_;
+  nn::gpt_decoder<T> decoder_;
+  int dp_rank_;
+  index_t seq_len_;
+  std::optional<par::gpt<T, comm_t, comm_t>> model_;
+};
+
+run_result train(options const& o) {
+  run_result out;
+  std::mutex m;
+  weft::comm::threads::world(o.dp * o.pp * o.tp * o.cp).run([&](comm_t& world) {
+    auto r = o.f64 ? trainer<double>(o, world).run() : trainer<float>(o, world).run();
+    if (world.rank() == 0) {
+      std::lock_guard lock(m);
+      out = std::move(r);
+    }
+  });
+  return out;
+}
+
+// ---- outputs
+// --------------------------------------------------------------------------------------
+
+void write_outputs(options const& o, run_result const& r) {
+  namespace fs = std::filesystem;
+  fs::create_directories(o.out);
+  {
+    std::ofstream csv(fs::path(o.out) / "metrics.csv");
+    if (!r.steps.empty()) {
+      for (std::size_t k = 0; k < r.steps[0].values.size(); ++k)
+        csv << (k ? "," : "") << r.steps[0].values[k].first;
+      csv << "\n";
+      for (auto const& s : r.steps) {
+        for (std::size_t k = 0; k < s.values.size(); ++k)
+          csv << (k ? "," : "") << s.values[k].second;
+        csv << "\n";
+      }
+    }
+  }
+  {
+    std::ofstream js(fs::path(o.out) / "summary.json");
+    js << "{\n  \"mode\": \"" << o.mode << "\",\n  \"seed\": " << o.seed
+       << ",\n  \"layout\": {\"dp\": " << o.dp << ", \"pp\": " << o.pp << ", \"tp\": " << o.tp
+       << ", \"cp\": " << o.cp << ", \"sp\": " << (o.sp ? "true" : "false")
+       << "},\n  \"refill\": \"" << o.refill
+       << "\",\n  \"zero_advantage\": " << (o.zero_advantage ? "true" : "false")
+       << ",\n  \"sft_steps\": " << r.sft_steps << ",\n  \"rl_steps\": " << o.rl_steps
+       << ",\n  \"samples_generated\": " << (r.steps.empty() ? 0.0 : r.steps.back().get("samples"))
+       << ",\n  \"eval_prompts\": " << o.eval_prompts
+       << ",\n  \"acc_after_sft\": {\"sampled\": " << r.acc_sft_sampled
+       << ", \"greedy\": " << r.acc_sft_greedy
+       << "},\n  \"acc_after_rl\": {\"sampled\": " << r.acc_rl_sampled
+       << ", \"greedy\": " << r.acc_rl_greedy << "},\n  \"seconds\": {\"sft\": " << r.seconds_sft
+       << ", \"rl\": " << r.seconds_rl
+       << ", \"rl_per_step\": " << (o.rl_steps > 0 ? r.seconds_rl / o.rl_steps : 0.0) << "}\n}\n";
+  }
+  // Plots: reward, accuracy, entropy and length against step and against samples generated.
+  auto plot = [&](std::string const& x_key, std::string const& file) {
+    std::vector<std::string> const keys{"rollout/reward", "rollout/acc", "actor/entropy",
+                                        "response_length/mean"};
+    int const w = 360, h = 220, pad = 40;
+    std::ofstream svg(fs::path(o.out) / file);
+    svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << 2 * w << "\" height=\"" << 2 * h
+        << "\" font-family=\"sans-serif\" font-size=\"11\">\n";
+    for (std::size_t k = 0; k < keys.size(); ++k) {
+      int const ox = static_cast<int>(k % 2) * w, oy = static_cast<int>(k / 2) * h;
+      double x0 = 1e300, x1 = -1e300, y0 = 1e300, y1 = -1e300;
+      for (auto const& s : r.steps) {
+        x0 = std::min(x0, s.get(x_key));
+        x1 = std::max(x1, s.get(x_key));
+        y0 = std::min(y0, s.get(keys[k]));
+        y1 = std::max(y1, s.get(keys[k]));
+      }
+      if (r.steps.empty() || !(x1 > x0)) x1 = x0 + 1;
+      if (!(y1 > y0)) y1 = y0 + 1;
+      svg << "<rect x=\"" << ox + pad << "\" y=\"" << oy + 10 << "\" width=\"" << w - pad - 10
+          << "\" height=\"" << h - pad - 10 << "\" fill=\"none\" stroke=\"#999\"/>\n";
+      svg << "<text x=\"" << ox + pad + 4 << "\" y=\"" << oy + 24 << "\">" << keys[k] << " (" << y0
+          << " .. " << y1 << ") vs " << x_key << " (" << x0 << " .. " << x1
+          << ")</text>\n<polyline fill=\"none\" stroke=\"#1f77b4\" points=\"";
+      for (auto const& s : r.steps) {
+        double const px = ox + pad + (s.get(x_key) - x0) / (x1 - x0) * (w - pad - 10);
+        double const py = oy + 10 + (1 - (s.get(keys[k]) - y0) / (y1 - y0)) * (h - pad - 10);
+        svg << px << "," << py << " ";
+      }
+      svg << "\"/>\n";
+    }
+    svg << "</svg>\n";
+  };
+  plot("step", "curves_by_step.svg");
+  plot("samples", "curves_by_samples.svg");
+}
+
+// ---- the one-rank comparison
+// ------------------------------------------------------------------------
+
+int compare(options const& o, run_result const& got) {
+  options one = o;
+  one.dp = one.pp = one.tp = one.cp = 1;
+  one.sp = false;
+  one.quiet = true;
+  auto const ref = train(one);
+  bool const bitwise = o.pp == 1 && o.tp == 1 && o.cp == 1 && o.dp <= 2;
+  std::size_t same_rollouts = 0;
+  while (same_rollouts < std::min(ref.rollout_hashes.size(), got.rollout_hashes.size()) &&
+         ref.rollout_hashes[same_rollouts] == got.rollout_hashes[same_rollouts])
+    ++same_rollouts;
+  double worst = 0;
+  std::size_t const compared = std::min<std::size_t>(
+      {ref.losses.size(), got.losses.size(), 2 * std::max<std::size_t>(same_rollouts, 1)});
+  for (std::size_t k = 0; k < compared && k < 2 * same_rollouts; ++k)
+    worst = std::max(
+        worst, std::abs(ref.losses[k] - got.losses[k]) / std::max(1e-3, std::abs(ref.losses[k])));
+  bool const params_equal = ref.final_params == got.final_params;
+  // The parameter that differs most (absolute), by name.
+  {
+    auto const lay = nn::gpt_layout(model_config());
+    double big = 0;
+    std::string where = "-";
+    for (auto const& e : lay.entries())
+      for (std::size_t i = 0; i < e.info.count; ++i) {
+        double const d = std::abs(double(ref.final_params[e.offset + i]) -
+                                  double(got.final_params[e.offset + i]));
+        if (d > big) {
+          big = d;
+          where = e.name + "[" + std::to_string(i) + "]";
+        }
+      }
+    std::printf("check: largest parameter difference %.3g at %s\n", big, where.c_str());
+  }
+  std::printf(
+      "check: one rank: SFT %d steps (layout %d); rollouts identical for %zu of %zu RL steps; "
+      "largest relative loss difference over those steps %.3g; final parameters %s\n",
+      ref.sft_steps, got.sft_steps, same_rollouts, ref.rollout_hashes.size(), worst,
+      params_equal ? "bitwise equal" : "differ");
+  int status = 0;
+  std::size_t const need = std::min<std::size_t>(2, ref.rollout_hashes.size());
+  if (ref.sft_steps != got.sft_steps || same_rollouts < need || !(worst <= 1e-4)) status = 1;
+  if (bitwise &&
+      (!params_equal || same_rollouts != ref.rollout_hashes.size() || ref.losses != got.losses))
+    status = 1;
+  if (status) std::printf("FAILED: the layout left the one-rank run\n");
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    auto const o = parse(argc, argv);
+    std::printf(
+        "rl_trainer: %s, seed %llu, pp %d x dp %d x cp %d x tp %d%s on %d thread ranks; GPT 2 "
+        "layers d 64, 2-digit addition; %d prompts x %d samples per round\n",
+        o.mode.c_str(), static_cast<unsigned long long>(o.seed), o.pp, o.dp, o.cp, o.tp,
+        o.sp ? " (+SP)" : "", o.dp * o.pp * o.cp * o.tp, o.prompts, o.group);
+    std::fflush(stdout);
+    auto const r = train(o);
+    std::printf(
+        "accuracy (%d held-out prompts): after SFT sampled %.3f greedy %.3f -> after RL "
+        "sampled %.3f greedy %.3f; %.3f s per RL step\n",
+        o.eval_prompts, r.acc_sft_sampled, r.acc_sft_greedy, r.acc_rl_sampled, r.acc_rl_greedy,
+        o.rl_steps > 0 ? r.seconds_rl / o.rl_steps : 0.0);
+    if (!o.out.empty()) write_outputs(o, r);
+    if (o.check) return compare(o, r);
+    return 0;
+  } catch (bad_argument const& e) {
+    std::cerr << "rl_trainer: " << e.message << "\n";
+    usage(std::cerr);
+    return 2;
+  } catch (weft::invalid_argument_error const& e) {
+    std::cerr << "rl_trainer: " << e.what() << "\n";
+    return 2;
+  }
+}
