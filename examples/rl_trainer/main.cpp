@@ -34,6 +34,10 @@
 #include <weft/rl/advantages.hpp>
 #include <weft/rl/aggregation.hpp>
 #include <weft/rl/policy_loss.hpp>
+#if WEFT_HAS_MPI
+#include <weft/comm/mpi/communicator.hpp>
+#include <weft/comm/mpi/environment.hpp>
+#endif
 
 #include <algorithm>
 #include <charconv>
@@ -41,6 +45,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -51,6 +56,7 @@
 #include <optional>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -87,7 +93,23 @@ struct options {
   bool check = false;
   bool quiet = false;
   bool f64 = false;
+  std::string backend = "threads";  // threads | mpi (one process per rank, under mpiexec)
+  std::string save;                 // checkpoint folder ("" = none)
+  int save_every = 0;               // also every N RL steps (0: only at the end)
+  std::string resume;               // checkpoint folder to continue from
 };
+
+//! What a checkpoint must agree on to be resumed: everything but the step count and outputs.
+std::string fingerprint(options const& o) {
+  std::ostringstream f;
+  f << o.mode << ' ' << o.seed << ' ' << o.sft_max_steps << ' ' << o.sft_steps << ' '
+    << o.sft_target << ' ' << o.sft_batch << ' ' << o.sft_eval_every << ' ' << o.sft_eval_prompts
+    << ' ' << o.sft_lr << ' ' << o.rl_lr << ' ' << o.prompts << ' ' << o.group << ' '
+    << o.max_rounds << ' ' << o.minibatches << ' ' << o.refill << ' ' << o.zero_advantage << ' '
+    << o.eval_prompts << ' ' << o.dp << ' ' << o.pp << ' ' << o.tp << ' ' << o.cp << ' ' << o.sp
+    << ' ' << o.f64;
+  return f.str();
+}
 
 struct bad_argument {
   std::string message;
@@ -98,7 +120,8 @@ void usage(std::ostream& os) {
         "                  [--sft-steps N] [--sft-target X] [--prompts N] [--group G]\n"
         "                  [--max-rounds N] [--refill whole|sized] [--zero-advantage]\n"
         "                  [--eval-prompts N] [--dp N] [--pp N] [--tp N] [--cp N] [--sp]\n"
-        "                  [--out DIR] [--check] [--f64] [--quiet] [--help]\n\n"
+        "                  [--out DIR] [--save DIR] [--save-every N] [--resume DIR]\n"
+        "                  [--backend threads|mpi] [--check] [--f64] [--quiet] [--help]\n\n"
         "SFT, then RL (DAPO or GRPO) of a 2-layer GPT on 2-digit addition; prints a line per RL\n"
         "step and the accuracies after SFT and after RL.\n"
         "  --mode            dapo (default: eps 0.2/0.28, dual clip 10, token-mean, dynamic\n"
@@ -120,6 +143,12 @@ void usage(std::ostream& os) {
         "  --out DIR         write metrics.csv, summary.json and plots (SVG) to DIR\n"
         "  --check           also run the one-rank trainer and compare: identical rollouts and\n"
         "                    losses within float tolerance (dp alone: bit for bit)\n"
+        "  --save DIR        checkpoint into DIR after RL (and every --save-every N steps):\n"
+        "                    DIR/step_K/rank_R.bin per rank, DIR/latest written last\n"
+        "  --resume DIR      continue from DIR's latest checkpoint (same flags, any --rl-steps):\n"
+        "                    the run goes on bit for bit as if never interrupted\n"
+        "  --backend         threads (default: one process, a thread per rank) or mpi (one\n"
+        "                    process per rank: mpiexec -n <dp*pp*tp*cp> rl_trainer --backend mpi)\n"
         "  --f64             train and generate in double precision (layout tests)\n"
         "  --quiet           no per-step lines\n";
 }
@@ -189,6 +218,17 @@ options parse(int argc, char** argv) {
       o.out = std::string(value());
     } else if (a == "--check") {
       o.check = true;
+    } else if (a == "--backend") {
+      o.backend = std::string(value());
+      if (o.backend != "threads" && o.backend != "mpi")
+        throw bad_argument{"argument `--backend`: expected threads or mpi, actual `" + o.backend +
+                           "`"};
+    } else if (a == "--save") {
+      o.save = std::string(value());
+    } else if (a == "--save-every") {
+      o.save_every = parse_number(a, value(), 0, 1000000);
+    } else if (a == "--resume") {
+      o.resume = std::string(value());
     } else if (a == "--f64") {
       o.f64 = true;
     } else if (a == "--quiet") {
@@ -200,6 +240,8 @@ options parse(int argc, char** argv) {
   if (o.dp * o.pp * o.tp * o.cp > 64)
     throw bad_argument{"argument `--dp x --pp x --tp x --cp`: expected at most 64 ranks, actual " +
                        std::to_string(o.dp * o.pp * o.tp * o.cp)};
+  if (o.save_every > 0 && o.save.empty())
+    throw bad_argument{"argument `--save-every`: expected with --save DIR"};
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
   return o;
 }
@@ -401,10 +443,10 @@ std::uint64_t hash_words(std::span<double const> w, std::uint64_t h) {
 // ---- the per-rank trainer
 // -------------------------------------------------------------------------
 
-template <class T>
+template <class T, class Comm = comm_t>
 class trainer {
  public:
-  trainer(options const& o, comm_t& world)
+  trainer(options const& o, Comm& world)
       : o_(o),
         c_(model_config()),
         world_(&world),
@@ -418,7 +460,8 @@ class trainer {
         p_{tp_->size(), tp_->rank(), o.sp, cp_->size(), cp_->rank(), pp_->size(), pp_->rank()},
         store_(par::gpt_shard_layout(c_, p_)),
         replica_(nn::gpt_layout(c_)),
-        decoder_(c_, replica_, std::max<index_t>(o.group, kEvalChunk), kPrompt + kMaxNew),
+        decoder_(c_, replica_, std::max<index_t>(kGenGroups * o.group, kEvalChunk),
+                 kPrompt + kMaxNew),
         dp_rank_(mesh_.local_rank("dp")),
         seq_len_(round_up(kPrompt + kMaxNew, 2 * o.cp)) {
     par::gpt_init_shard(store_, c_, p_, o.seed);
@@ -431,11 +474,22 @@ class trainer {
   run_result run() {
     run_result r;
     auto const t0 = clock_type::now();
-    sft(r);
-    r.seconds_sft = seconds_since(t0);
-    auto const e1 = evaluate();
-    r.acc_sft_sampled = e1[0];
-    r.acc_sft_greedy = e1[1];
+    optim::adamw_options ao;
+    ao.lr = o_.rl_lr;
+    ao.weight_decay = 0.0;
+    rl_opt_.emplace(store_.layout().infos(), ao);
+    std::array<double, 2> e1{};
+    if (!o_.resume.empty()) {
+      load_checkpoint(r);
+      e1 = {r.acc_sft_sampled, r.acc_sft_greedy};
+      say("resumed from %s after RL step %d\n", o_.resume.c_str(), first_step_);
+    } else {
+      sft(r);
+      r.seconds_sft = seconds_since(t0);
+      e1 = evaluate();
+      r.acc_sft_sampled = e1[0];
+      r.acc_sft_greedy = e1[1];
+    }
     say("after SFT (%d steps, %.1f s): eval accuracy sampled %.3f, greedy %.3f\n", r.sft_steps,
         r.seconds_sft, e1[0], e1[1]);
     auto const t1 = clock_type::now();
@@ -452,6 +506,16 @@ class trainer {
 
  private:
   static constexpr index_t kEvalChunk = 50;
+  static constexpr int kGenGroups = 4;  // groups per decoder batch in RL rounds
+
+  // Sequences per microbatch for a step of `groups` groups of `per` sequences: one group under
+  // pp (the pipeline needs microbatches); otherwise a data-parallel share in one microbatch,
+  // with at least two shares (one rank runs both halves, as two dp ranks run one each).
+  [[nodiscard]] index_t microbatch(index_t groups, index_t per) const {
+    if (o_.pp > 1) return per;
+    index_t const shares = std::max(o_.dp, 2);
+    return std::max<index_t>(1, (groups + shares - 1) / shares) * per;
+  }
 
   static index_t round_up(index_t n, index_t k) { return (n + k - 1) / k * k; }
   static double seconds_since(clock_type::time_point t) {
@@ -554,12 +618,12 @@ class trainer {
       return sum;
     }
     int const m = static_cast<int>(b - a);
-    typename par::gpt_pipeline_stage<T, comm_t, comm_t>::microbatch_loss_fn mloss;
+    typename par::gpt_pipeline_stage<T, Comm, Comm>::microbatch_loss_fn mloss;
     if (loss)
       mloss = [&](int i, auto rows, auto logp, auto dlogp) {
         return loss((a + i) * mb, rows, logp, dlogp);
       };
-    par::gpt_pipeline_stage<T, comm_t, comm_t> stage(
+    par::gpt_pipeline_stage<T, Comm, Comm> stage(
         c_, p_, *tp_, *cp_, store_, [&](int i) { return unit(a + i); }, mloss);
     // 1F1B needs at least pp microbatches; fewer (a small DAPO batch) run GPipe.
     auto const sched = m >= o_.pp ? pl::one_f_one_b(o_.pp, m) : pl::gpipe(o_.pp, m);
@@ -616,7 +680,8 @@ class trainer {
         append_sequence(p, ans, kMaxNew, tokens, targets);
       }
       double const w = 1.0 / static_cast<double>(o_.sft_batch * kMaxNew);
-      auto const [loss, norm] = train_step(tokens, targets, 8, w, opt, o_.sft_lr, {});
+      auto const [loss, norm] =
+          train_step(tokens, targets, microbatch(o_.sft_batch / 8, 8), w, opt, o_.sft_lr, {});
       (void)norm;
       if (o_.sft_steps == 0 && (step + 1) % o_.sft_eval_every == 0) {
         int const k = (step + 1) / o_.sft_eval_every;
@@ -643,17 +708,25 @@ class trainer {
     auto const g = static_cast<std::size_t>(o_.group);
     std::vector<double> words(static_cast<std::size_t>(n) * g * kSampleWords, 0.0);
     weft::rng const gen(o_.seed, rl_sampling);
-    for (int k = 0; k < n; ++k) {
-      if (k % world_->size() != world_->rank()) continue;
-      std::uint64_t const uid = uid0 + static_cast<std::uint64_t>(k);
-      problem const p = draw_problem(o_.seed, rl_prompts, uid);
-      std::vector<problem> probs(g, p);
-      std::vector<std::uint64_t> keys(g);
-      for (std::size_t s = 0; s < g; ++s) keys[s] = uid * g + s;
-      std::vector<sample> out(g);
+    // Chunks of kGenGroups consecutive groups, chunk j on rank j mod W: a decoder batch never
+    // depends on the layout, so neither do its rows' arithmetic and samples.
+    for (int k0 = 0, chunk = 0; k0 < n; k0 += kGenGroups, ++chunk) {
+      if (chunk % world_->size() != world_->rank()) continue;
+      int const k1 = std::min(n, k0 + kGenGroups);
+      std::vector<problem> probs;
+      std::vector<std::uint64_t> keys;
+      for (int k = k0; k < k1; ++k) {
+        std::uint64_t const uid = uid0 + static_cast<std::uint64_t>(k);
+        problem const p = draw_problem(o_.seed, rl_prompts, uid);
+        for (std::size_t s = 0; s < g; ++s) {
+          probs.push_back(p);
+          keys.push_back(uid * g + s);
+        }
+      }
+      std::vector<sample> out(probs.size());
       generate(decoder_, probs, keys, gen, false, out);
-      for (std::size_t s = 0; s < g; ++s)
-        pack(out[s], words.data() + (static_cast<std::size_t>(k) * g + s) * kSampleWords);
+      for (std::size_t i = 0; i < out.size(); ++i)
+        pack(out[i], words.data() + (static_cast<std::size_t>(k0) * g + i) * kSampleWords);
     }
     // Every element has one writer: the sum is exact.
     weft::comm::all_reduce(*world_, std::span<double>(words), weft::comm::reduce_kind::sum).wait();
@@ -664,10 +737,7 @@ class trainer {
   }
 
   void rl_phase(run_result& r) {
-    optim::adamw_options ao;
-    ao.lr = o_.rl_lr;
-    ao.weight_decay = 0.0;
-    optim::adamw<T> opt(store_.layout().infos(), ao);
+    auto& opt = *rl_opt_;
     bool const dapo = o_.mode == "dapo";
     rl::policy_loss_config pc;
     pc.clip_low = 0.2;
@@ -676,9 +746,9 @@ class trainer {
     pc.log_ratio_clamp = 20.0;
     auto const agg = dapo ? rl::loss_agg::token_mean : rl::loss_agg::seq_mean_token_mean;
     auto const g = static_cast<std::size_t>(o_.group);
-    std::uint64_t next_uid = 0;
-    double generated_total = 0;
-    for (int step = 0; step < o_.rl_steps; ++step) {
+    std::uint64_t& next_uid = next_uid_;
+    double& generated_total = generated_total_;
+    for (int step = first_step_; step < o_.rl_steps; ++step) {
       auto const t0 = clock_type::now();
       // ---- rollouts, dynamic sampling ----
       std::vector<sample> kept;
@@ -792,7 +862,8 @@ class trainer {
           return res.loss;
         };
         auto const [l, norm] =
-            train_step(tokens, targets, static_cast<index_t>(g), 1.0, opt, o_.rl_lr, loss);
+            train_step(tokens, targets, microbatch(gb - ga, static_cast<index_t>(g)), 1.0, opt,
+                       o_.rl_lr, loss);
         r.losses.push_back(l);
         pm += all_reduce_metrics_world(local);
         pg_loss += l;
@@ -837,7 +908,143 @@ class trainer {
           m.get("actor/pg_clipfrac"), m.get("actor/pg_clipfrac_lower"),
           m.get("response_length/mean"), rounds, generated_total, m.get("timing_s/step"));
       r.steps.push_back(std::move(m));
+      bool const last = step + 1 == o_.rl_steps;
+      if (!o_.save.empty() && (last || (o_.save_every > 0 && (step + 1) % o_.save_every == 0)))
+        save_checkpoint(r, step + 1);
     }
+  }
+
+  // ---- checkpoints: per rank, at RL step boundaries (no rollout buffer is pending then) ----
+  template <class V>
+  static void put(std::ofstream& f, V const& v) {
+    f.write(reinterpret_cast<char const*>(&v), sizeof v);
+  }
+  template <class V>
+  static void get(std::ifstream& f, V& v) {
+    f.read(reinterpret_cast<char*>(&v), sizeof v);
+  }
+  static void put_string(std::ofstream& f, std::string const& s) {
+    put(f, static_cast<std::uint64_t>(s.size()));
+    f.write(s.data(), static_cast<std::streamsize>(s.size()));
+  }
+  static std::string get_string(std::ifstream& f) {
+    std::uint64_t n = 0;
+    get(f, n);
+    if (!f || n > (1u << 20)) return {};
+    std::string s(n, '\0');
+    f.read(s.data(), static_cast<std::streamsize>(n));
+    return s;
+  }
+  template <class V>
+  static void put_span(std::ofstream& f, std::span<V const> v) {
+    put(f, static_cast<std::uint64_t>(v.size()));
+    f.write(reinterpret_cast<char const*>(v.data()), static_cast<std::streamsize>(v.size_bytes()));
+  }
+  template <class V>
+  static std::vector<V> get_vector(std::ifstream& f) {
+    std::uint64_t n = 0;
+    get(f, n);
+    if (!f || n > (1ull << 32)) return {};
+    std::vector<V> v(n);
+    f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(V)));
+    return v;
+  }
+  static constexpr char kMagic[9] = "WEFTRL01";
+
+  void save_checkpoint(run_result const& r, int steps_done) {
+    namespace fs = std::filesystem;
+    auto const dir = fs::path(o_.save) / ("step_" + std::to_string(steps_done));
+    if (world_->rank() == 0) fs::create_directories(dir);
+    world_->barrier().wait();
+    {
+      std::ofstream f(dir / ("rank_" + std::to_string(world_->rank()) + ".bin"), std::ios::binary);
+      f.write(kMagic, 8);
+      put_string(f, fingerprint(o_));
+      put(f, static_cast<std::int64_t>(steps_done));
+      put(f, next_uid_);
+      put(f, generated_total_);
+      put(f, static_cast<std::int64_t>(r.sft_steps));
+      put(f, r.acc_sft_sampled);
+      put(f, r.acc_sft_greedy);
+      put_span(f, std::span<T const>(store_.params()));
+      put_span(f, rl_opt_->m());
+      put_span(f, rl_opt_->v());
+      put(f, rl_opt_->steps());
+      put(f, static_cast<std::uint64_t>(r.steps.size()));
+      for (auto const& m : r.steps) {
+        put(f, static_cast<std::uint64_t>(m.values.size()));
+        for (auto const& [k, v] : m.values) {
+          put_string(f, k);
+          put(f, v);
+        }
+      }
+      if (!f)
+        throw std::runtime_error("rl_trainer: cannot write the checkpoint in " + dir.string());
+    }
+    // Every rank has written its file: the commit marker last.
+    world_->barrier().wait();
+    if (world_->rank() == 0) {
+      auto const tmp = fs::path(o_.save) / "latest.tmp";
+      std::ofstream(tmp) << dir.filename().string() << "\n";
+      fs::rename(tmp, fs::path(o_.save) / "latest");
+    }
+    world_->barrier().wait();
+  }
+
+  void load_checkpoint(run_result& r) {
+    namespace fs = std::filesystem;
+    std::string name;
+    std::ifstream(fs::path(o_.resume) / "latest") >> name;
+    if (name.empty())
+      throw bad_argument{
+          "argument `--resume`: expected a folder with a committed checkpoint "
+          "(its `latest` file), actual `" +
+          o_.resume + "`"};
+    auto const file =
+        fs::path(o_.resume) / name / ("rank_" + std::to_string(world_->rank()) + ".bin");
+    std::ifstream f(file, std::ios::binary);
+    char magic[8] = {};
+    f.read(magic, 8);
+    if (!f || std::string_view(magic, 8) != std::string_view(kMagic, 8))
+      throw bad_argument{"argument `--resume`: expected weft RL checkpoint files, actual `" +
+                         file.string() + "`"};
+    auto const fp = get_string(f);
+    if (fp != fingerprint(o_))
+      throw bad_argument{"argument `--resume`: expected a checkpoint of the same run (flags: " +
+                         fingerprint(o_) + "), actual one of (" + fp + ")"};
+    std::int64_t steps_done = 0, sft_steps = 0, adam_t = 0;
+    get(f, steps_done);
+    get(f, next_uid_);
+    get(f, generated_total_);
+    get(f, sft_steps);
+    get(f, r.acc_sft_sampled);
+    get(f, r.acc_sft_greedy);
+    auto const params = get_vector<T>(f);
+    auto const m = get_vector<T>(f);
+    auto const v = get_vector<T>(f);
+    get(f, adam_t);
+    std::uint64_t rows = 0;
+    get(f, rows);
+    for (std::uint64_t i = 0; f && i < rows; ++i) {
+      std::uint64_t n = 0;
+      get(f, n);
+      step_metrics sm;
+      for (std::uint64_t k = 0; f && k < n; ++k) {
+        auto key = get_string(f);
+        double val = 0;
+        get(f, val);
+        sm.values.emplace_back(std::move(key), val);
+      }
+      r.steps.push_back(std::move(sm));
+    }
+    if (!f || params.size() != store_.params().size())
+      throw bad_argument{"argument `--resume`: expected " + std::to_string(store_.params().size()) +
+                         " parameters in " + file.string() + ", actual a truncated or other file"};
+    std::copy(params.begin(), params.end(), store_.params().begin());
+    rl_opt_->load_state(m, v, adam_t);
+    first_step_ = static_cast<int>(steps_done);
+    r.sft_steps = static_cast<int>(sft_steps);
+    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
   }
 
   rl::policy_metrics all_reduce_metrics_world(rl::policy_metrics const& local) {
@@ -846,15 +1053,19 @@ class trainer {
 
   options o_;
   nn::gpt_config c_;
-  comm_t* world_;
-  weft::device_mesh<comm_t> mesh_;
-  comm_t *tp_, *cp_, *pp_, *data_, *model_group_;
+  Comm* world_;
+  weft::device_mesh<Comm> mesh_;
+  Comm *tp_, *cp_, *pp_, *data_, *model_group_;
   par::gpt_parallelism p_;
   nn::param_store<T> store_, replica_;
   nn::gpt_decoder<T> decoder_;
   int dp_rank_;
   index_t seq_len_;
-  std::optional<par::gpt<T, comm_t, comm_t>> model_;
+  std::optional<par::gpt<T, Comm, Comm>> model_;
+  std::optional<optim::adamw<T>> rl_opt_;
+  std::uint64_t next_uid_ = 0;
+  double generated_total_ = 0;
+  int first_step_ = 0;
 };
 
 run_result train(options const& o) {
@@ -997,24 +1208,65 @@ int compare(options const& o, run_result const& got) {
 
 }  // namespace
 
+void print_header(options const& o) {
+  std::printf(
+      "rl_trainer: %s, seed %llu, pp %d x dp %d x cp %d x tp %d%s on %d %s; GPT 2 layers d 64, "
+      "2-digit addition; %d prompts x %d samples per round\n",
+      o.mode.c_str(), static_cast<unsigned long long>(o.seed), o.pp, o.dp, o.cp, o.tp,
+      o.sp ? " (+SP)" : "", o.dp * o.pp * o.cp * o.tp,
+      o.backend == "mpi" ? "MPI processes" : "thread ranks", o.prompts, o.group);
+  std::fflush(stdout);
+}
+
+// The end of a run, on the first rank: accuracies, parameter hash, outputs, the check.
+int finish(options const& o, run_result const& r) {
+  std::printf(
+      "accuracy (%d held-out prompts): after SFT sampled %.3f greedy %.3f -> after RL "
+      "sampled %.3f greedy %.3f; %.3f s per RL step\n",
+      o.eval_prompts, r.acc_sft_sampled, r.acc_sft_greedy, r.acc_rl_sampled, r.acc_rl_greedy,
+      o.rl_steps > 0 ? r.seconds_rl / o.rl_steps : 0.0);
+  std::printf("final parameters: fnv1a %016llx\n",
+              static_cast<unsigned long long>(hash_words(r.final_params, 0xcbf29ce484222325ull)));
+  if (!o.out.empty()) write_outputs(o, r);
+  if (o.check) return compare(o, r);
+  return 0;
+}
+
+// --backend mpi: this process is one rank of MPI_COMM_WORLD (its size the layout's); the check
+// runs the one-rank reference on threads in the first process.
+int run_mpi(int& argc, char**& argv, options const& o) {
+#if WEFT_HAS_MPI
+  weft::comm::mpi::environment env(&argc, &argv);
+  auto world = weft::comm::mpi::communicator::world();
+  int const want = o.dp * o.pp * o.tp * o.cp;
+  if (world.size() != want) {
+    if (world.rank() == 0)
+      std::cerr << "rl_trainer: MPI world size: expected dp x pp x tp x cp = " << want
+                << " processes, actual " << world.size() << "\n";
+    return 2;
+  }
+  if (world.rank() == 0) print_header(o);
+  auto const r = o.f64 ? trainer<double, weft::comm::mpi::communicator>(o, world).run()
+                       : trainer<float, weft::comm::mpi::communicator>(o, world).run();
+  int status = world.rank() == 0 ? finish(o, r) : 0;
+  weft::comm::all_reduce(world, std::span<int>(&status, 1), weft::comm::reduce_kind::max).wait();
+  return status;
+#else
+  (void)argc;
+  (void)argv;
+  (void)o;
+  throw bad_argument{
+      "argument `--backend`: expected threads (this build has no MPI: weft::mpi was not found), "
+      "actual `mpi`"};
+#endif
+}
+
 int main(int argc, char** argv) {
   try {
     auto const o = parse(argc, argv);
-    std::printf(
-        "rl_trainer: %s, seed %llu, pp %d x dp %d x cp %d x tp %d%s on %d thread ranks; GPT 2 "
-        "layers d 64, 2-digit addition; %d prompts x %d samples per round\n",
-        o.mode.c_str(), static_cast<unsigned long long>(o.seed), o.pp, o.dp, o.cp, o.tp,
-        o.sp ? " (+SP)" : "", o.dp * o.pp * o.cp * o.tp, o.prompts, o.group);
-    std::fflush(stdout);
-    auto const r = train(o);
-    std::printf(
-        "accuracy (%d held-out prompts): after SFT sampled %.3f greedy %.3f -> after RL "
-        "sampled %.3f greedy %.3f; %.3f s per RL step\n",
-        o.eval_prompts, r.acc_sft_sampled, r.acc_sft_greedy, r.acc_rl_sampled, r.acc_rl_greedy,
-        o.rl_steps > 0 ? r.seconds_rl / o.rl_steps : 0.0);
-    if (!o.out.empty()) write_outputs(o, r);
-    if (o.check) return compare(o, r);
-    return 0;
+    if (o.backend == "mpi") return run_mpi(argc, argv, o);
+    print_header(o);
+    return finish(o, train(o));
   } catch (bad_argument const& e) {
     std::cerr << "rl_trainer: " << e.message << "\n";
     usage(std::cerr);

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstring>
 #include <random>
 #include <span>
 #include <string>
@@ -259,4 +260,27 @@ TEST_CASE("adamw: bad options and sizes throw, naming the argument, expected and
   std::vector<double> p5(5);
   CHECK_THROWS_AS(opt.step(p5, g4), weft::shape_error);
   CHECK(opt.steps() == 0);
+}
+
+TEST_CASE("adamw: a loaded state continues bit for bit; wrong sizes are refused") {
+  weft::optim::adamw_options o;
+  o.lr = 1e-2;
+  weft::optim::adamw<float> a(5, o), b(5, o);
+  std::vector<float> pa{1, -2, 3, 0.5f, -0.25f}, grad(5);
+  for (int step = 0; step < 3; ++step) {
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = std::sin(float(step * 5 + i)) * 0.1f;
+    a.step(pa, grad, o.lr);
+  }
+  std::vector<float> pb = pa;
+  b.load_state(a.m(), a.v(), a.steps());
+  CHECK(b.steps() == 3);
+  for (int step = 3; step < 6; ++step) {
+    for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = std::cos(float(step * 5 + i)) * 0.1f;
+    a.step(pa, grad, o.lr);
+    b.step(pb, grad, o.lr);
+  }
+  CHECK(std::memcmp(pa.data(), pb.data(), pa.size() * sizeof(float)) == 0);
+  std::vector<float> short_m(4);
+  CHECK_THROWS_AS(b.load_state(short_m, a.v(), 1), weft::shape_error);
+  CHECK_THROWS_WITH(b.load_state(a.m(), a.v(), -1), doctest::Contains("steps"));
 }

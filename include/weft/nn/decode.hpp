@@ -156,35 +156,42 @@ class gpt_decoder {
   // Softmax attention of each row's new query over its cached positions [0, len_].
   void attend(index_t l) {
     index_t const hd = c_.head_dim(), heads = c_.heads, group = c_.heads / c_.kv();
-    index_t const n = len_ + 1;
+    index_t const kvd = c_.kv() * hd, n = len_ + 1;
     C const scale = C(1) / std::sqrt(static_cast<C>(hd));
     scores_.resize(static_cast<std::size_t>(n));
-    for (index_t r = 0; r < rows_; ++r)
+    acc_.resize(static_cast<std::size_t>(hd));
+    for (index_t r = 0; r < rows_; ++r) {
+      T const* keys = cache_k_.data() + slot(l, r, 0);
+      T const* values = cache_v_.data() + slot(l, r, 0);
       for (index_t hh = 0; hh < heads; ++hh) {
         T const* q = q_.data() + r * c_.d_model + hh * hd;
         index_t const g = hh / group;
         C mx = -std::numeric_limits<C>::infinity();
         for (index_t j = 0; j < n; ++j) {
-          T const* k = cache_k_.data() + slot(l, r, j) + g * hd;
+          T const* k = keys + j * kvd + g * hd;
           C s = 0;
           for (index_t e = 0; e < hd; ++e) s += static_cast<C>(q[e]) * static_cast<C>(k[e]);
-          scores_[static_cast<std::size_t>(j)] = s * scale;
-          mx = std::max(mx, s * scale);
+          s *= scale;
+          scores_[static_cast<std::size_t>(j)] = s;
+          mx = std::max(mx, s);
         }
         C sum = 0;
         for (auto& s : scores_) {
           s = std::exp(s - mx);
           sum += s;
         }
-        T* o = att_.data() + r * c_.d_model + hh * hd;
-        for (index_t e = 0; e < hd; ++e) {
-          C acc = 0;
-          for (index_t j = 0; j < n; ++j)
-            acc += scores_[static_cast<std::size_t>(j)] *
-                   static_cast<C>(cache_v_[slot(l, r, j) + static_cast<std::size_t>(g * hd + e)]);
-          o[e] = static_cast<T>(acc / sum);
+        std::fill(acc_.begin(), acc_.end(), C(0));
+        for (index_t j = 0; j < n; ++j) {
+          C const p = scores_[static_cast<std::size_t>(j)];
+          T const* v = values + j * kvd + g * hd;
+          for (index_t e = 0; e < hd; ++e)
+            acc_[static_cast<std::size_t>(e)] += p * static_cast<C>(v[e]);
         }
+        T* o = att_.data() + r * c_.d_model + hh * hd;
+        for (index_t e = 0; e < hd; ++e)
+          o[e] = static_cast<T>(acc_[static_cast<std::size_t>(e)] / sum);
       }
+    }
   }
 
   template <class U>
@@ -210,7 +217,7 @@ class gpt_decoder {
   index_t rows_ = 0, len_ = 0;
   std::vector<T> cache_k_, cache_v_;
   std::vector<T> x_, ln_, q_, k_, v_, att_, o_, mid_, fc_, act_;
-  std::vector<C> mean_, rstd_, scores_;
+  std::vector<C> mean_, rstd_, scores_, acc_;
   std::vector<std::int32_t> pos_;
 };
 

@@ -8,6 +8,7 @@
 #include <weft/core/math.hpp>  // index_t
 #include <weft/optim/param.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -179,6 +180,22 @@ class adamw {
   //! First and second moments (torch's `exp_avg`, `exp_avg_sq`).
   [[nodiscard]] std::span<T const> m() const noexcept { return m_; }
   [[nodiscard]] std::span<T const> v() const noexcept { return v_; }
+
+  //! Restores a state saved from m(), v() and steps() (a checkpoint): the following steps then
+  //! equal those of the optimizer it was saved from, bit for bit. shape_error for moments of
+  //! another size, invalid_argument_error for a negative step count, before anything changes.
+  void load_state(std::span<T const> m, std::span<T const> v, std::int64_t steps) {
+    WEFT_EXPECTS_SHAPE(m.size() == m_.size(), "m",
+                       ::weft::detail::concat(m_.size(), " elements (the optimizer's size)"),
+                       ::weft::detail::concat(m.size(), " elements"));
+    WEFT_EXPECTS_SHAPE(v.size() == v_.size(), "v",
+                       ::weft::detail::concat(v_.size(), " elements (the optimizer's size)"),
+                       ::weft::detail::concat(v.size(), " elements"));
+    WEFT_EXPECTS(steps >= 0, "steps", ">= 0", steps);
+    std::copy(m.begin(), m.end(), m_.begin());
+    std::copy(v.begin(), v.end(), v_.begin());
+    t_ = steps;
+  }
 
   //! One step at learning rate `lr` (a schedule's value; lr >= 0). params and grads have size()
   //! elements; shape_error otherwise, before anything changes.
