@@ -258,8 +258,21 @@ options parse(int argc, char** argv) {
   if (o.dp * o.pp * o.tp * o.cp > 64)
     throw bad_argument{"argument `--dp x --pp x --tp x --cp`: expected at most 64 ranks, actual " +
                        std::to_string(o.dp * o.pp * o.tp * o.cp)};
+  if (o.check && !o.resume.empty())
+    throw bad_argument{
+        "argument `--check`: expected without --resume (the comparison needs the "
+        "run's rollouts from step 1)"};
   if (o.save_every > 0 && o.save.empty())
     throw bad_argument{"argument `--save-every`: expected with --save DIR"};
+  if (o.sp) {
+    int const seq = (6 + 4 + 2 * o.cp - 1) / (2 * o.cp) * (2 * o.cp);  // prompt + answer
+    for (int seqs : {o.group, 8})
+      if (seqs * seq / o.cp % o.tp != 0)
+        throw bad_argument{"argument `--sp`: expected the rows of a microbatch (" +
+                           std::to_string(seqs) + " sequences x " + std::to_string(seq) +
+                           " tokens / cp) to be a multiple of tp = " + std::to_string(o.tp) +
+                           ", actual " + std::to_string(seqs * seq / o.cp)};
+  }
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
   return o;
 }
@@ -351,22 +364,38 @@ sample unpack(double const* w) {
   return s;
 }
 
-//! Samples `rows` responses to `probs[r]` (one row each) with the decoder: temperature 1, or
-//! greedy; row r's coin at position t is gen.uniform_double(keys[r] * 4 + t).
+//! Samples `per` responses to each of `prompts` with the decoder (row r answers prompt r / per):
+//! temperature 1, or greedy; row r's coin at position t is gen.uniform_double(keys[r] * 4 + t).
+//! Each prompt is prefilled once, in one row, and forked into its `per` rows.
 template <class T>
-void generate(nn::gpt_decoder<T>& dec, std::span<problem const> probs,
+void generate(nn::gpt_decoder<T>& dec, std::span<problem const> prompts, index_t per,
               std::span<std::uint64_t const> keys, weft::rng gen, bool greedy,
               std::span<sample> out) {
-  auto const rows = static_cast<index_t>(probs.size());
-  dec.reset(rows);
+  auto const n = static_cast<index_t>(prompts.size());
+  auto const rows = n * per;
+  std::vector<problem> probs;
+  std::vector<index_t> sources;
+  for (index_t r = 0; r < rows; ++r) {
+    probs.push_back(prompts[static_cast<std::size_t>(r / per)]);
+    sources.push_back(r / per);
+  }
   std::vector<T> logits(static_cast<std::size_t>(rows * kVocab));
+  {
+    dec.reset(n);
+    std::vector<T> first(static_cast<std::size_t>(n * kVocab));
+    weft::tensor_view<T, 2> fv(first.data(), n, kVocab);
+    std::vector<std::int32_t> pcol(static_cast<std::size_t>(n));
+    for (index_t t = 0; t < kPrompt; ++t) {
+      for (index_t k = 0; k < n; ++k)
+        pcol[static_cast<std::size_t>(k)] = prompt_of(prompts[static_cast<std::size_t>(k)])[t];
+      dec.step(pcol, fv);
+    }
+    dec.fork(sources);
+    for (index_t r = 0; r < rows; ++r)
+      std::copy_n(first.begin() + (r / per) * kVocab, kVocab, logits.begin() + r * kVocab);
+  }
   weft::tensor_view<T, 2> lv(logits.data(), rows, kVocab);
   std::vector<std::int32_t> col(static_cast<std::size_t>(rows));
-  for (index_t t = 0; t < kPrompt; ++t) {
-    for (index_t r = 0; r < rows; ++r)
-      col[static_cast<std::size_t>(r)] = prompt_of(probs[static_cast<std::size_t>(r)])[t];
-    dec.step(col, lv);
-  }
   std::vector<bool> done(static_cast<std::size_t>(rows), false);
   for (index_t t = 0; t < kMaxNew; ++t) {
     for (index_t r = 0; r < rows; ++r) {
@@ -569,7 +598,7 @@ class trainer {
   //! a microbatch's rows, called with the index of its first sequence. Returns {loss, grad norm}.
   std::array<double, 2> train_step(
       std::vector<std::int32_t> const& tokens, std::vector<std::int32_t> const& targets, index_t mb,
-      double ce_weight, optim::adamw<T>& opt, double lr,
+      double ce_weight, optim::adamw<T>& opt, double lr, double max_norm,
       std::function<double(index_t first_seq, std::span<std::int64_t const>,
                            std::span<double const>, std::span<double>)> const& loss) {
     index_t const seqs = static_cast<index_t>(tokens.size()) / seq_len_;
@@ -600,7 +629,7 @@ class trainer {
     par::reduce_gpt_grads(*tp_, *data_, store_);
     auto const infos = store_.layout().infos();
     double const norm =
-        optim::clip_grad_norm(*model_group_, infos, store_.grads(), p_.tp_rank, 1.0);
+        optim::clip_grad_norm(*model_group_, infos, store_.grads(), p_.tp_rank, max_norm);
     opt.step(store_.params(), store_.grads(), lr);
     par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
     // The loss: the last stage's tp rank 0 of every data rank holds a part.
@@ -626,6 +655,7 @@ class trainer {
     if (model_) {
       double sum = 0;
       for (index_t u = a; u < b; ++u) {
+        if (!loss) model_->set_token_loss({});
         if (loss)
           model_->set_token_loss([&, first = u * mb](auto rows, auto logp, auto dlogp) {
             return loss(first, rows, logp, dlogp);
@@ -665,7 +695,7 @@ class trainer {
       std::vector<sample> out(static_cast<std::size_t>(k));
       std::vector<std::uint64_t> keys(static_cast<std::size_t>(k));
       std::iota(keys.begin(), keys.end(), key0 + static_cast<std::uint64_t>(at));
-      generate(decoder_, std::span(probs).subspan(static_cast<std::size_t>(at), k), keys, gen,
+      generate(decoder_, std::span(probs).subspan(static_cast<std::size_t>(at), k), 1, keys, gen,
                greedy, out);
       for (auto const& s : out) correct += s.correct ? 1 : 0;
     }
@@ -699,7 +729,8 @@ class trainer {
       }
       double const w = 1.0 / static_cast<double>(o_.sft_batch * kMaxNew);
       auto const [loss, norm] =
-          train_step(tokens, targets, microbatch(o_.sft_batch / 8, 8), w, opt, o_.sft_lr, {});
+          train_step(tokens, targets, microbatch(o_.sft_batch / 8, 8), w, opt, o_.sft_lr,
+                     std::numeric_limits<double>::infinity(), {});  // SFT: no clipping
       (void)norm;
       if (o_.sft_steps == 0 && (step + 1) % o_.sft_eval_every == 0) {
         int const k = (step + 1) / o_.sft_eval_every;
@@ -720,8 +751,8 @@ class trainer {
     r.sft_steps = step;
   }
 
-  // Generates groups for prompts [uid0, uid0 + n) of this step: G samples each; group g by rank
-  // g % world; returns every group's samples on every rank.
+  // Generates groups for prompts [uid0, uid0 + n) of this step: G samples each, in chunks of
+  // kGenGroups groups, chunk j on rank j mod W; returns every group's samples on every rank.
   std::vector<sample> generate_round(std::uint64_t uid0, int n) {
     auto const g = static_cast<std::size_t>(o_.group);
     std::vector<double> words(static_cast<std::size_t>(n) * g * kSampleWords, 0.0);
@@ -735,14 +766,11 @@ class trainer {
       std::vector<std::uint64_t> keys;
       for (int k = k0; k < k1; ++k) {
         std::uint64_t const uid = uid0 + static_cast<std::uint64_t>(k);
-        problem const p = draw_problem(o_.seed, rl_prompts, uid);
-        for (std::size_t s = 0; s < g; ++s) {
-          probs.push_back(p);
-          keys.push_back(uid * g + s);
-        }
+        probs.push_back(draw_problem(o_.seed, rl_prompts, uid));
+        for (std::size_t s = 0; s < g; ++s) keys.push_back(uid * g + s);
       }
-      std::vector<sample> out(probs.size());
-      generate(decoder_, probs, keys, gen, false, out);
+      std::vector<sample> out(keys.size());
+      generate(decoder_, probs, static_cast<index_t>(g), keys, gen, false, out);
       for (std::size_t i = 0; i < out.size(); ++i)
         pack(out[i], words.data() + (static_cast<std::size_t>(k0) * g + i) * kSampleWords);
     }
@@ -829,8 +857,9 @@ class trainer {
       double pg_loss = 0, grad_norm = 0, entropy = 0;
       int updates = 0;
       for (int mbi = 0; mbi < o_.minibatches; ++mbi) {
-        index_t const ga = kept_groups * mbi / o_.minibatches,
-                      gb = kept_groups * (mbi + 1) / o_.minibatches;
+        // Contiguous halves of whole groups, the larger first (np.array_split's rule).
+        index_t const ga = (kept_groups * mbi + o_.minibatches - 1) / o_.minibatches,
+                      gb = (kept_groups * (mbi + 1) + o_.minibatches - 1) / o_.minibatches;
         if (gb <= ga) continue;
         auto const s0 = static_cast<std::size_t>(ga) * g, s1 = static_cast<std::size_t>(gb) * g;
         index_t const rows = static_cast<index_t>(s1 - s0);
@@ -881,7 +910,7 @@ class trainer {
         };
         auto const [l, norm] =
             train_step(tokens, targets, microbatch(gb - ga, static_cast<index_t>(g)), 1.0, opt,
-                       o_.rl_lr, loss);
+                       o_.rl_lr, 1.0, loss);
         r.losses.push_back(l);
         pm += all_reduce_metrics_world(local);
         pg_loss += l;
@@ -930,6 +959,7 @@ class trainer {
       if (!o_.save.empty() && (last || (o_.save_every > 0 && (step + 1) % o_.save_every == 0)))
         save_checkpoint(r, step + 1);
     }
+    if (!o_.save.empty() && first_step_ >= o_.rl_steps) save_checkpoint(r, first_step_);
   }
 
   // ---- checkpoints: per rank, at RL step boundaries (no rollout buffer is pending then) ----
@@ -974,6 +1004,7 @@ class trainer {
     auto const dir = fs::path(o_.save) / ("step_" + std::to_string(steps_done));
     if (world_->rank() == 0) fs::create_directories(dir);
     world_->barrier().wait();
+    bool written = false;
     {
       std::ofstream f(dir / ("rank_" + std::to_string(world_->rank()) + ".bin"), std::ios::binary);
       f.write(kMagic, 8);
@@ -996,9 +1027,9 @@ class trainer {
           put(f, v);
         }
       }
-      if (!f)
-        throw std::runtime_error("rl_trainer: cannot write the checkpoint in " + dir.string());
+      written = static_cast<bool>(f);
     }
+    agree(written, "cannot write the checkpoint in " + dir.string());
     // Every rank has written its file: the commit marker last.
     world_->barrier().wait();
     if (world_->rank() == 0) {
@@ -1009,7 +1040,37 @@ class trainer {
     world_->barrier().wait();
   }
 
+  // Every rank learns whether every rank succeeded (a failure on one rank must not leave the
+  // others waiting in the next collective): throws on all of them if one failed.
+  void agree(bool ok, std::string const& what) {
+    int failed = ok ? 0 : 1;
+    weft::comm::all_reduce(*world_, std::span<int>(&failed, 1), weft::comm::reduce_kind::max)
+        .wait();
+    if (failed)
+      throw std::runtime_error(
+          "rl_trainer: " + (ok ? std::string("another rank failed: ") : std::string()) + what);
+  }
+
   void load_checkpoint(run_result& r) {
+    std::string error;
+    try {
+      read_checkpoint(r);
+    } catch (bad_argument const& e) {
+      error = e.message;
+    } catch (std::exception const& e) {
+      error = e.what();
+    }
+    int failed = error.empty() ? 0 : 1;
+    weft::comm::all_reduce(*world_, std::span<int>(&failed, 1), weft::comm::reduce_kind::max)
+        .wait();
+    if (failed)
+      throw bad_argument{error.empty() ? "argument `--resume`: another rank could not read its "
+                                         "checkpoint file"
+                                       : error};
+    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
+  }
+
+  void read_checkpoint(run_result& r) {
     namespace fs = std::filesystem;
     std::string name;
     std::ifstream(fs::path(o_.resume) / "latest") >> name;
@@ -1058,11 +1119,10 @@ class trainer {
     if (!f || params.size() != store_.params().size())
       throw bad_argument{"argument `--resume`: expected " + std::to_string(store_.params().size()) +
                          " parameters in " + file.string() + ", actual a truncated or other file"};
-    std::copy(params.begin(), params.end(), store_.params().begin());
     rl_opt_->load_state(m, v, adam_t);
+    std::copy(params.begin(), params.end(), store_.params().begin());
     first_step_ = static_cast<int>(steps_done);
     r.sft_steps = static_cast<int>(sft_steps);
-    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
   }
 
   rl::policy_metrics all_reduce_metrics_world(rl::policy_metrics const& local) {
@@ -1266,9 +1326,9 @@ int run_mpi(int& argc, char**& argv, options const& o) {
   if (world.rank() == 0) print_header(o);
   auto const r = o.f64 ? trainer<double, weft::comm::mpi::communicator>(o, world).run()
                        : trainer<float, weft::comm::mpi::communicator>(o, world).run();
-  int status = world.rank() == 0 ? finish(o, r) : 0;
-  weft::comm::all_reduce(world, std::span<int>(&status, 1), weft::comm::reduce_kind::max).wait();
-  return status;
+  // Only the first process reports (and runs the --check reference, which may take longer than
+  // any deadline): mpiexec's exit status is non-zero when it fails.
+  return world.rank() == 0 ? finish(o, r) : 0;
 #else
   (void)argc;
   (void)argv;

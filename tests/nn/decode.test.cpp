@@ -1,6 +1,6 @@
 // Tests of weft/nn/decode.hpp: the key/value-cache decoder's logits equal nn::gpt::forward's at
 // every position (f64 within 1e-12, f32 within 1e-5 of the largest logit) for rows of different
-// tokens in one batch, after a prompt prefilled in one row and broadcast to all, and with GQA;
+// tokens in one batch, after a prompt prefilled in one row and forked into all, and with GQA;
 // a later optimizer step is seen; bad arguments are refused with the value named.
 #include <weft/nn/decode.hpp>
 #include <weft/nn/gpt.hpp>
@@ -62,17 +62,17 @@ void check_decoder(index_t kv_heads, double tol) {
   nn::gpt_decoder<T> dec(c, s, 3, 9);
   std::vector<T> logits(3 * 14);
   weft::tensor_view<T, 2> lv(logits.data(), 3, 14);
-  // Prefill the prompt in row 0 of a one-row batch... then three rows from its cache.
+  // Prefill the prompt once in a batch of one row (a reset before it empties nothing stale), then
+  // fork it into three rows.
+  dec.reset(3);
+  std::vector<std::int32_t> three{1, 2, 3};
+  dec.step(three, lv);
   dec.reset(1);
   std::vector<T> one(14);
   for (auto t : prompt) dec.step(std::span(&t, 1), weft::tensor_view<T, 2>(one.data(), 1, 14));
-  // The reset for three rows keeps no cache: prefill row 0 again among 3 rows, broadcast it.
-  dec.reset(3);
-  for (auto t : prompt) {
-    std::vector<std::int32_t> col{t, 0, 0};  // rows 1, 2: garbage, replaced by the broadcast
-    dec.step(col, lv);
-  }
-  dec.broadcast(0);
+  std::vector<index_t> const sources{0, 0, 0};
+  dec.fork(sources);
+  CHECK(dec.rows() == 3);
   CHECK(dec.length() == 4);
   std::vector<std::vector<T>> want;
   for (auto const& q : seqs) want.push_back(full_logits(c, s, q));
@@ -80,10 +80,10 @@ void check_decoder(index_t kv_heads, double tol) {
   for (auto const& w : want)
     for (auto v : w) scale = std::max(scale, std::abs(double(v)));
   double worst = 0;
-  // Position 3's logits (the prompt's last) are in lv for row 0 and, after the broadcast, equal
-  // for every row: check row 0 against the full forward.
+  // The prompt's last logits (position 3), from the one-row batch.
   for (index_t v = 0; v < 14; ++v)
-    worst = std::max(worst, std::abs(double(lv(0, v)) - double(want[0][3 * 14 + v])));
+    worst = std::max(worst, std::abs(double(one[static_cast<std::size_t>(v)]) -
+                                     double(want[0][static_cast<std::size_t>(3 * 14 + v)])));
   for (int i = 0; i < 5; ++i) {
     std::vector<std::int32_t> col;
     for (int r = 0; r < 3; ++r) col.push_back(seqs[r][4 + i]);
@@ -130,4 +130,33 @@ TEST_CASE("gpt_decoder: reads the store at every step and refuses bad arguments"
   CHECK_THROWS_WITH(nn::gpt_decoder<double>(c, s, 1, 13), doctest::Contains("context"));
   std::vector<std::int32_t> three{1, 2, 3};
   CHECK_THROWS_WITH(dec.step(three, av), doctest::Contains("one per row"));
+  std::vector<index_t> const bad_source{0, 2};
+  CHECK_THROWS_WITH(dec.fork(bad_source), doctest::Contains("sources[1]"));
+}
+
+TEST_CASE("gpt_decoder: fork maps every new row to its source row, which may itself move") {
+  auto const c = config(0);
+  auto s = params<double>(c);
+  // Two prompts prefilled in rows 0 and 1, forked to {1, 0, 1}: row r must continue like a batch
+  // that had prefilled prompt sources[r] in its own row.
+  std::vector<std::vector<std::int32_t>> const prompts{{3, 7, 10}, {5, 2, 11}};
+  nn::gpt_decoder<double> dec(c, s, 3, 6);
+  std::vector<double> l2(28), l3(42);
+  dec.reset(2);
+  for (int t = 0; t < 3; ++t) {
+    std::vector<std::int32_t> col{prompts[0][t], prompts[1][t]};
+    dec.step(col, weft::tensor_view<double, 2>(l2.data(), 2, 14));
+  }
+  std::vector<index_t> const sources{1, 0, 1};
+  dec.fork(sources);
+  std::vector<std::int32_t> next{4, 4, 9};
+  dec.step(next, weft::tensor_view<double, 2>(l3.data(), 3, 14));
+  for (int r = 0; r < 3; ++r) {
+    auto seq = prompts[static_cast<std::size_t>(sources[static_cast<std::size_t>(r)])];
+    seq.push_back(next[static_cast<std::size_t>(r)]);
+    auto const want = full_logits(c, s, seq);
+    for (index_t v = 0; v < 14; ++v)
+      CHECK(std::abs(l3[static_cast<std::size_t>(r * 14 + v)] -
+                     want[static_cast<std::size_t>(3 * 14 + v)]) <= 1e-12 * 100);
+  }
 }

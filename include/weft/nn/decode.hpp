@@ -1,9 +1,10 @@
 // weft/nn/decode.hpp — incremental decoding of nn::gpt with a key/value cache: rows of a batch
 // advance one token per step in lockstep (every row at the same position: prompts of one length,
 // finished rows keep stepping and the caller ignores their tokens), each step costs one new
-// position per row instead of the whole prefix, and a prompt prefilled once can be shared by all
-// rows (its samples). The logits equal nn::gpt::forward's at the same positions to rounding (the
-// same layer functions; attention over the cache is a plain softmax in compute_t<T>).
+// position per row instead of the whole prefix, and prompts prefilled once, one row each, can be
+// forked into their samples' rows (fork). The logits equal nn::gpt::forward's at the same positions
+// to rounding (the same layer functions; attention over the cache is a plain softmax in
+// compute_t<T>).
 #pragma once
 
 #include <weft/core/error.hpp>
@@ -63,36 +64,36 @@ class gpt_decoder {
   void reset(index_t rows) {
     WEFT_EXPECTS(rows >= 1 && rows <= max_rows_, "rows",
                  ::weft::detail::concat("in [1, max_rows = ", max_rows_, "]"), rows);
-    rows_ = rows;
     len_ = 0;
-    index_t const d = c_.d_model, kvd = c_.kv() * c_.head_dim(), h = c_.hidden();
-    auto n = [&](index_t w) { return static_cast<std::size_t>(rows * w); };
-    for (auto* b : {&x_, &ln_, &q_, &o_, &att_, &mid_}) b->resize(n(d));
-    k_.resize(n(kvd));
-    v_.resize(n(kvd));
-    fc_.resize(n(h));
-    act_.resize(n(h));
-    mean_.resize(n(1));
-    rstd_.resize(n(1));
-    pos_.resize(n(1));
+    resize(rows);
   }
 
-  //! Copies row `from`'s cache into every row (a prompt prefilled in one row, shared by its
-  //! samples).
-  void broadcast(index_t from) {
-    WEFT_EXPECTS(from >= 0 && from < rows_, "from", ::weft::detail::concat("in [0, ", rows_, ")"),
-                 from);
+  //! A new batch of sources.size() rows whose row r continues current row sources[r] (its cached
+  //! keys and values; length() unchanged): prompts prefilled once, one row each, then shared by
+  //! their samples. The caller replicates the last step's logits the same way.
+  void fork(std::span<index_t const> sources) {
+    auto const rows = static_cast<index_t>(sources.size());
+    WEFT_EXPECTS(rows >= 1 && rows <= max_rows_, "sources.size()",
+                 ::weft::detail::concat("in [1, max_rows = ", max_rows_, "]"), rows);
+    for (std::size_t r = 0; r < sources.size(); ++r)
+      WEFT_EXPECTS(sources[r] >= 0 && sources[r] < rows_,
+                   ::weft::detail::concat("sources[", r, "]"),
+                   ::weft::detail::concat("a current row in [0, ", rows_, ")"), sources[r]);
     index_t const kvd = c_.kv() * c_.head_dim();
-    auto const span = static_cast<std::size_t>(len_ * kvd);
-    for (index_t l = 0; l < c_.layers; ++l)
-      for (index_t r = 0; r < rows_; ++r) {
-        if (r == from) continue;
-        for (auto* cache : {&cache_k_, &cache_v_}) {
-          auto const src = cache->begin() + static_cast<std::ptrdiff_t>(slot(l, from, 0));
-          std::copy(src, src + static_cast<std::ptrdiff_t>(span),
-                    cache->begin() + static_cast<std::ptrdiff_t>(slot(l, r, 0)));
-        }
-      }
+    auto const span = static_cast<std::ptrdiff_t>(len_ * kvd);
+    for (auto* cache : {&cache_k_, &cache_v_}) {
+      // The current rows first, so that a row may be both a source and a destination.
+      std::vector<T> old(static_cast<std::size_t>(c_.layers * rows_ * len_ * kvd));
+      for (index_t l = 0; l < c_.layers; ++l)
+        for (index_t r = 0; r < rows_; ++r)
+          std::copy_n(cache->begin() + static_cast<std::ptrdiff_t>(slot(l, r, 0)), span,
+                      old.begin() + (l * rows_ + r) * span);
+      for (index_t l = 0; l < c_.layers; ++l)
+        for (index_t r = 0; r < rows; ++r)
+          std::copy_n(old.begin() + (l * rows_ + sources[static_cast<std::size_t>(r)]) * span, span,
+                      cache->begin() + static_cast<std::ptrdiff_t>(slot(l, r, 0)));
+    }
+    resize(rows);
   }
 
   //! Feeds tokens[r] to row r at position length(), caches its keys and values, and writes the
@@ -123,6 +124,20 @@ class gpt_decoder {
   }
 
  private:
+  void resize(index_t rows) {
+    rows_ = rows;
+    index_t const d = c_.d_model, kvd = c_.kv() * c_.head_dim(), h = c_.hidden();
+    auto n = [&](index_t w) { return static_cast<std::size_t>(rows * w); };
+    for (auto* b : {&x_, &ln_, &q_, &o_, &att_, &mid_}) b->resize(n(d));
+    k_.resize(n(kvd));
+    v_.resize(n(kvd));
+    fc_.resize(n(h));
+    act_.resize(n(h));
+    mean_.resize(n(1));
+    rstd_.resize(n(1));
+    pos_.resize(n(1));
+  }
+
   [[nodiscard]] std::size_t slot(index_t layer, index_t row, index_t pos) const noexcept {
     index_t const kvd = c_.kv() * c_.head_dim();
     return static_cast<std::size_t>(((layer * max_rows_ + row) * max_len_ + pos) * kvd);
