@@ -119,10 +119,17 @@ class straggler_detector {
     std::size_t const slot = k % h;
     bool const evict = k >= w;
     std::size_t const old = (k - (evict ? w : 0)) % h;
+    // A straggler is an outlier: when more than a quarter of the ranks (at least one) are late
+    // in the same collective, the delay is the machine's (threads descheduled in waves on an
+    // oversubscribed host), not a rank's, and that collective's late lags are recorded as 0.
+    std::size_t late = 0;
+    for (std::size_t r = 0; r < n; ++r) late += row[r] - med > bar_ ? 1 : 0;
+    bool const outliers = late <= std::max<std::size_t>(1, n / 4);
     for (std::size_t r = 0; r < n; ++r) {
       double* const lr = &lags_[r * h];
       if (evict && lr[old] > bar_) --over_[r];
-      double const lag = row[r] - med;
+      double lag = row[r] - med;
+      if (!outliers && lag > bar_) lag = 0.0;
       lr[slot] = lag;
       if (lag > bar_) ++over_[r];
     }
