@@ -18,6 +18,7 @@
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
+#include <weft/pipeline/search/search.hpp>
 #include <weft/pipeline/simulate.hpp>
 #include <weft/pipeline/stage.hpp>
 #include <weft/pipeline/validate.hpp>
@@ -601,14 +602,9 @@ TEST_CASE("executor: the minimal stage of the documentation") {
 
 namespace {
 
-void check_vocab(pl::vocab_variant variant, int p, int m) {
-  CAPTURE(pl::to_string(variant));
-  CAPTURE(p);
-  CAPTURE(m);
-  // m < p only breaks the generator's performance rule; validate still proves the program.
-  pl::vocab_options vo;
-  vo.unchecked = m < p;
-  auto const compute = pl::vocab_one_f_one_b(p, m, variant, vo);
+void check_vocab_schedule(pl::schedule const& compute) {
+  auto const variant = compute.vocab();
+  int const p = compute.num_ranks(), m = compute.num_microbatches();
   auto const lowered = pl::lower(compute);
   pl::validate(lowered);
   int const stages = compute.num_stages();
@@ -671,6 +667,16 @@ void check_vocab(pl::vocab_variant variant, int p, int m) {
   }
 }
 
+void check_vocab(pl::vocab_variant variant, int p, int m) {
+  CAPTURE(pl::to_string(variant));
+  CAPTURE(p);
+  CAPTURE(m);
+  // m < p only breaks the generator's performance rule; validate still proves the program.
+  pl::vocab_options vo;
+  vo.unchecked = m < p;
+  check_vocab_schedule(pl::vocab_one_f_one_b(p, m, variant, vo));
+}
+
 }  // namespace
 
 TEST_CASE("executor: vocabulary-balanced schedules match the single-device model") {
@@ -679,6 +685,28 @@ TEST_CASE("executor: vocabulary-balanced schedules match the single-device model
   for (auto variant : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier})
     for (int p : {2, 4})
       for (int m : {1, p, 2 * p + 1}) check_vocab(variant, p, m);
+}
+
+TEST_CASE("executor: a searched vocabulary-parallel schedule matches the single-device model") {
+  // Uneven stages and an output layer sharded over the ranks: the search re-plans vocabulary
+  // 1F1B (per-stage costs, other warm-up depths); the executor runs what it found.
+  int const p = 4, m = 8;
+  pl::cost_model c;
+  for (int r = 0; r < p; ++r) {
+    c.forward.push_back(0.6 + 0.1 * ((r * 5 + 2) % 11));
+    c.backward_input.push_back(0.7 + 0.15 * ((r * 3 + 1) % 7));
+    c.backward_weight.push_back(0.3 + 0.1 * ((r * 7 + 3) % 9));
+    c.activation_bytes.push_back(1.0);
+  }
+  c.vocab_forward = 0.5;
+  c.vocab_backward = 0.25;
+  c.input_forward = c.input_backward = 0.05;
+  c.collective_latency = 0.1;
+  auto const res = pl::search::search_schedule(p, m, c);
+  CAPTURE(res.method);
+  CHECK(res.method.find("plan(") != std::string::npos);  // a searched candidate, not a hand one
+  CHECK(res.makespan < res.best_hand_makespan);
+  check_vocab_schedule(res.best);
 }
 
 TEST_CASE("executor: a vocabulary pass that throws on one rank raises on every rank") {

@@ -10,6 +10,7 @@
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/render.hpp>
+#include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/search/search.hpp>
 #include <weft/pipeline/simulate.hpp>
 #include <weft/pipeline/validate.hpp>
@@ -175,6 +176,82 @@ TEST_CASE("search: strictly faster where the hand schedules leave bubbles (named
   }
 }
 
+namespace {
+
+// Vocabulary-parallel costs: the grid's stages plus an output layer of E stage-equivalents sharded
+// over the p ranks as the one-barrier schedule runs it (S = E(F + I)/p, T = E W/p, unit_costs'
+// split; E = 1, and 6.25 for a 256k vocabulary at h = 3072), input lookups IF = IB = 0.05 and a
+// collective latency of 0.1; activations of one byte per stage-microbatch and 1/p per S-to-T
+// vocabulary pass. The bar: vocab_one_f_one_b with one and two barriers, default and planned.
+pl::cost_model vocab_costs(int p, costs_kind kind, double E) {
+  auto c = grid_costs(p, kind);
+  double const P = p;
+  c.vocab_forward = E * 2.0 / P;
+  c.vocab_backward = E / P;
+  c.input_forward = c.input_backward = 0.05;
+  c.collective_latency = 0.1;
+  c.vocab_activation_bytes = 1.0 / P;
+  return c;
+}
+
+double best_vocab_hand(int p, int m, pl::cost_model const& c, std::vector<double> const& limit) {
+  double best = std::numeric_limits<double>::infinity();
+  for (auto v : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier})
+    for (bool planned : {false, true}) {
+      auto const s = planned ? pl::vocab_one_f_one_b(p, m, v, {pl::plan_costs(c), false})
+                             : pl::vocab_one_f_one_b(p, m, v);
+      auto const sim = pl::simulate(s, c);
+      if (ps::fits_memory(sim, limit)) best = std::min(best, sim.makespan);
+    }
+  return best;
+}
+
+}  // namespace
+
+TEST_CASE("search: vocabulary passes: never slower than vocabulary 1F1B, faster when uneven") {
+  int searched = 0, faster = 0, faster_non_uniform = 0, non_uniform = 0;
+  double gain_sum = 0, gain_max = 0;
+  for (int p = 2; p <= 8; ++p)
+    for (int m : {p, 2 * p, 4 * p})
+      for (auto kind : {costs_kind::uniform, costs_kind::non_uniform})
+        for (double E : {1.0, 6.25})
+          for (int limit : {p + 1, 0}) {  // the one-barrier schedule's rank-0 peak, none
+            CAPTURE(p);
+            CAPTURE(m);
+            CAPTURE(name_of(kind));
+            CAPTURE(E);
+            CAPTURE(limit);
+            auto const c = vocab_costs(p, kind, E);
+            ps::search_options o;
+            if (limit > 0)
+              o.memory_limit.assign(static_cast<std::size_t>(p), limit * (1.0 + 1.0 / p) + 1e-9);
+            auto const res = ps::search_schedule(p, m, c, o);
+            pl::validate(res.best);
+            CHECK(res.best.vocab() != pl::vocab_variant::none);
+            auto const sim = pl::simulate(res.best, c);
+            CHECK(sim.makespan == doctest::Approx(res.makespan));
+            CHECK(ps::fits_memory(sim, o.memory_limit));
+            double const hand = best_vocab_hand(p, m, c, o.memory_limit);
+            CHECK(res.best_hand_makespan == doctest::Approx(hand));
+            CHECK(res.makespan <= hand * (1 + 1e-12));
+            ++searched;
+            double const gain =
+                hand < std::numeric_limits<double>::infinity() ? 1.0 - res.makespan / hand : 0.0;
+            if (gain > 1e-9) ++faster;
+            if (kind == costs_kind::non_uniform) {
+              ++non_uniform;
+              if (gain > 1e-9) ++faster_non_uniform;
+              gain_sum += gain;
+              gain_max = std::max(gain_max, gain);
+            }
+          }
+  MESSAGE("vocabulary search: ", searched, " searches, strictly faster than vocabulary 1F1B in ",
+          faster, " (non-uniform: ", faster_non_uniform, " of ", non_uniform, ", mean gain ",
+          100 * gain_sum / non_uniform, " %, max ", 100 * gain_max, " %)");
+  CHECK(searched == 7 * 3 * 2 * 2 * 2);
+  CHECK(faster_non_uniform > non_uniform / 2);
+}
+
 TEST_CASE("search: each generator alone gives valid schedules; the local search only improves") {
   auto const c = grid_costs(6, costs_kind::non_uniform);
   ps::search_options base;
@@ -290,8 +367,13 @@ TEST_CASE("search: bad inputs throw naming the argument, the expected and the ac
   o.memory_limit = {4, 4};
   throws_with([&] { (void)ps::search_schedule(4, 8, c, o); }, "options.memory_limit.size()");
   auto vocab = c;
-  vocab.vocab_forward = 0.5;
+  vocab.vocab_forward = -0.5;
   throws_with([&] { (void)ps::search_schedule(4, 8, vocab); }, "costs.vocab_forward");
+  vocab.vocab_forward = 0.5;
+  throws_with([&] { (void)ps::search_schedule(4, 3, vocab); }, "`m`");
+  auto vocab1 = grid_costs(1, costs_kind::uniform);
+  vocab1.vocab_forward = 0.5;
+  throws_with([&] { (void)ps::search_schedule(1, 4, vocab1); }, "`p`");
   // The limit of one microbatch per rank is the least any schedule needs, and it is searched.
   o.memory_limit = limit_of(4, 1);
   auto const res = ps::search_schedule(4, 8, c, o);

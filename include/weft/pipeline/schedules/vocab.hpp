@@ -34,6 +34,10 @@ struct vocab_plan_costs {
   double input_backward = 0.0;
   double collective_latency = 0.0;
   double p2p = 0.0;
+  //! Per-stage forward and backward times (size p) for stages whose costs differ; empty: every
+  //! stage plans with `forward` and `backward`.
+  std::vector<double> forward_per_stage{};
+  std::vector<double> backward_per_stage{};
 };
 
 //! Planning costs taken from a cost model of the same shape (stage 0's F and B, its S/T/IF/IB).
@@ -53,6 +57,10 @@ inline vocab_plan_costs plan_costs(cost_model const& c) {
 struct vocab_options {
   vocab_plan_costs costs{};
   bool unchecked = false;
+  //! Per rank (size p), the forwards it runs before its first backward, in [1, m]; empty: the
+  //! schedule's own min(p - r - 1 + barriers, m). Deeper warm-ups hold more activations and can
+  //! hide uneven stages (the schedule search varies them).
+  std::vector<int> warmup{};
 };
 
 namespace detail {
@@ -60,9 +68,11 @@ namespace detail {
 //! Transformer order of vocabulary-parallel 1F1B on rank r: min(p-r-1+extra, m) warmup forwards
 //! (extra = 1 or 2 barriers: the last stage waits for C0, or C1, before each backward, and every
 //! rank fills that wait with forwards), then F/B pairs, then the remaining backwards.
-inline std::vector<action> vocab_transformer_order(schedule const& s, int r, int extra) {
+inline std::vector<action> vocab_transformer_order(schedule const& s, int r, int extra,
+                                                   std::vector<int> const& depth = {}) {
   int const p = s.num_ranks(), m = s.num_microbatches();
-  int const warmup = std::min(p - r - 1 + extra, m);
+  int const warmup =
+      depth.empty() ? std::min(p - r - 1 + extra, m) : depth[static_cast<std::size_t>(r)];
   std::vector<action> out;
   for (int i = 0; i < warmup; ++i) out.push_back(s.make(op::forward, r, i));
   for (int i = 0; i < m - warmup; ++i) {
@@ -102,15 +112,32 @@ inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_op
   detail::require(k.vocab_forward >= 0 && k.vocab_backward >= 0 && k.input_forward >= 0 &&
                       k.input_backward >= 0 && k.collective_latency >= 0 && k.p2p >= 0,
                   "costs", ">= 0", k.vocab_forward, "non-negative costs");
+  auto const P = static_cast<std::size_t>(p);
+  for (auto const* v : {&k.forward_per_stage, &k.backward_per_stage}) {
+    detail::require(v->empty() || v->size() == P, "costs.forward_per_stage/backward_per_stage",
+                    ::weft::detail::concat("empty or size p (", p, ")"), v->size(),
+                    "per-stage planning costs sized p");
+    for (double x : *v)
+      detail::require(x > 0, "costs.forward_per_stage/backward_per_stage", "> 0", x,
+                      "positive per-stage costs");
+  }
+  detail::require(opt.warmup.empty() || opt.warmup.size() == P, "warmup",
+                  ::weft::detail::concat("empty or size p (", p, ")"), opt.warmup.size(),
+                  "a warm-up depth per rank");
+  for (int w : opt.warmup)
+    detail::require(w >= 1 && w <= m, "warmup", ::weft::detail::concat("in [1, m (", m, ")]"), w,
+                    "warm-up depths within the microbatches");
 
   schedule s(p, p, m, placement::loop, barriers);
   int const extra = barriers == vocab_variant::one_barrier ? 1 : 2;
   // Strictly positive planning durations keep "finished by" and "started after" apart.
   double const eps = 1e-6 * (k.forward + k.backward);
-  auto dur = [&](op kind) {
+  auto dur = [&](op kind, int stage) {
+    auto const st = static_cast<std::size_t>(stage);
     switch (kind) {
-      case op::forward: return k.forward;
-      case op::backward: return k.backward;
+      case op::forward: return k.forward_per_stage.empty() ? k.forward : k.forward_per_stage[st];
+      case op::backward:
+        return k.backward_per_stage.empty() ? k.backward : k.backward_per_stage[st];
       case op::vocab_forward: return std::max(k.vocab_forward, eps);
       case op::vocab_backward: return std::max(k.vocab_backward, eps);
       case op::input_forward: return std::max(k.input_forward, eps);
@@ -127,7 +154,8 @@ inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_op
                               op::input_backward};
   std::vector<std::vector<action>> transformer(static_cast<std::size_t>(p));
   for (int r = 0; r < p; ++r)
-    transformer[static_cast<std::size_t>(r)] = detail::vocab_transformer_order(s, r, extra);
+    transformer[static_cast<std::size_t>(r)] =
+        detail::vocab_transformer_order(s, r, extra, opt.warmup);
   std::vector<std::array<int, kStreams>> head(static_cast<std::size_t>(p),
                                               std::array<int, kStreams>{});
   std::vector<int> forwards(static_cast<std::size_t>(p), 0);
@@ -268,7 +296,7 @@ inline schedule vocab_one_f_one_b(int p, int m, vocab_variant barriers, vocab_op
                  ")");
     auto const ri = static_cast<std::size_t>(best_rank);
     action const a = *candidate(best_rank, best_stream);
-    double const end = best_est + dur(a.kind);
+    double const end = best_est + dur(a.kind, a.stage);
     finish[slot(a.kind, a.stage, a.microbatch)] = end;
     free_at[ri] = end;
     order[ri].emplace_back(a, end);

@@ -1,7 +1,8 @@
 // weft/pipeline/search/search.hpp — schedule search: given a cost model (per-stage F, I, W,
-// point-to-point time, activation and parameter bytes) and a memory limit per rank, finds a
-// split-backward schedule of small makespan that fits, from the hand-written generators, a list
-// scheduler, Tessel-style repetends and a local search. The result is an ordinary schedule.
+// point-to-point time, activation and parameter bytes, optionally vocabulary passes) and a memory
+// limit per rank, finds a schedule of small makespan that fits, from the hand-written generators,
+// a list scheduler, Tessel-style repetends and a local search (with vocabulary passes: the
+// vocabulary-parallel 1F1B family, re-planned). The result is an ordinary schedule.
 #pragma once
 
 #include <weft/core/error.hpp>
@@ -10,6 +11,7 @@
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 #include <weft/pipeline/search/list_scheduler.hpp>
 #include <weft/pipeline/search/repetend.hpp>
@@ -146,13 +148,18 @@ inline std::uint64_t fingerprint(schedule const& s) {
   std::uint64_t h = 1469598103934665603ull;
   for (int r = 0; r < s.num_ranks(); ++r) {
     for (auto const& a : s.actions(r)) {
-      h = (h ^ (static_cast<std::uint64_t>(a.kind) << 32 ^
+      h = (h ^ (static_cast<std::uint64_t>(a.kind) << 40 ^ static_cast<std::uint64_t>(a.tag) << 32 ^
                 static_cast<std::uint64_t>(static_cast<std::uint32_t>(a.microbatch)))) *
           1099511628211ull;
     }
     h = (h ^ 0xffu) * 1099511628211ull;
   }
   return h;
+}
+
+//! Whether the costs describe vocabulary-parallel passes (S, T, IF, IB on every rank).
+inline bool has_vocab_passes(cost_model const& c) noexcept {
+  return c.vocab_forward > 0 || c.vocab_backward > 0 || c.input_forward > 0 || c.input_backward > 0;
 }
 
 inline void check_search_inputs(int p, int m, cost_model const& c, search_options const& o) {
@@ -183,12 +190,22 @@ inline void check_search_inputs(int p, int m, cost_model const& c, search_option
                  c.backward_weight[r]);
   }
   WEFT_EXPECTS(c.p2p_time() >= 0, "costs.p2p_time()", ">= 0", c.p2p_time());
-  WEFT_EXPECTS(c.vocab_forward == 0 && c.vocab_backward == 0 && c.input_forward == 0 &&
-                   c.input_backward == 0,
-               "costs.vocab_forward/vocab_backward/input_forward/input_backward",
-               "0 (the search builds schedules without vocabulary parallelism: fold the output "
-               "layer into the last stage's costs)",
-               c.vocab_forward + c.vocab_backward + c.input_forward + c.input_backward);
+  for (auto [x, name] : {std::pair{c.vocab_forward, "costs.vocab_forward"},
+                         std::pair{c.vocab_backward, "costs.vocab_backward"},
+                         std::pair{c.input_forward, "costs.input_forward"},
+                         std::pair{c.input_backward, "costs.input_backward"}})
+    WEFT_EXPECTS(x >= 0, name, ">= 0", x);
+  if (has_vocab_passes(c)) {
+    WEFT_EXPECTS(p >= 2, "p",
+                 ">= 2 when the costs have vocabulary passes (they shard the output layer over "
+                 "the pipeline ranks)",
+                 p);
+    WEFT_EXPECTS(m >= p, "m",
+                 ::weft::detail::concat(">= p (", p,
+                                        ") when the costs have vocabulary passes (the "
+                                        "vocabulary-parallel 1F1B needs it)"),
+                 m);
+  }
   WEFT_EXPECTS(o.repetend_window >= 0 && o.repetend_window <= 3, "options.repetend_window",
                "in [0, 3]", o.repetend_window);
   WEFT_EXPECTS(o.local_search_evaluations >= 0, "options.local_search_evaluations", ">= 0",
@@ -234,36 +251,27 @@ inline bool movable(std::vector<action> const& prog, std::size_t from, std::size
 
 }  // namespace detail
 
-//! Searches for the split-backward schedule (p ranks, one stage each, every backward as I then W)
-//! of least simulated makespan under `costs` that fits `options.memory_limit`. Candidates, each
-//! timed by simulate() and validated before it is kept:
-//!  1. the hand-written GPipe, 1F1B and ZB-H1 (seeds: the result is never slower than the best of
-//!     them that fits);
-//!  2. list_schedule over its policies (W eager or deferred, in-flight cap staggered or uniform
-//!     with several depths, I or F first), capped by the memory limit;
-//!  3. repetend_schedule over every pattern of up to `repetend_window` microbatches, with several
-//!     warm-up depths and W lags;
-//! then a local search from the best: an action moved into an idle gap before it on its rank, or
-//! a W moved past its neighbour, kept when the makespan (then the sum of the ranks' finish times)
-//! drops and the memory still fits. Deterministic. Throws invalid_argument_error naming the
-//! argument for p or m < 1, cost vectors not sized p, non-positive F or I, vocabulary-pass costs
-//! (not searched), or a memory limit below one microbatch's activations plus the parameters.
-inline search_result search_schedule(int p, int m, cost_model const& costs,
-                                     search_options const& options = {}) {
-  detail::check_search_inputs(p, m, costs, options);
-  auto const P = static_cast<std::size_t>(p);
-  auto const& limit = options.memory_limit;
-  double const inf = std::numeric_limits<double>::infinity();
+namespace detail {
 
-  search_result out;
-  out.makespan = inf;
-  std::unordered_set<std::uint64_t> seen;
-  auto better = [inf](double a, double b) {
+//! The candidates a search has timed: keeps the fastest that fits the memory limit and validates,
+//! and the fastest hand-written one that fits.
+struct candidate_pool {
+  cost_model const& costs;
+  std::vector<double> const& limit;
+  search_result& out;
+  std::unordered_set<std::uint64_t> seen{};
+
+  //! a faster than b by more than rounding (b infinite: a finite).
+  static bool better(double a, double b) {
+    double const inf = std::numeric_limits<double>::infinity();
     return b == inf ? a < inf : a < b - 1e-9 * std::max(1.0, b);
-  };
-  // Times a candidate; keeps it if it fits, validates and beats the best so far.
-  auto consider = [&](schedule&& s, std::string const& method) -> double {
-    if (!seen.insert(detail::fingerprint(s)).second) return inf;
+  }
+
+  //! Times a candidate; keeps it if it fits, validates and beats the best so far. Returns the best
+  //! makespan so far.
+  double consider(schedule&& s, std::string const& method) {
+    double const inf = std::numeric_limits<double>::infinity();
+    if (!seen.insert(fingerprint(s)).second) return inf;
     ++out.candidates;
     simulation sim;
     try {
@@ -279,16 +287,118 @@ inline search_result search_schedule(int p, int m, cost_model const& costs,
       out.method = method;
     }
     return out.makespan;
-  };
+  }
 
-  for (auto& [name, s] : hand_schedules(p, m)) {
+  //! A hand-written schedule: the bar the search must meet (when it fits), and a seed.
+  void hand(schedule&& s, std::string const& name, bool seed) {
     auto const sim = simulate(s, costs);
     if (fits_memory(sim, limit) && better(sim.makespan, out.best_hand_makespan)) {
       out.best_hand = name;
       out.best_hand_makespan = sim.makespan;
     }
-    if (options.hand_seeds) consider(std::move(s), name);
+    if (seed) consider(std::move(s), name);
   }
+};
+
+//! The search when the costs have vocabulary passes (S, T, IF, IB on every rank, the output layer
+//! sharded over the pipeline as in "Balancing Pipeline Parallelism with Vocabulary Parallelism"):
+//! the hand-written schedules are vocab_one_f_one_b with one and two barriers, planned with its
+//! default costs and with plan_costs(costs); the search plans the same family with each stage's
+//! own F and B, the vocabulary passes weighted 1/2, 1 or 2 in the plan (which moves S and T between
+//! the transformer passes), and warm-up depths shifted by -2..+3 from the schedule's own, per rank
+//! or all ranks alike. Every candidate is simulated with the real costs and validated.
+inline search_result search_vocab(int p, int m, cost_model const& costs,
+                                  search_options const& options) {
+  search_result out;
+  out.makespan = std::numeric_limits<double>::infinity();
+  candidate_pool pool{costs, options.memory_limit, out};
+  auto const P = static_cast<std::size_t>(p);
+  auto variant_name = [](vocab_variant v) {
+    return std::string(v == vocab_variant::one_barrier ? "vocab-1f1b-1" : "vocab-1f1b-2");
+  };
+  for (auto v : {vocab_variant::one_barrier, vocab_variant::two_barrier}) {
+    pool.hand(vocab_one_f_one_b(p, m, v), variant_name(v), options.hand_seeds);
+    pool.hand(vocab_one_f_one_b(p, m, v, {plan_costs(costs), false}),
+              variant_name(v) + " (planned)", options.hand_seeds);
+  }
+  if (options.list) {
+    for (auto v : {vocab_variant::one_barrier, vocab_variant::two_barrier}) {
+      int const extra = v == vocab_variant::one_barrier ? 1 : 2;
+      for (bool per_stage : {false, true})
+        for (double st : {0.5, 1.0, 2.0})
+          for (int shift : {-2, -1, 0, 1, 2, 3})
+            for (bool flat : {false, true}) {
+              vocab_options o{plan_costs(costs), false, {}};
+              if (per_stage) {
+                o.costs.forward_per_stage = costs.forward;
+                o.costs.backward_per_stage.resize(P);
+                for (std::size_t r = 0; r < P; ++r)
+                  o.costs.backward_per_stage[r] =
+                      costs.backward_input[r] + costs.backward_weight[r];
+              }
+              o.costs.vocab_forward *= st;
+              o.costs.vocab_backward *= st;
+              o.warmup.resize(P);
+              for (int r = 0; r < p; ++r) {
+                int const own = (flat ? p - 1 : p - r - 1) + extra + shift;
+                o.warmup[static_cast<std::size_t>(r)] = std::clamp(own, 1, m);
+              }
+              std::string name = ::weft::detail::concat(
+                  variant_name(v), " plan(", per_stage ? "per-stage" : "stage-0", ", S/T x", st,
+                  ", warm-up ", flat ? "flat " : "", shift >= 0 ? "+" : "", shift, ")");
+              try {
+                pool.consider(vocab_one_f_one_b(p, m, v, o), name);
+              } catch (schedule_error const&) {
+                // a plan the generator could not complete: not a candidate
+              }
+            }
+    }
+  }
+  if (out.makespan == std::numeric_limits<double>::infinity())
+    WEFT_THROW(schedule_error, "search_schedule: no candidate fits the memory limit (p=", p,
+               ", m=", m, ")");
+  out.peak_memory = out.sim.peak_memory_bytes;
+  return out;
+}
+
+}  // namespace detail
+
+//! Searches for the split-backward schedule (p ranks, one stage each, every backward as I then W)
+//! of least simulated makespan under `costs` that fits `options.memory_limit`. Candidates, each
+//! timed by simulate() and validated before it is kept:
+//!  1. the hand-written GPipe, 1F1B and ZB-H1 (seeds: the result is never slower than the best of
+//!     them that fits);
+//!  2. list_schedule over its policies (W eager or deferred, in-flight cap staggered or uniform
+//!     with several depths, I or F first), capped by the memory limit;
+//!  3. repetend_schedule over every pattern of up to `repetend_window` microbatches, with several
+//!     warm-up depths and W lags;
+//! then a local search from the best: an action moved into an idle gap before it on its rank, or
+//! a W moved past its neighbour, kept when the makespan (then the sum of the ranks' finish times)
+//! drops and the memory still fits. Deterministic. Throws invalid_argument_error naming the
+//! argument for p or m < 1, cost vectors not sized p, non-positive F or I, negative vocabulary-pass
+//! costs, or a memory limit below one microbatch's activations plus the parameters.
+//!
+//! Costs with vocabulary passes (S, T, IF or IB > 0) select the vocabulary-parallel family instead
+//! (detail::search_vocab: p >= 2, m >= p): the bar is vocab_one_f_one_b with one and two barriers,
+//! and the candidates are the same generator planned with per-stage costs, reweighted vocabulary
+//! passes and other warm-up depths (fused backward; no local search).
+inline search_result search_schedule(int p, int m, cost_model const& costs,
+                                     search_options const& options = {}) {
+  detail::check_search_inputs(p, m, costs, options);
+  if (detail::has_vocab_passes(costs)) return detail::search_vocab(p, m, costs, options);
+  auto const P = static_cast<std::size_t>(p);
+  auto const& limit = options.memory_limit;
+  double const inf = std::numeric_limits<double>::infinity();
+
+  search_result out;
+  out.makespan = inf;
+  detail::candidate_pool pool{costs, limit, out};
+  auto better = detail::candidate_pool::better;
+  auto consider = [&](schedule&& s, std::string const& method) {
+    return pool.consider(std::move(s), method);
+  };
+
+  for (auto& [name, s] : hand_schedules(p, m)) pool.hand(std::move(s), name, options.hand_seeds);
 
   if (options.list) {
     list_limits lim;
