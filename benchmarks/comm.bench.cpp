@@ -298,6 +298,31 @@ void bm_threads(benchmark::State& st, coll c) {
 
 constexpr int latency_batch = 64;  // back-to-back operations per timed iteration
 
+// The straggler detector alone: ns per row (one row per monitored collective) for `ranks` ranks,
+// arrivals jittered by +-50 us around a 1 ms step (no rank late, the common case).
+void bm_detector_observe(benchmark::State& st) {
+  int const n = static_cast<int>(st.range(0));
+  wc::straggler_detector det(n, wc::straggler_options{});
+  std::vector<double> row(static_cast<std::size_t>(n));
+  std::uint64_t x = 88172645463325252ull;
+  double t = 0;
+  std::size_t named = 0;
+  for (auto _ : st) {
+    t += 1e-3;
+    for (auto& a : row) {
+      x ^= x << 13;
+      x ^= x >> 7;
+      x ^= x << 17;
+      a = t + double(x % 100000) * 1e-9 - 50e-6;
+    }
+    det.observe(
+        row, [&](wc::straggler_report const&) { ++named; }, [](int) {});
+    benchmark::DoNotOptimize(named);
+  }
+  st.counters["ns_per_row"] = benchmark::Counter(
+      double(st.iterations()) * 1e-9, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 // Best std::barrier crossing per thread count in this run (bm_barrier_latency runs first).
 std::map<int, double>& barrier_best() {
   static std::map<int, double> m;
@@ -308,7 +333,9 @@ std::map<int, double>& barrier_best() {
 // 8-byte all_reduce (two floats) latency: `latency_batch` calls per iteration, time per call.
 // Monitored: the same calls through comm::monitored with one shared straggler_monitor (default
 // options), to measure what arrival stamps and the per-collective evaluation cost.
-template <bool Monitored>
+// Exchange: 0 plain; 1 monitored, shared clock (the default for threads); 2 monitored, stamps
+// exchanged by all_gather every 8 collectives (the MPI scheme).
+template <bool Monitored, int Exchange = 1>
 void bm_threads_latency(benchmark::State& st) {
   int const n = static_cast<int>(st.range(0));
   wt::options opts;
@@ -319,7 +346,9 @@ void bm_threads_latency(benchmark::State& st) {
   std::vector<comm_type> comms;
   {
     auto plain = wt::make_communicators(n, opts);
-    auto mon = std::make_shared<wc::straggler_monitor>(n);
+    auto mon = std::make_shared<wc::straggler_monitor>(
+        n, wc::straggler_options{},
+        Exchange == 2 ? wc::stamp_exchange::all_gather : wc::stamp_exchange::shared_clock);
     for (auto& c : plain) {
       if constexpr (Monitored) {
         comms.emplace_back(std::move(c), mon);
@@ -424,6 +453,20 @@ void reg() {
       ->Iterations(3000)
       ->UseManualTime()
       ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("threads/all_reduce_8B_monitored_gather",
+                               bm_threads_latency<true, 2>)
+      ->Arg(2)
+      ->Arg(4)
+      ->ArgNames({"ranks"})
+      ->Iterations(3000)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("straggler_detector/observe", bm_detector_observe)
+      ->Arg(2)
+      ->Arg(4)
+      ->Arg(8)
+      ->ArgNames({"ranks"})
+      ->Unit(benchmark::kNanosecond);
 }
 
 }  // namespace

@@ -115,10 +115,14 @@ class straggler_detector {
     auto const h = static_cast<std::uint64_t>(o_.history);
     double const med = median_of(row);
     std::uint64_t const k = rows_++;
-    medians_[k % (w + 1)] = med;
-    std::size_t const slot = k % h;
+    // Ring positions kept as counters: this runs once per monitored collective, and three 64-bit
+    // divisions by run-time moduli cost more than the rest of a small row.
+    medians_[med_pos_] = med;
+    med_pos_ = med_pos_ == w ? 0 : med_pos_ + 1;
+    std::size_t const slot = pos_;
+    pos_ = pos_ + 1 == h ? 0 : pos_ + 1;
     bool const evict = k >= w;
-    std::size_t const old = (k - (evict ? w : 0)) % h;
+    std::size_t const old = slot >= w ? slot - w : slot + h - w;  // k - w (mod h), when evict
     // A straggler is an outlier: when more than a quarter of the ranks (at least one) are late
     // in the same collective, the delay is the machine's (threads descheduled in waves on an
     // oversubscribed host), not a rank's, and that collective's late lags are recorded as 0.
@@ -133,8 +137,9 @@ class straggler_detector {
       lr[slot] = lag;
       if (lag > bar_) ++over_[r];
     }
+    if (++since_rebar_ == w) since_rebar_ = 0;
     if (rows_ < w) return;
-    if (rows_ % w == 0) rebar();
+    if (since_rebar_ == 0) rebar();  // rows_ % w == 0
     int const majority = o_.window / 2 + 1;
     int const clear = o_.window / 4;
     for (std::size_t r = 0; r < n; ++r) {
@@ -188,6 +193,17 @@ class straggler_detector {
   static double median_in_place(std::span<double> v) {
     if (v.empty()) return 0;
     auto const mid = v.size() / 2;
+    if (v.size() <= 16) {
+      // A row of a few ranks (the per-collective case): insertion sort beats nth_element's
+      // partitioning several times over; the median is the same number either way.
+      for (std::size_t i = 1; i < v.size(); ++i) {
+        double const x = v[i];
+        std::size_t j = i;
+        for (; j > 0 && v[j - 1] > x; --j) v[j] = v[j - 1];
+        v[j] = x;
+      }
+      return v.size() % 2 == 1 ? v[mid] : 0.5 * (v[mid - 1] + v[mid]);
+    }
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(mid), v.end());
     double const hi = v[mid];
     if (v.size() % 2 == 1) return hi;
@@ -218,6 +234,9 @@ class straggler_detector {
   int n_ = 0;
   straggler_options o_{};
   std::uint64_t rows_ = 0;
+  std::size_t pos_ = 0;            // rows_ % history: the lag slot of the next row
+  std::size_t med_pos_ = 0;        // rows_ % (window + 1): the median slot of the next row
+  std::uint64_t since_rebar_ = 0;  // rows_ % window
   double bar_ = 0;
   double step_ = 0;
   std::vector<double> lags_;     // [rank][history], a ring per rank

@@ -21,6 +21,94 @@
 // would hide CCCL's ::cuda for every rl header parsed after this one.
 namespace weft::rl::kernels {
 
+namespace detail {
+
+//! Visits the elements [0, n) of a row, thread `tid` of `Block` taking its share: f(v, x) with the
+//! element's index and value. The aligned middle of the row is read in 16-byte vectors, two in
+//! flight per thread (a bandwidth-bound loop needs several loads outstanding; one scalar load per
+//! iteration left the forward at a sixth of the copy bandwidth); the unaligned head and the tail
+//! are read one element at a time. Only the order in which a thread sees its elements depends on
+//! this, not which elements are seen.
+template <int Block, class L, class F>
+__device__ WEFT_FORCEINLINE void for_row(L const* __restrict__ z, std::int64_t n, F&& f) {
+  constexpr int N = 16 / static_cast<int>(sizeof(L));
+  constexpr int U = 2;
+  auto const tid = static_cast<std::int64_t>(threadIdx.x);
+  auto const addr = reinterpret_cast<std::uintptr_t>(z);
+  std::int64_t head =
+      addr % sizeof(L) != 0 ? n : static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(L));
+  if (head > n) head = n;
+  for (std::int64_t v = tid; v < head; v += Block) f(v, z[v]);
+  std::int64_t const nvec = (n - head) / N;
+  auto const* zv = reinterpret_cast<uint4 const*>(z + head);
+  std::int64_t i = tid;
+  for (; i + (U - 1) * Block < nvec; i += U * Block) {
+    uint4 buf[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) buf[u] = __ldg(zv + i + u * Block);
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      L const* e = reinterpret_cast<L const*>(&buf[u]);
+      std::int64_t const v0 = head + (i + u * Block) * N;
+#pragma unroll
+      for (int j = 0; j < N; ++j) f(v0 + j, e[j]);
+    }
+  }
+  for (; i < nvec; i += Block) {
+    uint4 const b = __ldg(zv + i);
+    L const* e = reinterpret_cast<L const*>(&b);
+#pragma unroll
+    for (int j = 0; j < N; ++j) f(head + i * N + j, e[j]);
+  }
+  for (std::int64_t v = head + nvec * N + tid; v < n; v += Block) f(v, z[v]);
+}
+
+//! out[v] = g(v, z[v]) over a row. When out's elements are as wide as z's and both rows sit at
+//! the same offset from a 16-byte boundary, the aligned middle is read and written in 16-byte
+//! vectors (a warp's stores then cover whole lines); otherwise element by element, coalesced.
+template <int Block, class L, class D, class G>
+__device__ WEFT_FORCEINLINE void map_row(L const* __restrict__ z, D* __restrict__ out,
+                                         std::int64_t n, G&& g) {
+  auto const az = reinterpret_cast<std::uintptr_t>(z), ao = reinterpret_cast<std::uintptr_t>(out);
+  if constexpr (sizeof(D) == sizeof(L)) {
+    if (az % 16 == ao % 16 && az % sizeof(L) == 0) {
+      constexpr int N = 16 / static_cast<int>(sizeof(L));
+      auto const tid = static_cast<std::int64_t>(threadIdx.x);
+      std::int64_t head = static_cast<std::int64_t>(((16 - az % 16) % 16) / sizeof(L));
+      if (head > n) head = n;
+      for (std::int64_t v = tid; v < head; v += Block) out[v] = g(v, z[v]);
+      std::int64_t const nvec = (n - head) / N;
+      auto const* zv = reinterpret_cast<uint4 const*>(z + head);
+      auto* ov = reinterpret_cast<uint4*>(out + head);
+      for (std::int64_t i = tid; i < nvec; i += Block) {
+        uint4 const b = __ldg(zv + i);
+        L const* e = reinterpret_cast<L const*>(&b);
+        uint4 r;
+        D* d = reinterpret_cast<D*>(&r);
+#pragma unroll
+        for (int j = 0; j < N; ++j) d[j] = g(head + i * N + j, e[j]);
+        ov[i] = r;
+      }
+      for (std::int64_t v = head + nvec * N + tid; v < n; v += Block) out[v] = g(v, z[v]);
+      return;
+    }
+  }
+  for (std::int64_t v = threadIdx.x; v < n; v += Block) out[v] = g(v, z[v]);
+}
+
+//! Accumulates one logit into per-thread softmax statistics.
+template <class L>
+struct push_logit {
+  softmax_stats<compute_t<L>>* s;
+  compute_t<L> inv_tau;
+  __device__ WEFT_FORCEINLINE void operator()(std::int64_t, L x) const {
+    using C = compute_t<L>;
+    *s = softmax_push{}(*s, static_cast<C>(static_cast<compute_t<L>>(x)) * inv_tau);
+  }
+};
+
+}  // namespace detail
+
 //! Statistics of logits/tau for one token per block; writes logp, entropy and lse (f32 compute
 //! for f32/bf16/f16 logits, f64 for f64). Ignored targets give zeros.
 template <int Block, class L, class I, class T>
@@ -44,8 +132,7 @@ __global__ void __launch_bounds__(Block)
   }
   L const* z = logits + k * vocab;
   softmax_stats<C> s{};
-  for (std::int64_t v = threadIdx.x; v < vocab; v += Block)
-    s = softmax_push{}(s, static_cast<C>(static_cast<compute_t<L>>(z[v])) * inv_tau);
+  detail::for_row<Block>(z, vocab, detail::push_logit<L>{&s, inv_tau});
   softmax_stats<C> const total = reduce(temp).Reduce(s, softmax_merge{});
   if (threadIdx.x == 0) {
     C const l = softmax_finish{}.lse(total);
@@ -85,14 +172,16 @@ __global__ void __launch_bounds__(Block)
                          gl,
                          ge,
                          inv_tau};
-  for (std::int64_t v = threadIdx.x; v < vocab; v += Block) {
-    C g = C(0);
-    if (!zero) {
-      g = fn(static_cast<C>(static_cast<compute_t<L>>(z[v])) * inv_tau);
-      if (v == o) g += gl * inv_tau;
-    }
-    dz[v] = static_cast<D>(g);
+  if (zero) {
+    for (std::int64_t v = threadIdx.x; v < vocab; v += Block) dz[v] = D(0);
+    return;
   }
+  // Each element's gradient is pointwise: the same bits whichever way the row is traversed.
+  detail::map_row<Block>(z, dz, vocab, [&](std::int64_t v, L x) {
+    C g = fn(static_cast<C>(static_cast<compute_t<L>>(x)) * inv_tau);
+    if (v == o) g += gl * inv_tau;
+    return static_cast<D>(g);
+  });
 }
 
 inline constexpr int logprob_block = 256;

@@ -1,0 +1,182 @@
+// benchmarks/cuda/rl.bench.cu — the token log-prob kernels (weft/rl/cuda/logprobs.cuh) against the
+// GPU's memory bandwidth: forward (reads the logits once) and backward (reads the logits, writes
+// dlogits), bf16 and f32 logits, vocabularies of Llama 3 and Qwen 2.5; the baseline is a
+// device-to-device cudaMemcpy in the same run (BM_memcpy_d2d). Counter GB/s: the bytes each kernel
+// must move (read plus written; the copy's likewise) over its time, so kernel GB/s over the copy's
+// is the fraction of the attainable bandwidth. Timed with CUDA events (manual time).
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/random.hpp>
+#include <weft/rl/cuda/logprobs.cuh>
+
+#include <benchmark/benchmark.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+namespace wk = weft::rl::kernels;
+
+struct events {
+  cudaEvent_t a{}, b{};
+  events() {
+    WEFT_CUDA_TRY(cudaEventCreate(&a));
+    WEFT_CUDA_TRY(cudaEventCreate(&b));
+  }
+  ~events() {
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+  }
+  double seconds() const {
+    WEFT_CUDA_TRY(cudaEventSynchronize(b));
+    float ms = 0;
+    WEFT_CUDA_TRY(cudaEventElapsedTime(&ms, a, b));
+    return ms * 1e-3;
+  }
+};
+
+template <class T>
+T* device_alloc(std::size_t n) {
+  void* p = nullptr;
+  WEFT_CUDA_TRY(cudaMalloc(&p, n * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+// Logits filled on the host with values in [-4, 4) (a realistic spread; the kernels' cost does not
+// depend on the values), targets spread over the vocabulary.
+template <class L>
+L* make_logits(std::int64_t tokens, std::int64_t vocab) {
+  std::size_t const n = static_cast<std::size_t>(tokens * vocab);
+  std::vector<L> h(n);
+  std::uint64_t x = 88172645463325252ull;
+  for (std::size_t i = 0; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    h[i] = static_cast<L>(static_cast<float>((x >> 40) % 8192) / 1024.0f - 4.0f);
+  }
+  L* d = device_alloc<L>(n);
+  WEFT_CUDA_TRY(cudaMemcpy(d, h.data(), n * sizeof(L), cudaMemcpyHostToDevice));
+  return d;
+}
+
+std::int32_t* make_targets(std::int64_t tokens, std::int64_t vocab) {
+  std::vector<std::int32_t> h(static_cast<std::size_t>(tokens));
+  for (std::int64_t k = 0; k < tokens; ++k)
+    h[static_cast<std::size_t>(k)] = static_cast<std::int32_t>((k * 7919) % vocab);
+  auto* d = device_alloc<std::int32_t>(h.size());
+  WEFT_CUDA_TRY(cudaMemcpy(d, h.data(), h.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice));
+  return d;
+}
+
+void BM_memcpy_d2d(benchmark::State& state) {
+  std::size_t const bytes = static_cast<std::size_t>(state.range(0)) << 20;
+  auto* a = device_alloc<std::uint8_t>(bytes);
+  auto* b = device_alloc<std::uint8_t>(bytes);
+  events ev;
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    WEFT_CUDA_TRY(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * 2 * bytes));
+  // read + write bytes per second, as the kernels' counters count them
+  state.counters["GB/s"] = benchmark::Counter(static_cast<double>(2 * bytes) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(a);
+  cudaFree(b);
+}
+
+template <class L>
+void BM_log_prob_forward(benchmark::State& state) {
+  std::int64_t const tokens = state.range(0), vocab = state.range(1);
+  L* z = make_logits<L>(tokens, vocab);
+  std::int32_t* tgt = make_targets(tokens, vocab);
+  float* logp = device_alloc<float>(static_cast<std::size_t>(tokens));
+  float* ent = device_alloc<float>(static_cast<std::size_t>(tokens));
+  float* lse = device_alloc<float>(static_cast<std::size_t>(tokens));
+  weft::rl::logprob_options opt{};
+  events ev;
+  wk::log_prob_forward(nullptr, z, vocab, tgt, tokens, opt, logp, ent, lse);  // warm-up
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    wk::log_prob_forward(nullptr, z, vocab, tgt, tokens, opt, logp, ent, lse);
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  WEFT_CUDA_TRY(cudaGetLastError());
+  double const bytes = static_cast<double>(tokens) * static_cast<double>(vocab) * sizeof(L);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(z);
+  cudaFree(tgt);
+  cudaFree(logp);
+  cudaFree(ent);
+  cudaFree(lse);
+}
+
+template <class L>
+void BM_log_prob_backward(benchmark::State& state) {
+  std::int64_t const tokens = state.range(0), vocab = state.range(1);
+  L* z = make_logits<L>(tokens, vocab);
+  L* dz = device_alloc<L>(static_cast<std::size_t>(tokens * vocab));
+  std::int32_t* tgt = make_targets(tokens, vocab);
+  float* logp = device_alloc<float>(static_cast<std::size_t>(tokens));
+  float* ent = device_alloc<float>(static_cast<std::size_t>(tokens));
+  float* lse = device_alloc<float>(static_cast<std::size_t>(tokens));
+  float* g = device_alloc<float>(static_cast<std::size_t>(tokens));
+  std::vector<float> ones(static_cast<std::size_t>(tokens), 1.0f);
+  WEFT_CUDA_TRY(cudaMemcpy(g, ones.data(), ones.size() * sizeof(float), cudaMemcpyHostToDevice));
+  weft::rl::logprob_options opt{};
+  wk::log_prob_forward(nullptr, z, vocab, tgt, tokens, opt, logp, ent, lse);
+  wk::log_prob_backward(nullptr, z, vocab, tgt, tokens, opt, lse, ent, g, g, dz);  // warm-up
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  events ev;
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    wk::log_prob_backward(nullptr, z, vocab, tgt, tokens, opt, lse, ent, g, g, dz);
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  WEFT_CUDA_TRY(cudaGetLastError());
+  double const bytes = 2.0 * static_cast<double>(tokens) * static_cast<double>(vocab) * sizeof(L);
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(z);
+  cudaFree(dz);
+  cudaFree(tgt);
+  cudaFree(logp);
+  cudaFree(ent);
+  cudaFree(lse);
+  cudaFree(g);
+}
+
+void shapes(benchmark::internal::Benchmark* b) {
+  b->Args({2048, 128256})->Args({2048, 151936})->Args({8192, 32000});
+}
+
+}  // namespace
+
+BENCHMARK(BM_memcpy_d2d)->Arg(512)->Arg(1024)->UseManualTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_log_prob_forward<weft::bf16>)
+    ->Apply(shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_log_prob_forward<float>)
+    ->Apply(shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_log_prob_backward<weft::bf16>)
+    ->Apply(shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_log_prob_backward<float>)
+    ->Apply(shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+BENCHMARK_MAIN();

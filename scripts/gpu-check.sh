@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh — weft's GPU checks in one command, for a machine with a GPU but no build
+# tools of weft's (the CUDA runtime, cuBLAS and NCCL are found where the machine has them).
+#
+#   bash scripts/gpu-check.sh pack BUILD_DIR [DEST]   (on the build machine) copies the gpu-labelled
+#        test programs, the CUDA benchmarks, weft.bench.comm and the non-CUDA shared libraries they
+#        need (Google Benchmark) from BUILD_DIR (a `cmake --preset cuda`-like build with
+#        CMAKE_BUILD_TYPE=Release) into DEST (default .gpubin)
+#   bash scripts/gpu-check.sh run [DEST] [OUT]        (on the GPU machine) runs every test program
+#        (doctest, slow suite excluded), every CUDA benchmark, PyTorch's SDPA peer
+#        (benchmarks/peers/sdpa_bench.py, if torch is there) and the 8-byte all_reduce overhead of
+#        the straggler monitor (CPU only: a quiet many-core machine); logs go to OUT (default out/)
+set -uo pipefail
+mode=${1:-}
+case "$mode" in
+  pack)
+    build=${2:?usage: gpu-check.sh pack BUILD_DIR [DEST]}
+    dest=${3:-.gpubin}
+    rm -rf "$dest" && mkdir -p "$dest/lib"
+    while IFS= read -r f; do cp "$f" "$dest/"; done < <(
+      find "$build" -type f -perm -u+x \( -name 'weft.test.*.cuda' -o -name 'weft.test.nccl.gpu' \
+        -o -name 'weft.bench.cuda.*' -o -name 'weft.bench.comm' \))
+    for f in "$dest"/weft.*; do
+      ldd "$f" | awk '/=> \//{print $3}' | grep -E 'libbenchmark|libgomp|libopenblas|libblas|libgfortran|libquadmath' || true
+    done | sort -u | while IFS= read -r l; do cp -L "$l" "$dest/lib/"; done
+    ls -la "$dest" "$dest/lib"
+    du -sh "$dest"
+    ;;
+  run)
+    dest=${2:-.gpubin}
+    out=${3:-${OUT:-out}}
+    mkdir -p "$out"
+    # The CUDA libraries: the toolkit's, else the ones pip installed beside PyTorch.
+    extra=""
+    for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+      p=$(find /usr/local/cuda*/lib* /usr/lib/x86_64-linux-gnu /usr/local/lib /opt -name "$lib" 2>/dev/null | head -1)
+      [[ -n "$p" ]] && extra="$extra:$(dirname "$p")"
+    done
+    export LD_LIBRARY_PATH="$dest/lib$extra:${LD_LIBRARY_PATH:-}"
+    {
+      nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+      echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+      nproc
+    } > "$out/machine.txt" 2>&1
+    cat "$out/machine.txt"
+    for t in "$dest"/weft.test.*; do
+      echo "=== $(basename "$t")"
+      timeout 300 "$t" --test-suite-exclude=slow
+      rc=$?
+      echo "=== $(basename "$t") rc=$rc"
+    done 2>&1 | tee "$out/tests.log"
+    for b in "$dest"/weft.bench.cuda.*; do
+      echo "=== $(basename "$b")"
+      timeout 240 "$b" --benchmark_min_time=0.1 --benchmark_counters_tabular=true 2>&1
+    done 2>&1 | tee "$out/bench.log"
+    if python3 -c 'import torch' 2>/dev/null; then
+      timeout 240 python3 benchmarks/peers/sdpa_bench.py 2>&1 | tee "$out/sdpa.log"
+    fi
+    if [[ -x "$dest/weft.bench.comm" ]]; then
+      timeout 120 "$dest/weft.bench.comm" --benchmark_filter='all_reduce_8B' \
+        --benchmark_repetitions=9 --benchmark_enable_random_interleaving=true \
+        --benchmark_report_aggregates_only=true 2>&1 | tee "$out/comm.log"
+    fi
+    grep -E '=== .* rc=' "$out/tests.log"
+    ;;
+  *)
+    echo "usage: gpu-check.sh pack BUILD_DIR [DEST] | run [DEST] [OUT]" >&2
+    exit 2
+    ;;
+esac
