@@ -1,7 +1,7 @@
 # WeftTesting.cmake — helpers for weft's own tests and nvcc checks (not installed).
 #
 # weft_target_defaults(<target>)       warnings, sanitizers and the C++ standard for weft's programs
-# weft_add_test_area(<name> DIR <dir> [LABELS ...] [LIBS ...] [NO_CUDA_TWIN])
+# weft_add_test_area(<name> DIR <dir> [LABELS ...] [LIBS ...] [CUDA_LIBS ...] [NO_CUDA_TWIN])
 #     <dir>/*.test.cpp      -> executable weft.test.<name> (not recursive: tests/comm/mpi and
 #                              tests/comm/nccl have their own CMakeLists), one CTest test per doctest case,
 #                              named "<name>/<case>", labelled <name> and LABELS, plus "slow",
@@ -12,7 +12,8 @@
 #                              (run only where a GPU is present). Host-only test files are not
 #                              twinned: nvcc would compile the same host code again through g++ and
 #                              test nothing new; that every public header compiles under nvcc is
-#                              weft_add_nvcc_header_check's job.
+#                              weft_add_nvcc_header_check's job. CUDA_LIBS (e.g. CUDA::cublas)
+#                              link only the .cuda twin, never the host executable.
 # weft_add_cuh_check()                 compiles every include/weft/**/*.cuh alone in a .cu file
 # weft_add_nvcc_header_check(<headers>) compiles every given public .hpp in one .cu file (alone,
 #                              each is checked by g++ and clang++ in the headers stage)
@@ -78,7 +79,7 @@ endfunction()
 set(WEFT_SUITE_LABELS slow threads mpi CACHE INTERNAL "")
 
 function(weft_add_test_area name)
-  cmake_parse_arguments(A "NO_CUDA_TWIN" "DIR" "LABELS;LIBS" ${ARGN})
+  cmake_parse_arguments(A "NO_CUDA_TWIN" "DIR" "LABELS;LIBS;CUDA_LIBS" ${ARGN})
   if(NOT A_DIR)
     set(A_DIR "${CMAKE_CURRENT_SOURCE_DIR}/${name}")
   endif()
@@ -116,7 +117,7 @@ function(weft_add_test_area name)
     endforeach()
     set(_cexe weft.test.${name}.cuda)
     add_executable(${_cexe} ${_cu_sources})
-    target_link_libraries(${_cexe} PRIVATE ${_cmain} weft::cuda ${A_LIBS})
+    target_link_libraries(${_cexe} PRIVATE ${_cmain} weft::cuda ${A_LIBS} ${A_CUDA_LIBS})
     target_compile_options(${_cexe} PRIVATE
       $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda --expt-relaxed-constexpr>)
     # One CTest test for the whole twin; slow cases are left to the host build.

@@ -9,7 +9,8 @@
 #   bash scripts/gpu-check.sh run [DEST] [OUT]        (on the GPU machine) runs every test program
 #        (doctest, slow suite excluded), every CUDA benchmark, PyTorch's SDPA peer
 #        (benchmarks/peers/sdpa_bench.py, if torch is there) and the 8-byte all_reduce overhead of
-#        the straggler monitor (CPU only: a quiet many-core machine); logs go to OUT (default out/)
+#        the straggler monitor (CPU only: a quiet many-core machine); logs go to OUT (default out/);
+#        WEFT_GPU_CHECK_NO_PEERS=1 skips the PyTorch peer
 set -uo pipefail
 mode=${1:-}
 case "$mode" in
@@ -53,12 +54,12 @@ case "$mode" in
       echo "=== $(basename "$b")"
       timeout 240 "$b" --benchmark_min_time=0.1 --benchmark_counters_tabular=true 2>&1
     done 2>&1 | tee "$out/bench.log"
-    if python3 -c 'import torch' 2>/dev/null; then
+    if [[ -z "${WEFT_GPU_CHECK_NO_PEERS:-}" ]] && python3 -c 'import torch' 2>/dev/null; then
       timeout 240 python3 benchmarks/peers/sdpa_bench.py 2>&1 | tee "$out/sdpa.log"
     fi
     if [[ -x "$dest/weft.bench.comm" ]]; then
-      timeout 120 "$dest/weft.bench.comm" --benchmark_filter='all_reduce_8B' \
-        --benchmark_repetitions=9 --benchmark_enable_random_interleaving=true \
+      timeout 150 "$dest/weft.bench.comm" --benchmark_filter='all_reduce_8B|straggler_detector' \
+        --benchmark_repetitions=15 --benchmark_enable_random_interleaving=true \
         --benchmark_report_aggregates_only=true 2>&1 | tee "$out/comm.log"
     fi
     grep -E '=== .* rc=' "$out/tests.log"

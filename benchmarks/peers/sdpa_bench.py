@@ -14,8 +14,8 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch.nn.functional as F
 
-SHAPES = [(4, 4096, 16, 128, True), (4, 4096, 16, 128, False), (4, 4096, 32, 64, True),
-          (4, 4096, 32, 64, False)]
+SHAPES = [(4, 4096, 16, 128, True), (4, 4096, 16, 128, False), (4, 4096, 16, 64, True),
+          (4, 4096, 16, 64, False)]
 BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION),
             ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
 

@@ -1,7 +1,8 @@
 // compile-fail: ring attention moves host arrays, so it asks for a point-to-point communicator over
 // host memory (comm::PointToPointIn<C, host_space>). A communicator whose buffers live in CUDA
 // memory (here a minimal user type declaring cuda_space, the shape of weft's NCCL communicator)
-// must be refused at compile time with weft's own message, not throw at run time. The twin passes
+// must be refused at compile time with weft's own message (which points to the device path,
+// stream_ring_forward of weft/attention/cuda/ring.cuh), not throw at run time. The twin passes
 // the same type without the memory_space declaration (host memory).
 // WEFT_COMPILE_FAIL selects the one line that differs from the twin, which compiles.
 #include <weft/attention/ring.hpp>

@@ -107,6 +107,16 @@ struct bhs {
   }
 };
 
+//! The same views with const elements.
+template <class T>
+bshd<T const> as_const(bshd<T> const& t) noexcept {
+  return {t.data, t.b, t.s, t.h, t.d, t.sb, t.ss, t.sh};
+}
+template <class T>
+bhs<T const> as_const(bhs<T> const& t) noexcept {
+  return {t.data, t.b, t.h, t.s, t.sb, t.sh, t.ss};
+}
+
 template <class T>
 bshd<T> contiguous_bshd(T* p, std::int64_t b, std::int64_t s, std::int64_t h,
                         std::int64_t d) noexcept {

@@ -84,8 +84,9 @@ constexpr bool check_ring_communicator() {
   static_assert(comm::PointToPointIn<C, host_space>,
                 "weft: ring attention needs a point-to-point communicator over host memory "
                 "(comm::PointToPointIn<C, host_space>); this communicator's memory_space is "
-                "another one (e.g. an NCCL communicator: stage the blocks through host memory "
-                "or use a host backend)");
+                "another one (e.g. an NCCL communicator: use stream_ring_forward / "
+                "stream_ring_backward of weft/attention/cuda/ring.cuh for device buffers, or "
+                "stage the blocks through host memory)");
   return true;
 }
 
@@ -253,15 +254,6 @@ inline void check_ring_layout(seq_layout const& lay, int world, bool causal,
   WEFT_EXPECTS_SHAPE(local_seq == lay.local_length(), "q",
                      ::weft::detail::concat("local sequence length ", lay.local_length()),
                      local_seq);
-}
-
-template <class T>
-bshd<T const> as_const(bshd<T> const& t) noexcept {
-  return {t.data, t.b, t.s, t.h, t.d, t.sb, t.ss, t.sh};
-}
-template <class T>
-bhs<T const> as_const(bhs<T> const& t) noexcept {
-  return {t.data, t.b, t.h, t.s, t.sb, t.sh, t.ss};
 }
 
 }  // namespace detail

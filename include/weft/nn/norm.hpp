@@ -25,6 +25,45 @@ namespace weft::nn {
 // ---- row math (WEFT_HD: the CUDA path runs the same functors per row)
 // ----------------------------
 
+//! The per-element pieces of the row functors below, shared with the CUDA kernels
+//! (nn/cuda/norm.cuh), which reduce a row's sums in a block and then apply the same pieces.
+template <class C>
+struct norm_elem {
+  //! Σ/n, 0 for an empty row (LayerNorm's mean from Σx).
+  static WEFT_HD C mean(C sum, index_t n) noexcept {
+    return n > 0 ? sum / static_cast<C>(n) : C(0);
+  }
+  //! 1/sqrt(Σ/n + eps): LayerNorm's rstd from Σ(x − mean)², RMSNorm's from Σx².
+  static WEFT_HD C rstd(C sum_sq, index_t n, C eps) noexcept {
+    C const ms = n > 0 ? sum_sq / static_cast<C>(n) : C(0);
+    return C(1) / ::cuda::std::sqrt(ms + eps);
+  }
+  //! 1/n, 0 for an empty row.
+  static WEFT_HD C inv_count(index_t n) noexcept { return n > 0 ? C(1) / static_cast<C>(n) : C(0); }
+  //! LayerNorm's (x − mean)·rstd·w (the bias is added by the caller).
+  static WEFT_HD C ln_y(C x, C mean, C rstd, C w) noexcept { return (x - mean) * rstd * w; }
+  //! LayerNorm backward's dn·n̂ with dn = w·dy, n̂ = (x − mean)·rstd.
+  static WEFT_HD C ln_dnn(C dn, C x, C mean, C rstd) noexcept { return dn * (x - mean) * rstd; }
+  //! LayerNorm's dx = rstd·(dn − mean(dn) − n̂·mean(dn·n̂)).
+  static WEFT_HD C ln_dx(C dn, C x, C mean, C rstd, C m_dn, C m_dnn) noexcept {
+    C const nh = (x - mean) * rstd;
+    return rstd * (dn - m_dn - nh * m_dnn);
+  }
+  //! LayerNorm's weight-gradient term n̂·dy, n̂ = (x − mean)·rstd.
+  static WEFT_HD C ln_dw(C dy, C x, C mean, C rstd) noexcept { return ((x - mean) * rstd) * dy; }
+  //! RMSNorm's weight-gradient term x·rstd·dy.
+  static WEFT_HD C rms_dw(C dy, C x, C rstd) noexcept { return x * rstd * dy; }
+  //! RMSNorm's x·rstd·w.
+  static WEFT_HD C rms_y(C x, C rstd, C w) noexcept { return x * rstd * w; }
+  //! RMSNorm backward's w·dy·x·rstd (dn·n̂).
+  static WEFT_HD C rms_dnn(C w, C dy, C x, C rstd) noexcept { return w * dy * x * rstd; }
+  //! RMSNorm's dx = rstd·(w·dy − x·rstd·m), m = mean(dn·n̂).
+  static WEFT_HD C rms_dx(C w, C dy, C x, C rstd, C m) noexcept {
+    C const dn = w * dy;
+    return rstd * (dn - x * rstd * m);
+  }
+};
+
 //! LayerNorm of one row of n elements: y = (x − mean)·rstd·w + b with rstd = 1/sqrt(var + eps);
 //! stores mean and rstd. `has_bias` false: b is not read.
 template <class C>
@@ -34,18 +73,18 @@ struct layer_norm_row_forward {
   WEFT_HD void operator()(detail::strided_row<X> x, detail::strided_row<W> w,
                           detail::strided_row<B> b, bool has_bias, detail::strided_row<Y> y,
                           index_t n, C& mean_out, C& rstd_out) const noexcept {
+    using E = norm_elem<C>;
     C sum = C(0);
     for (index_t j = 0; j < n; ++j) sum += static_cast<C>(x[j]);
-    C const mean = n > 0 ? sum / static_cast<C>(n) : C(0);
+    C const mean = E::mean(sum, n);
     C var = C(0);
     for (index_t j = 0; j < n; ++j) {
       C const d = static_cast<C>(x[j]) - mean;
       var += d * d;
     }
-    var = n > 0 ? var / static_cast<C>(n) : C(0);
-    C const rstd = C(1) / ::cuda::std::sqrt(var + eps);
+    C const rstd = E::rstd(var, n, eps);
     for (index_t j = 0; j < n; ++j) {
-      C v = (static_cast<C>(x[j]) - mean) * rstd * static_cast<C>(w[j]);
+      C v = E::ln_y(static_cast<C>(x[j]), mean, rstd, static_cast<C>(w[j]));
       if (has_bias) v += static_cast<C>(b[j]);
       y[j] = static_cast<std::remove_cv_t<Y>>(v);
     }
@@ -62,18 +101,19 @@ struct layer_norm_row_backward {
   WEFT_HD void operator()(detail::strided_row<G> dy, detail::strided_row<X> x,
                           detail::strided_row<W> w, C mean, C rstd, detail::strided_row<D> dx,
                           index_t n) const noexcept {
+    using E = norm_elem<C>;
     C s_dn = C(0), s_dnn = C(0);
     for (index_t j = 0; j < n; ++j) {
       C const dn = static_cast<C>(w[j]) * static_cast<C>(dy[j]);
       s_dn += dn;
-      s_dnn += dn * (static_cast<C>(x[j]) - mean) * rstd;
+      s_dnn += E::ln_dnn(dn, static_cast<C>(x[j]), mean, rstd);
     }
-    C const inv_n = n > 0 ? C(1) / static_cast<C>(n) : C(0);
+    C const inv_n = E::inv_count(n);
     C const m_dn = s_dn * inv_n, m_dnn = s_dnn * inv_n;
     for (index_t j = 0; j < n; ++j) {
       C const dn = static_cast<C>(w[j]) * static_cast<C>(dy[j]);
-      C const nh = (static_cast<C>(x[j]) - mean) * rstd;
-      dx[j] = static_cast<std::remove_cv_t<D>>(rstd * (dn - m_dn - nh * m_dnn));
+      dx[j] = static_cast<std::remove_cv_t<D>>(
+          E::ln_dx(dn, static_cast<C>(x[j]), mean, rstd, m_dn, m_dnn));
     }
   }
 };
@@ -85,12 +125,13 @@ struct rms_norm_row_forward {
   template <class X, class W, class Y>
   WEFT_HD void operator()(detail::strided_row<X> x, detail::strided_row<W> w,
                           detail::strided_row<Y> y, index_t n, C& rstd_out) const noexcept {
+    using E = norm_elem<C>;
     C ss = C(0);
     for (index_t j = 0; j < n; ++j) ss += static_cast<C>(x[j]) * static_cast<C>(x[j]);
-    C const ms = n > 0 ? ss / static_cast<C>(n) : C(0);
-    C const rstd = C(1) / ::cuda::std::sqrt(ms + eps);
+    C const rstd = E::rstd(ss, n, eps);
     for (index_t j = 0; j < n; ++j)
-      y[j] = static_cast<std::remove_cv_t<Y>>(static_cast<C>(x[j]) * rstd * static_cast<C>(w[j]));
+      y[j] = static_cast<std::remove_cv_t<Y>>(
+          E::rms_y(static_cast<C>(x[j]), rstd, static_cast<C>(w[j])));
     rstd_out = rstd;
   }
 };
@@ -102,14 +143,14 @@ struct rms_norm_row_backward {
   WEFT_HD void operator()(detail::strided_row<G> dy, detail::strided_row<X> x,
                           detail::strided_row<W> w, C rstd, detail::strided_row<D> dx,
                           index_t n) const noexcept {
+    using E = norm_elem<C>;
     C s = C(0);
     for (index_t j = 0; j < n; ++j)
-      s += static_cast<C>(w[j]) * static_cast<C>(dy[j]) * static_cast<C>(x[j]) * rstd;
-    C const m = n > 0 ? s / static_cast<C>(n) : C(0);
-    for (index_t j = 0; j < n; ++j) {
-      C const dn = static_cast<C>(w[j]) * static_cast<C>(dy[j]);
-      dx[j] = static_cast<std::remove_cv_t<D>>(rstd * (dn - static_cast<C>(x[j]) * rstd * m));
-    }
+      s += E::rms_dnn(static_cast<C>(w[j]), static_cast<C>(dy[j]), static_cast<C>(x[j]), rstd);
+    C const m = E::mean(s, n);
+    for (index_t j = 0; j < n; ++j)
+      dx[j] = static_cast<std::remove_cv_t<D>>(
+          E::rms_dx(static_cast<C>(w[j]), static_cast<C>(dy[j]), static_cast<C>(x[j]), rstd, m));
   }
 };
 
@@ -230,9 +271,9 @@ void layer_norm_backward_weight(G&& dy, X&& x, M&& mean, R&& rstd, DW&& dweight,
     C ab = has_bias ? static_cast<C>(detail::at(dbv, j)) : C(0);
     for (index_t i = 0; i < n; ++i) {
       C const g = static_cast<C>(detail::at(gv, i, j));
-      C const nh = (static_cast<C>(detail::at(xv, i, j)) - static_cast<C>(detail::at(mv, i))) *
-                   static_cast<C>(detail::at(rv, i));
-      aw += nh * g;
+      aw +=
+          norm_elem<C>::ln_dw(g, static_cast<C>(detail::at(xv, i, j)),
+                              static_cast<C>(detail::at(mv, i)), static_cast<C>(detail::at(rv, i)));
       ab += g;
     }
     detail::at(dwv, j) = static_cast<T>(aw);
@@ -298,8 +339,9 @@ void rms_norm_backward_weight(G&& dy, X&& x, R&& rstd, DW&& dweight) {
   for (index_t j = 0; j < c; ++j) {
     C aw = static_cast<C>(detail::at(dwv, j));
     for (index_t i = 0; i < n; ++i)
-      aw += static_cast<C>(detail::at(xv, i, j)) * static_cast<C>(detail::at(rv, i)) *
-            static_cast<C>(detail::at(gv, i, j));
+      aw += norm_elem<C>::rms_dw(static_cast<C>(detail::at(gv, i, j)),
+                                 static_cast<C>(detail::at(xv, i, j)),
+                                 static_cast<C>(detail::at(rv, i)));
     detail::at(dwv, j) = static_cast<T>(aw);
   }
 }

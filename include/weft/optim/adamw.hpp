@@ -8,6 +8,8 @@
 #include <weft/core/math.hpp>  // index_t
 #include <weft/optim/param.hpp>
 
+#include <cuda/std/cmath>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -58,6 +60,54 @@ struct adamw_scalars {
   T neg_step;     // -lr / (1 - β1^t), addcdiv_'s value
 };
 
+//! The per-element update (steps 1-5 of adamw below), shared by the CPU loops and the CUDA kernel
+//! (optim/cuda/adamw.cuh). SmallWeight is lerp_'s branch (s.w1_small).
+template <class T, bool SmallWeight>
+struct adamw_element {
+  adamw_scalars<T> s;
+  //! 2. m ← lerp(m, g, 1 − β1): torch's Lerp.h picks the form by |weight| < 0.5.
+  WEFT_HD WEFT_FORCEINLINE T lerp(T m, T g) const noexcept {
+    return SmallWeight ? m + s.w1 * (g - m) : g - (g - m) * (T(1) - s.w1);
+  }
+  //! Steps 1-3: θ ← θ(1 − lr·λ), m ← lerp(m, g), v ← β2 v + (1 − β2) g².
+  WEFT_HD WEFT_FORCEINLINE void moments(T& p, T g, T& m, T& v) const noexcept {
+    p = p * s.decay;
+    m = lerp(m, g);
+    v = v * s.beta2 + s.w2 * g * g;
+  }
+  //! Steps 4-5 from root = sqrt(v): θ + (−lr/(1 − β1^t))·m / (root/sqrt(1 − β2^t) + ε).
+  WEFT_HD WEFT_FORCEINLINE T apply(T p, T m, T root) const noexcept {
+    T const denom = root / s.bc2_sqrt + s.eps;
+    return p + s.neg_step * m / denom;
+  }
+  //! Steps 1-5 on one element.
+  WEFT_HD WEFT_FORCEINLINE void operator()(T& p, T g, T& m, T& v) const noexcept {
+    moments(p, g, m, v);
+    p = apply(p, m, ::cuda::std::sqrt(v));
+  }
+};
+
+//! The step's scalars for step count t (t >= 1) at learning rate lr; decay is 1 − lr·λ (the
+//! caller sets 1 for a parameter that does not decay).
+template <class T>
+adamw_scalars<T> make_adamw_scalars(adamw_options const& o, std::int64_t step, double lr) {
+  auto const t = static_cast<double>(step);
+  double const b1 = o.beta1, b2 = o.beta2;
+  double const bias_correction1 = 1.0 - std::pow(b1, t);
+  double const bias_correction2 = 1.0 - std::pow(b2, t);
+  double const w1 = 1.0 - b1;
+  adamw_scalars<T> s{};
+  s.w1 = static_cast<T>(w1);
+  s.w1_small = std::abs(w1) < 0.5;
+  s.beta2 = static_cast<T>(b2);
+  s.w2 = static_cast<T>(1.0 - b2);
+  s.bc2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
+  s.eps = static_cast<T>(o.eps);
+  s.neg_step = static_cast<T>(-(lr / bias_correction1));
+  s.decay = static_cast<T>(1.0 - lr * o.weight_decay);
+  return s;
+}
+
 //! sqrt of a block of 16 values in place. GCC keeps errno semantics for sqrt at -O2 (a negative
 //! argument must set EDOM), so a loop calling std::sqrt has a compare and a libm call on a slow
 //! path and does not vectorise (nor does GCC 12 honour optimize("no-math-errno") per function).
@@ -83,10 +133,7 @@ WEFT_FORCEINLINE void sqrt_block16(T* x) {
 //! same order and the same association.
 template <class T, bool SmallWeight>
 void adamw_segment(T* p, T const* g, T* m, T* v, index_t n, adamw_scalars<T> const s) {
-  // 2. m ← lerp(m, g, 1 − β1): torch's Lerp.h picks the form by |weight| < 0.5.
-  auto lerp = [&](T mj, T gj) WEFT_LAMBDA_INLINE {
-    return SmallWeight ? mj + s.w1 * (gj - mj) : gj - (gj - mj) * (T(1) - s.w1);
-  };
+  adamw_element<T, SmallWeight> const f{s};
   constexpr index_t B = 16;
   alignas(64) T root[B];
   index_t j0 = 0;
@@ -97,30 +144,18 @@ void adamw_segment(T* p, T const* g, T* m, T* v, index_t n, adamw_scalars<T> con
     T* const vb = v + j0;
     WEFT_IVDEP
     for (index_t j = 0; j < B; ++j) {
-      T const gj = gb[j];
-      pb[j] = pb[j] * s.decay;                        // 1. θ ← θ(1 − lr·λ)
-      mb[j] = lerp(mb[j], gj);                        // 2.
-      T const vj = vb[j] * s.beta2 + s.w2 * gj * gj;  // 3. v ← β2 v + (1 − β2) g²
+      T pj = pb[j], mj = mb[j], vj = vb[j];
+      f.moments(pj, gb[j], mj, vj);  // 1-3.
+      pb[j] = pj;
+      mb[j] = mj;
       vb[j] = vj;
       root[j] = vj;
     }
     sqrt_block16(root);
     WEFT_IVDEP
-    for (index_t j = 0; j < B; ++j) {
-      T const denom = root[j] / s.bc2_sqrt + s.eps;  // 4. sqrt(v)/sqrt(1 − β2^t) + ε
-      pb[j] = pb[j] + s.neg_step * mb[j] / denom;    // 5. θ − lr/(1 − β1^t)·m/denom
-    }
+    for (index_t j = 0; j < B; ++j) pb[j] = f.apply(pb[j], mb[j], root[j]);  // 4-5.
   }
-  for (index_t j = j0; j < n; ++j) {
-    T const gj = g[j];
-    T const pj = p[j] * s.decay;
-    T const mj = lerp(m[j], gj);
-    T const vj = v[j] * s.beta2 + s.w2 * gj * gj;
-    T const denom = std::sqrt(vj) / s.bc2_sqrt + s.eps;
-    p[j] = pj + s.neg_step * mj / denom;
-    m[j] = mj;
-    v[j] = vj;
-  }
+  for (index_t j = j0; j < n; ++j) f(p[j], g[j], m[j], v[j]);
 }
 
 }  // namespace detail
@@ -208,20 +243,8 @@ class adamw {
                        ::weft::detail::concat(m_.size(), " elements (the optimizer's size)"),
                        ::weft::detail::concat(grads.size(), " elements"));
     ++t_;
-    auto const t = static_cast<double>(t_);
-    double const b1 = options_.beta1, b2 = options_.beta2;
-    double const bias_correction1 = 1.0 - std::pow(b1, t);
-    double const bias_correction2 = 1.0 - std::pow(b2, t);
-    double const w1 = 1.0 - b1;
-    detail::adamw_scalars<T> s{};
-    s.w1 = static_cast<T>(w1);
-    s.w1_small = std::abs(w1) < 0.5;
-    s.beta2 = static_cast<T>(b2);
-    s.w2 = static_cast<T>(1.0 - b2);
-    s.bc2_sqrt = static_cast<T>(std::sqrt(bias_correction2));
-    s.eps = static_cast<T>(options_.eps);
-    s.neg_step = static_cast<T>(-(lr / bias_correction1));
-    T const decay = static_cast<T>(1.0 - lr * options_.weight_decay);
+    detail::adamw_scalars<T> s = detail::make_adamw_scalars<T>(options_, t_, lr);
+    T const decay = s.decay;
     for (auto const& seg : segments_) {
       // Multiplying by 1 is exact: a parameter without decay is left as it was by step 1.
       s.decay = seg.decay ? decay : T(1);

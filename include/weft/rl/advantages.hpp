@@ -7,6 +7,8 @@
 #include <weft/core/error.hpp>
 #include <weft/rl/token_layout.hpp>
 
+#include <cuda/std/cmath>
+
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -61,6 +63,47 @@ class group_layout {
 //! rloo A = R while rloo_vectorized gives 0; weft defaults to 0 (no baseline exists).
 enum class singleton_group : unsigned char { zero, keep_score };
 
+//! A group's mean and unbiased std from its sums (the CPU statistics and the CUDA kernels).
+struct group_moments_fn {
+  //! Σr / count.
+  WEFT_HD double mean(double sum, index_t count) const noexcept {
+    return sum / static_cast<double>(count);
+  }
+  //! sqrt(Σ(r − mean)² / (count − 1)), 0 for fewer than two responses.
+  WEFT_HD double stddev(double sum_sq_dev, index_t count) const noexcept {
+    return count > 1 ? ::cuda::std::sqrt(sum_sq_dev / static_cast<double>(count - 1)) : 0.0;
+  }
+};
+
+//! GRPO's advantage of one response from its group's statistics (see grpo_advantages).
+struct grpo_element_fn {
+  bool norm_by_std;
+  double eps;
+  singleton_group singleton;
+  WEFT_HD double operator()(double r, double mean, double stddev, index_t count,
+                            bool constant) const noexcept {
+    double a = 0;
+    if (count == 1) {
+      a = singleton == singleton_group::zero ? 0.0 : (norm_by_std ? r / (1.0 + eps) : r);
+    } else if (!constant) {
+      a = r - mean;
+      if (norm_by_std) a /= stddev + eps;
+    }
+    return a;
+  }
+};
+
+//! RLOO's advantage of one response from its group's statistics (see rloo_advantages).
+struct rloo_element_fn {
+  singleton_group singleton;
+  WEFT_HD double operator()(double r, double mean, index_t count, bool constant) const noexcept {
+    double const n = static_cast<double>(count);
+    return count == 1 ? (singleton == singleton_group::zero ? 0.0 : r)
+           : constant ? 0.0
+                      : n / (n - 1) * (r - mean);
+  }
+};
+
 struct group_stats {
   std::vector<double> mean, std;  // std: unbiased (Bessel), 0 for singletons
   std::vector<index_t> count;
@@ -89,14 +132,14 @@ template <class T>
     s.mean[k] += r;
     s.count[k] += 1;
   }
-  for (std::size_t k = 0; k < s.mean.size(); ++k) s.mean[k] /= static_cast<double>(s.count[k]);
+  group_moments_fn const mom{};
+  for (std::size_t k = 0; k < s.mean.size(); ++k) s.mean[k] = mom.mean(s.mean[k], s.count[k]);
   for (std::size_t i = 0; i < scores.size(); ++i) {
     auto const k = static_cast<std::size_t>(s.group_of[i]);
     double const d = static_cast<double>(scores[i]) - s.mean[k];
     s.std[k] += d * d;
   }
-  for (std::size_t k = 0; k < s.std.size(); ++k)
-    s.std[k] = s.count[k] > 1 ? std::sqrt(s.std[k] / static_cast<double>(s.count[k] - 1)) : 0.0;
+  for (std::size_t k = 0; k < s.std.size(); ++k) s.std[k] = mom.stddev(s.std[k], s.count[k]);
   return s;
 }
 
@@ -113,18 +156,11 @@ void grpo_advantages_impl(std::span<T const> scores, group_layout const& groups,
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   WEFT_EXPECTS(opt.eps >= 0, "eps", ">= 0", opt.eps);
   auto const s = compute_group_stats(scores, groups);
+  grpo_element_fn const fn{opt.norm_by_std, opt.eps, opt.singleton};
   for (std::size_t i = 0; i < scores.size(); ++i) {
     auto const k = static_cast<std::size_t>(s.group_of[i]);
-    double const r = static_cast<double>(scores[i]);
-    double a = 0;
-    if (s.count[k] == 1) {
-      a = opt.singleton == singleton_group::zero ? 0.0
-                                                 : (opt.norm_by_std ? r / (1.0 + opt.eps) : r);
-    } else if (!s.constant[k]) {
-      a = r - s.mean[k];
-      if (opt.norm_by_std) a /= s.std[k] + opt.eps;
-    }
-    out[i] = static_cast<T>(a);
+    out[i] = static_cast<T>(
+        fn(static_cast<double>(scores[i]), s.mean[k], s.std[k], s.count[k], s.constant[k] != 0));
   }
 }
 }  // namespace detail
@@ -161,13 +197,11 @@ void rloo_advantages_impl(std::span<T const> scores, group_layout const& groups,
                           singleton_group singleton = singleton_group::zero) {
   WEFT_EXPECTS_SHAPE(out.size() == scores.size(), "out", scores.size(), out.size());
   auto const s = compute_group_stats(scores, groups);
+  rloo_element_fn const fn{singleton};
   for (std::size_t i = 0; i < scores.size(); ++i) {
     auto const k = static_cast<std::size_t>(s.group_of[i]);
-    double const n = static_cast<double>(s.count[k]);
-    double const r = static_cast<double>(scores[i]);
-    out[i] = static_cast<T>(s.count[k] == 1 ? (singleton == singleton_group::zero ? 0.0 : r)
-                            : s.constant[k] ? 0.0
-                                            : n / (n - 1) * (r - s.mean[k]));
+    out[i] = static_cast<T>(
+        fn(static_cast<double>(scores[i]), s.mean[k], s.count[k], s.constant[k] != 0));
   }
 }
 }  // namespace detail

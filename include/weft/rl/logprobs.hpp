@@ -40,8 +40,9 @@ struct logprob_options {
 //! indicator term, i.e. -p_v (g_logp + g_ent (log p_v + H)) with p_v = e^{x_v - lse}. Where p_v
 //! is 0 (a -inf logit, or a probability below the smallest normal) the result is exactly 0, the
 //! limit of p log p: clamping log p alone is not enough, since g_ent * lowest overflows to inf
-//! once |g_ent| > 1 and 0 * inf is NaN.
-template <class C>
+//! once |g_ent| > 1 and 0 * inf is NaN. `Exp` computes p_v (the CPU path's exp_fn; the CUDA kernel
+//! passes the SFU's exponential for float).
+template <class C, class Exp = exp_fn>
 struct logit_grad {
   C lse;     // lse = lse + lse_lo to twice C's precision: rounding the lse alone to f32 would
   C lse_lo;  // move every p_v by up to 5e-7 relative
@@ -54,7 +55,7 @@ struct logit_grad {
     C d = (x - lse) - lse_lo;
     d = select(d < cuda::std::numeric_limits<C>::lowest(), cuda::std::numeric_limits<C>::lowest(),
                d);
-    C const p = exp_fn{}(d);
+    C const p = Exp{}(d);
     C const g = -p * (g_logp + g_ent * (d + entropy)) * inv_tau;
     return select(p == C(0), C(0), g);
   }

@@ -20,6 +20,7 @@
 #include <weft/core/memory.hpp>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -27,6 +28,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -48,6 +50,7 @@ namespace weft::comm::nccl {
 //!   recorded in history() and reported to the hook like any other operation.
 //! - In-place all_to_all(_v) (out == in) reads the input from a device copy the communicator keeps.
 //! - A message to oneself waits for its other half; the second half issues both in one group.
+//!   sendrecv() issues a ring step's send and recv as one group.
 //! - all_gather_v and all_to_all_v are grouped ncclSend/ncclRecv; reduce_scatter_v is grouped
 //!   ncclReduce (one per destination rank); all_to_all, gather and scatter are the 2.28 natives.
 //! - Float avg follows NCCL (a premultiply by the dtype-rounded 1/n, within 2 ulp of sum/n);
@@ -359,6 +362,16 @@ class communicator : private detail::engine {
     return p2p(op_kind::recv, out, peer_rank, o);
   }
 
+  //! One exchange of a ring step: sends `in` to `send_peer` and receives `out` from `recv_peer`
+  //! in ONE NCCL group (ncclGroupStart, ncclSend, ncclRecv, ncclGroupEnd), so every rank of a ring
+  //! may call it at once without deadlock; separate send and recv calls are separate groups, and
+  //! an ncclSend may wait for its peer's ncclRecv. Either peer may be this rank. Recorded in
+  //! history() as a send and a recv; the work completes both. Count 0 on one side sends (or
+  //! receives) nothing on that side.
+  work sendrecv(buffer_view in, int send_peer, buffer_view out, int recv_peer, op_options o = {}) {
+    return grouped_sendrecv(in, send_peer, out, recv_peer, o);
+  }
+
   //! NCCL has no barrier: a one-word all_reduce on device scratch; wait() on the work to block.
   work barrier(op_options o = {}) {
     op_record rec = begin(op_kind::barrier);
@@ -387,7 +400,23 @@ class communicator : private detail::engine {
       ncclResult_t r =
           api().comm_split(comm(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config);
       c.check(r, what);
-      if (r == ncclInProgress) {
+      // A non-blocking NCCL keeps *newcomm NULL until the split's job has run, then stores the
+      // handle from its init thread (src/init.cc: "*newcomm should be NCCL_COMM_NULL until comm
+      // split fully complete"), whatever the call returned: wait for it, watching the parent for
+      // errors (first seen on the real library: a one-rank split returned a non-member).
+      std::atomic_ref<ncclComm_t> handle(child);
+      while (color >= 0 && handle.load(std::memory_order_acquire) == nullptr) {
+        ncclResult_t state_now = ncclSuccess;
+        ncclResult_t const e = api().comm_get_async_error(comm(), &state_now);
+        c.check(e != ncclSuccess ? e : (state_now == ncclInProgress ? ncclSuccess : state_now),
+                what);
+        if (detail::clock::now() > deadline)
+          c.fail(errc::timeout, weft::detail::concat(what, " gave no communicator within ",
+                                                     c.opts.timeout.count(), " ms"));
+        std::this_thread::sleep_for(c.opts.poll_interval);
+      }
+      child = handle.load(std::memory_order_acquire);
+      if (r == ncclInProgress || child != nullptr) {
         r = c.poll_ready(child != nullptr ? child : comm(), deadline);
         if (r == ncclInProgress) {
           if (child != nullptr) (void)api().comm_abort(child);

@@ -1,6 +1,8 @@
 // weft/rl/cuda/logprobs.cuh — CUDA kernels for token log-probs, entropy and dlogits: one block
-// per token, per-thread online softmax statistics merged with a CUB block reduction, then the
-// same WEFT_HD functors as the CPU path (softmax_push/merge/finish, logit_grad) per logit.
+// per token, rows read in 16-byte vectors, per-thread softmax statistics of 8-16 logits at a time
+// merged with the CPU path's softmax_merge (also in the CUB block reduction), then the same
+// WEFT_HD functors as the CPU path (softmax_finish, logit_grad) per logit; the per-logit
+// exponentials use the SFU's (fast_exp) for float.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -23,22 +25,66 @@ namespace weft::rl::kernels {
 
 namespace detail {
 
-//! Visits the elements [0, n) of a row, thread `tid` of `Block` taking its share: f(v, x) with the
-//! element's index and value. The aligned middle of the row is read in 16-byte vectors, two in
-//! flight per thread (a bandwidth-bound loop needs several loads outstanding; one scalar load per
-//! iteration left the forward at a sixth of the copy bandwidth); the unaligned head and the tail
-//! are read one element at a time. Only the order in which a thread sees its elements depends on
-//! this, not which elements are seen.
-template <int Block, class L, class F>
-__device__ WEFT_FORCEINLINE void for_row(L const* __restrict__ z, std::int64_t n, F&& f) {
+//! e^x for the kernels' inner loops: the SFU's ex2.approx for float (__expf: about 2 ulp near 0,
+//! relative error growing with |x|, so for the e^{x - max} <= 1 of a softmax at most ~3e-5 of a
+//! term already below e^-80), weft's exp_fn for double. The CPU path uses exp_fn everywhere; the
+//! tests compare within their tolerance (1e-5 relative).
+struct fast_exp {
+  __device__ WEFT_FORCEINLINE float operator()(float x) const noexcept { return __expf(x); }
+  __device__ WEFT_FORCEINLINE double operator()(double x) const noexcept { return exp_fn{}(x); }
+};
+
+//! The statistics of K values at once: their max, then sum and entropy terms around it with
+//! fast_exp, merged into `s` by softmax_merge (the same merge the block reduction uses). Same
+//! rules as softmax_push: -inf adds nothing, NaN or +inf poisons.
+template <int K, class C>
+__device__ WEFT_FORCEINLINE softmax_stats<C> push_values(softmax_stats<C> s, C const (&x)[K]) {
+  constexpr C inf = ::cuda::std::numeric_limits<C>::infinity();
+  C m = -inf;
+  bool poison = false;
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    poison |= (x[j] != x[j]) | (x[j] == inf);
+    m = x[j] > m ? x[j] : m;
+  }
+  if (poison) {
+    C const nan = ::cuda::std::numeric_limits<C>::quiet_NaN();
+    return {nan, nan, nan};
+  }
+  if (m == -inf) return s;
+  softmax_stats<C> b{m, C(0), C(0)};
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    C const d = x[j] - m;
+    C const e = fast_exp{}(d);
+    b.sum += e;
+    b.ent += e > C(0) ? e * d : C(0);
+  }
+  return softmax_merge{}(s, b);
+}
+
+//! A thread's softmax statistics of logits/tau over its share of a row of n logits, thread `tid`
+//! of `Block`. The aligned middle of the row is read in 16-byte vectors, two in flight per thread
+//! (one scalar load per iteration left the forward at a sixth of the copy bandwidth), and pushed
+//! two vectors at a time (push_values: one merge per 8 to 16 logits, not one rescale per logit);
+//! the unaligned head and the tail go through softmax_push one at a time.
+template <int Block, class L>
+__device__ WEFT_FORCEINLINE softmax_stats<compute_t<L>> row_stats(L const* __restrict__ z,
+                                                                  std::int64_t n,
+                                                                  compute_t<L> inv_tau) {
+  using C = compute_t<L>;
   constexpr int N = 16 / static_cast<int>(sizeof(L));
   constexpr int U = 2;
+  softmax_stats<C> s{};
   auto const tid = static_cast<std::int64_t>(threadIdx.x);
   auto const addr = reinterpret_cast<std::uintptr_t>(z);
+  auto const value = [inv_tau](L x) {
+    return static_cast<C>(static_cast<compute_t<L>>(x)) * inv_tau;
+  };
   std::int64_t head =
       addr % sizeof(L) != 0 ? n : static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(L));
   if (head > n) head = n;
-  for (std::int64_t v = tid; v < head; v += Block) f(v, z[v]);
+  for (std::int64_t v = tid; v < head; v += Block) s = softmax_push{}(s, value(z[v]));
   std::int64_t const nvec = (n - head) / N;
   auto const* zv = reinterpret_cast<uint4 const*>(z + head);
   std::int64_t i = tid;
@@ -46,21 +92,26 @@ __device__ WEFT_FORCEINLINE void for_row(L const* __restrict__ z, std::int64_t n
     uint4 buf[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) buf[u] = __ldg(zv + i + u * Block);
+    C x[U * N];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       L const* e = reinterpret_cast<L const*>(&buf[u]);
-      std::int64_t const v0 = head + (i + u * Block) * N;
 #pragma unroll
-      for (int j = 0; j < N; ++j) f(v0 + j, e[j]);
+      for (int j = 0; j < N; ++j) x[u * N + j] = value(e[j]);
     }
+    s = push_values(s, x);
   }
   for (; i < nvec; i += Block) {
     uint4 const b = __ldg(zv + i);
     L const* e = reinterpret_cast<L const*>(&b);
+    C x[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) f(head + i * N + j, e[j]);
+    for (int j = 0; j < N; ++j) x[j] = value(e[j]);
+    s = push_values(s, x);
   }
-  for (std::int64_t v = head + nvec * N + tid; v < n; v += Block) f(v, z[v]);
+  for (std::int64_t v = head + nvec * N + tid; v < n; v += Block)
+    s = softmax_push{}(s, value(z[v]));
+  return s;
 }
 
 //! out[v] = g(v, z[v]) over a row. When out's elements are as wide as z's and both rows sit at
@@ -96,17 +147,6 @@ __device__ WEFT_FORCEINLINE void map_row(L const* __restrict__ z, D* __restrict_
   for (std::int64_t v = threadIdx.x; v < n; v += Block) out[v] = g(v, z[v]);
 }
 
-//! Accumulates one logit into per-thread softmax statistics.
-template <class L>
-struct push_logit {
-  softmax_stats<compute_t<L>>* s;
-  compute_t<L> inv_tau;
-  __device__ WEFT_FORCEINLINE void operator()(std::int64_t, L x) const {
-    using C = compute_t<L>;
-    *s = softmax_push{}(*s, static_cast<C>(static_cast<compute_t<L>>(x)) * inv_tau);
-  }
-};
-
 }  // namespace detail
 
 //! Statistics of logits/tau for one token per block; writes logp, entropy and lse (f32 compute
@@ -131,8 +171,7 @@ __global__ void __launch_bounds__(Block)
     return;
   }
   L const* z = logits + k * vocab;
-  softmax_stats<C> s{};
-  detail::for_row<Block>(z, vocab, detail::push_logit<L>{&s, inv_tau});
+  softmax_stats<C> const s = detail::row_stats<Block>(z, vocab, inv_tau);
   softmax_stats<C> const total = reduce(temp).Reduce(s, softmax_merge{});
   if (threadIdx.x == 0) {
     C const l = softmax_finish{}.lse(total);
@@ -166,12 +205,13 @@ __global__ void __launch_bounds__(Block)
   // lse -inf (an all -inf row): zero row; NaN (a NaN or +inf logit): NaN propagates.
   bool const zero =
       ignored || l == -::cuda::std::numeric_limits<C>::infinity() || (gl == C(0) && ge == C(0));
-  logit_grad<C> const fn{l,
-                         static_cast<C>(static_cast<double>(lse[k]) - static_cast<double>(l)),
-                         static_cast<C>(entropy[k]),
-                         gl,
-                         ge,
-                         inv_tau};
+  logit_grad<C, detail::fast_exp> const fn{
+      l,
+      static_cast<C>(static_cast<double>(lse[k]) - static_cast<double>(l)),
+      static_cast<C>(entropy[k]),
+      gl,
+      ge,
+      inv_tau};
   if (zero) {
     for (std::int64_t v = threadIdx.x; v < vocab; v += Block) dz[v] = D(0);
     return;

@@ -317,6 +317,69 @@ class engine {
     }
   }
 
+  //! One ring step: `in` to `send_peer` and `out` from `recv_peer` issued as ONE NCCL group, so
+  //! ranks that all send before they receive cannot deadlock (two separate groups may: an
+  //! ncclSend can wait for its peer's ncclRecv). Either peer may be this rank (both halves are in
+  //! the group). Recorded as a send and a recv; the returned work completes both.
+  work grouped_sendrecv(buffer_view in, int send_peer, buffer_view out, int recv_peer,
+                        op_options const& o) {
+    op_record srec = begin(op_kind::send);
+    op_record rrec = srec;
+    rrec.op = op_kind::recv;
+    auto const ps = rules::plan_p2p(endpoint(), op_kind::send, in, send_peer);
+    auto const pr = rules::plan_p2p(endpoint(), op_kind::recv, out, recv_peer);
+    srec = planned(srec, ps);
+    rrec = planned(rrec, pr);
+    auto& c = *core_;
+    srec.seq = rrec.seq = c.seq;
+    std::string const ctx = weft::detail::concat(context(op_kind::send), " (sendrecv: to peer ",
+                                                 send_peer, ", from peer ", recv_peer, ")");
+    (void)rules::call_timeout(o, c.opts.timeout);
+    auto const sid = c.history.add(srec);
+    auto const rid = c.history.add(rrec);
+    try {
+      auto const s = static_cast<cudaStream_t>(o.stream);
+      if (!ps.trivial || !pr.trivial)
+        enqueued(grouped([&](auto& call) {
+                   if (!ps.trivial)
+                     call(api().send(in.data, in.count, to_nccl(in.type), send_peer, comm(), s));
+                   if (!pr.trivial)
+                     call(api().recv(out.data, out.count, to_nccl(out.type), recv_peer, comm(), s));
+                 }),
+                 o, ctx);
+      return work(std::make_shared<both_work>(work(event_after(o, ctx, sid, srec)),
+                                              work(event_after(o, ctx, rid, rrec))));
+    } catch (std::exception const& e) {
+      rules::mark_failed(srec, e.what());
+      rules::mark_failed(rrec, e.what());
+      c.history.completed(sid, srec);
+      c.history.completed(rid, rrec);
+      throw;
+    }
+  }
+
+  //! Two works as one: done when both are.
+  class both_work final : public rules::work_state {
+   public:
+    both_work(work a, work b) : a_(std::move(a)), b_(std::move(b)) {}
+    bool wait_until(clock::time_point deadline) override {
+      return wait_one(a_, deadline) && wait_one(b_, deadline);
+    }
+    [[nodiscard]] bool done() const noexcept override { return a_.done() && b_.done(); }
+
+   private:
+    static bool wait_one(work& w, clock::time_point deadline) {
+      if (deadline == clock::time_point::max()) {
+        w.wait();
+        return true;
+      }
+      auto const left = deadline - clock::now();
+      return w.wait_for(std::chrono::duration_cast<std::chrono::milliseconds>(
+          left > clock::duration::zero() ? left : clock::duration::zero()));
+    }
+    work a_, b_;
+  };
+
   std::shared_ptr<core> core_;
 };
 

@@ -1,0 +1,253 @@
+// CUDA twins of the advantage and KL tests: GRPO / Dr. GRPO / RLOO over segment groups (odd
+// sizes, singletons, empty groups, constant groups) and fixed groups (weft/rl/cuda/advantages.cuh),
+// and the KL estimators' per-token values, gradients and loss term (weft/rl/cuda/kl.cuh) against
+// the CPU path. The host build compiles nothing here.
+//
+// Tolerances (relative to max(|cpu|, 1)): statistics are summed in double on both sides, in a tree
+// on the GPU and serially on the CPU, so f64 outputs agree within 1e-12 and f32 outputs (one
+// rounding of a double) within 1e-6. KL: exp comes from CUDA's libdevice instead of libm (a few
+// ulp), 1e-6 for f32 and 1e-12 for f64.
+#include <weft/rl/advantages.hpp>
+#include <weft/rl/kl.hpp>
+
+#include <weft/core/config.hpp>
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
+#include <weft/rl/cuda/advantages.cuh>
+#include <weft/rl/cuda/kl.cuh>
+
+#include <cuda_runtime_api.h>
+
+namespace {
+using weft::rl::group_layout;
+using weft::rl::kl_kind;
+using weft::rl::singleton_group;
+namespace rk = weft::rl::kernels;
+
+bool have_device() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    MESSAGE("no CUDA device: kernel comparison skipped");
+    return false;
+  }
+  return true;
+}
+
+template <class T>
+struct dbuf {
+  T* p = nullptr;
+  std::size_t n = 0;
+  explicit dbuf(std::vector<T> const& v) : n(v.size()) {
+    if (n == 0) return;
+    WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)));
+    WEFT_CUDA_TRY(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  dbuf(dbuf const&) = delete;
+  dbuf& operator=(dbuf const&) = delete;
+  ~dbuf() {
+    if (p != nullptr) cudaFree(p);
+  }
+  std::vector<T> host() const {
+    std::vector<T> v(n);
+    if (n > 0) WEFT_CUDA_TRY(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return v;
+  }
+};
+
+// Worst |gpu − cpu| / max(|cpu|, 1) (equal infinities agree; a NaN on one side only fails),
+// reported with its index on failure.
+template <class T>
+void expect_close(std::string const& what, std::vector<T> const& gpu, std::vector<T> const& cpu,
+                  double tol) {
+  REQUIRE(gpu.size() == cpu.size());
+  double worst = 0;
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < gpu.size(); ++i) {
+    auto const g = static_cast<double>(gpu[i]), c = static_cast<double>(cpu[i]);
+    double e = 0;
+    if (std::isnan(g) || std::isnan(c))
+      e = std::isnan(g) && std::isnan(c) ? 0.0 : INFINITY;
+    else if (std::isinf(g) || std::isinf(c))
+      e = g == c ? 0.0 : INFINITY;
+    else
+      e = std::abs(g - c) / std::max(std::abs(c), 1.0);
+    if (e > worst) {
+      worst = e;
+      at = i;
+    }
+  }
+  if (worst > tol)
+    MESSAGE(what << ": error " << worst << " > " << tol << " at element " << at << " of "
+                 << gpu.size() << ": gpu " << static_cast<double>(gpu[at]) << " cpu "
+                 << static_cast<double>(cpu[at]));
+  CHECK(worst <= tol);
+}
+
+// Scores for groups of the given sizes: random, with a constant group and binary rewards mixed in.
+template <class T>
+std::vector<T> grouped_scores(std::vector<std::int64_t> const& sizes, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-2.0, 3.0);
+  std::vector<T> s;
+  for (std::size_t g = 0; g < sizes.size(); ++g)
+    for (std::int64_t i = 0; i < sizes[g]; ++i)
+      s.push_back(g % 5 == 1   ? T(0.7)                                      // constant group
+                  : g % 5 == 2 ? static_cast<T>(rng() % 2 == 0 ? 0.0 : 1.0)  // binary rewards
+                               : static_cast<T>(u(rng)));
+  return s;
+}
+
+template <class T>
+void advantages_against_cpu(std::vector<std::int64_t> const& sizes, std::uint64_t seed) {
+  double const tol = sizeof(T) == 4 ? 1e-6 : 1e-12;
+  auto const scores = grouped_scores<T>(sizes, seed);
+  std::vector<std::int64_t> offsets{0}, ids;
+  for (std::size_t g = 0; g < sizes.size(); ++g) {
+    offsets.push_back(offsets.back() + sizes[g]);
+    for (std::int64_t i = 0; i < sizes[g]; ++i) ids.push_back(static_cast<std::int64_t>(g) * 7 + 3);
+  }
+  auto const n = static_cast<std::int64_t>(scores.size());
+  auto const groups = static_cast<std::int64_t>(sizes.size());
+  std::string const tag = std::string(sizeof(T) == 4 ? "f32" : "f64") + " n=" + std::to_string(n) +
+                          " groups=" + std::to_string(groups);
+  dbuf<T> ds(scores), dout(std::vector<T>(scores.size(), T(-9)));
+  dbuf<std::int64_t> doff(offsets);
+  auto const layout = group_layout::by_id(std::span<std::int64_t const>(ids));
+  std::vector<T> cpu(scores.size());
+  for (auto single : {singleton_group::zero, singleton_group::keep_score}) {
+    std::string const st = single == singleton_group::zero ? " singleton=zero" : " singleton=keep";
+    for (bool by_std : {true, false}) {
+      weft::rl::grpo_options const opt{by_std, by_std ? 1e-6 : 0.0, single};
+      weft::rl::grpo_advantages(std::span<T const>(scores), layout, std::span<T>(cpu), opt);
+      rk::grpo_advantages<T>(nullptr, ds.p, n, doff.p, groups, dout.p, opt);
+      WEFT_CUDA_TRY(cudaDeviceSynchronize());
+      expect_close(tag + (by_std ? " GRPO" : " Dr. GRPO") + st, dout.host(), cpu, tol);
+    }
+    weft::rl::rloo_advantages(std::span<T const>(scores), layout, std::span<T>(cpu), single);
+    rk::rloo_advantages<T>(nullptr, ds.p, n, doff.p, groups, dout.p, single);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close(tag + " RLOO" + st, dout.host(), cpu, tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("rl/cuda: GRPO, Dr. GRPO and RLOO over segment groups give the CPU's advantages") {
+  if (!have_device()) return;
+  // Odd sizes, singletons and empty groups (first, middle, last).
+  std::vector<std::int64_t> const mixed = {0, 4, 1, 0, 7, 3, 5, 2, 1, 16, 0};
+  advantages_against_cpu<double>(mixed, 1);
+  advantages_against_cpu<float>(mixed, 1);
+  std::vector<std::int64_t> many;
+  std::mt19937_64 rng(5);
+  for (int g = 0; g < 20011; ++g) many.push_back(static_cast<std::int64_t>(rng() % 17));
+  advantages_against_cpu<double>(many, 2);
+  advantages_against_cpu<float>(many, 2);
+  advantages_against_cpu<float>({}, 3);  // nothing at all
+}
+
+TEST_CASE("rl/cuda: fixed-size groups equal group_layout::fixed on the CPU") {
+  if (!have_device()) return;
+  for (std::int64_t gsize : {1, 4, 5, 64}) {
+    CAPTURE(gsize);
+    std::vector<std::int64_t> sizes(37, gsize);
+    auto const scores = grouped_scores<float>(sizes, 9);
+    auto const n = static_cast<std::int64_t>(scores.size());
+    std::vector<float> cpu(scores.size());
+    dbuf<float> ds(scores), dout(cpu);
+    weft::rl::grpo_advantages(std::span<float const>(scores), group_layout::fixed(gsize),
+                              std::span<float>(cpu));
+    rk::grpo_advantages<float>(nullptr, ds.p, n, gsize, dout.p);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close("fixed GRPO", dout.host(), cpu, 1e-6);
+    weft::rl::rloo_advantages(std::span<float const>(scores), group_layout::fixed(gsize),
+                              std::span<float>(cpu));
+    rk::rloo_advantages<float>(nullptr, ds.p, n, gsize, dout.p);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close("fixed RLOO", dout.host(), cpu, 1e-6);
+  }
+}
+
+namespace {
+template <class T>
+void kl_against_cpu(std::size_t n) {
+  double const tol = sizeof(T) == 4 ? 1e-6 : 1e-12;
+  std::mt19937_64 rng(n);
+  std::uniform_real_distribution<double> u(-6.0, 0.0);
+  std::vector<T> lp(n), ref(n), w(n);
+  std::vector<std::uint8_t> mask(n);
+  T const ninf = -std::numeric_limits<T>::infinity();
+  for (std::size_t k = 0; k < n; ++k) {
+    lp[k] = static_cast<T>(u(rng));
+    ref[k] = static_cast<T>(u(rng));
+    w[k] = static_cast<T>(1.0 / static_cast<double>(n) * (1 + k % 3));
+    mask[k] = k % 7 == 3 ? 0 : 1;                     // masked tokens
+    if (k % 11 == 5) ref[k] = static_cast<T>(-40.0);  // x > 20: k3's clamps
+    if (k % 13 == 6) lp[k] = static_cast<T>(-45.0);   // x < -20
+    if (k % 17 == 8) lp[k] = ref[k] = ninf;           // both -inf: no x
+  }
+  std::string const tag = std::string(sizeof(T) == 4 ? "f32" : "f64") + " n=" + std::to_string(n);
+  dbuf<T> dlp(lp), dref(ref), dw(w), dval(lp), dgrad(lp);
+  dbuf<std::uint8_t> dmask(mask);
+  for (kl_kind kind :
+       {kl_kind::k1, kl_kind::abs, kl_kind::k2, kl_kind::k3, kl_kind::k1_plus, kl_kind::k3_plus}) {
+    std::string const kt = tag + " " + std::string(weft::rl::to_string(kind));
+    std::vector<T> val(n), grad(n);
+    weft::rl::kl_penalty(kind, std::span<T const>(lp), std::span<T const>(ref),
+                         std::span<std::uint8_t const>(mask), std::span<T>(val),
+                         std::span<T>(grad));
+    rk::kl_penalty<T, std::uint8_t>(nullptr, kind, dlp.p, dref.p, dmask.p, dval.p, dgrad.p,
+                                    static_cast<std::int64_t>(n));
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close(kt + " value", dval.host(), val, tol);
+    expect_close(kt + " grad", dgrad.host(), grad, tol);
+    // The loss term: dlogp starts at 0.5 everywhere and gains coef·w·k' on valid tokens.
+    std::vector<T> dl(n, T(0.5));
+    double const coef = 0.1;
+    double const want = weft::rl::kl_loss(
+        kind, coef, std::span<T const>(lp), std::span<T const>(ref),
+        std::span<std::uint8_t const>(mask), std::span<T const>(w), std::span<T>(dl));
+    dbuf<T> ddl(std::vector<T>(n, T(0.5)));
+    dbuf<double> dloss(std::vector<double>(1, -1.0));
+    rk::kl_loss<T, std::uint8_t>(nullptr, kind, coef, dlp.p, dref.p, dmask.p, dw.p, ddl.p,
+                                 static_cast<std::int64_t>(n), dloss.p);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    double const got = dloss.host()[0];
+    INFO(kt << " loss gpu " << got << " cpu " << want);
+    CHECK(std::abs(got - want) <= tol * std::max(std::abs(want), 1.0));
+    expect_close(kt + " dlogp", ddl.host(), dl, tol);
+  }
+}
+}  // namespace
+
+TEST_CASE("rl/cuda: KL estimators' values, gradients and loss term follow the CPU") {
+  if (!have_device()) return;
+  for (std::size_t n : {std::size_t{1}, std::size_t{1037}, std::size_t{100003}}) {
+    kl_against_cpu<float>(n);
+    kl_against_cpu<double>(n);
+  }
+  kl_against_cpu<float>(0);
+}
+
+TEST_CASE("rl/cuda: bad group sizes and eps throw before any launch") {
+  float* none = nullptr;
+  CHECK_THROWS_AS(rk::grpo_advantages<float>(nullptr, none, 10, std::int64_t{4}, none),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(rk::grpo_advantages<float>(nullptr, none, 8, std::int64_t{0}, none),
+                  weft::invalid_argument_error);
+  weft::rl::grpo_options bad;
+  bad.eps = -1;
+  CHECK_THROWS_AS(rk::grpo_advantages<float>(nullptr, none, 8, std::int64_t{4}, none, bad),
+                  weft::invalid_argument_error);
+}
+#endif  // __CUDACC__ && WEFT_HAS_CUDA_RUNTIME
