@@ -34,9 +34,24 @@ struct fast_exp {
   __device__ WEFT_FORCEINLINE double operator()(double x) const noexcept { return exp_fn{}(x); }
 };
 
-//! The statistics of K values at once: their max, then sum and entropy terms around it with
-//! fast_exp, merged into `s` by softmax_merge (the same merge the block reduction uses). Same
-//! rules as softmax_push: -inf adds nothing, NaN or +inf poisons.
+//! 2^x on the special-function unit (ex2.approx.ftz.f32: within 2 ulp; -inf and anything below
+//! -126 give +0).
+__device__ WEFT_FORCEINLINE float ex2_approx(float x) noexcept {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+//! The factor that puts a logit/tau into push_values' units: log2(e) for float (its exponentials
+//! are base 2 on the SFU), 1 for double.
+template <class C>
+inline constexpr C push_unit = sizeof(C) == 4 ? C(1.44269504088896341) : C(1);
+
+//! The statistics of K values at once (given in push_unit units): their max, then sum and entropy
+//! terms around it, merged into `s` by softmax_merge (the same merge the block reduction uses).
+//! Same rules as softmax_push: -inf adds nothing, NaN or +inf poisons. float: 2^(x - max) on the
+//! SFU, one max, subtract, clamp, ex2, add and fma per value (the forward of a bf16 row is bound
+//! by these instructions, not by memory, with anything heavier); double: exp_fn.
 template <int K, class C>
 __device__ WEFT_FORCEINLINE softmax_stats<C> push_values(softmax_stats<C> s, C const (&x)[K]) {
   constexpr C inf = ::cuda::std::numeric_limits<C>::infinity();
@@ -52,21 +67,27 @@ __device__ WEFT_FORCEINLINE softmax_stats<C> push_values(softmax_stats<C> s, C c
     return {nan, nan, nan};
   }
   if (m == -inf) return s;
-  softmax_stats<C> b{m, C(0), C(0)};
+  C sum = C(0), ent = C(0);
 #pragma unroll
   for (int j = 0; j < K; ++j) {
-    C const d = x[j] - m;
-    C const e = fast_exp{}(d);
-    b.sum += e;
-    b.ent += e > C(0) ? e * d : C(0);
+    // A -inf value gives d = lowest: e = 0 and e * d = 0 (not 0 * -inf).
+    C const d = ::cuda::std::fmax(x[j] - m, ::cuda::std::numeric_limits<C>::lowest());
+    C e;
+    if constexpr (sizeof(C) == 4)
+      e = ex2_approx(d);
+    else
+      e = exp_fn{}(d);
+    sum += e;
+    ent += e * d;
   }
-  return softmax_merge{}(s, b);
+  C const back = C(1) / push_unit<C>;  // ln 2 for float
+  return softmax_merge{}(s, softmax_stats<C>{m * back, sum, ent * back});
 }
 
 //! A thread's softmax statistics of logits/tau over its share of a row of n logits, thread `tid`
-//! of `Block`. The aligned middle of the row is read in 16-byte vectors, two in flight per thread
-//! (one scalar load per iteration left the forward at a sixth of the copy bandwidth), and pushed
-//! two vectors at a time (push_values: one merge per 8 to 16 logits, not one rescale per logit);
+//! of `Block`. The aligned middle of the row is read in 16-byte vectors, two or four in flight per
+//! thread (one scalar load per iteration left the forward at a sixth of the copy bandwidth), and
+//! pushed together (push_values: one merge per 8 to 32 logits, not one rescale per logit);
 //! the unaligned head and the tail go through softmax_push one at a time.
 template <int Block, class L>
 __device__ WEFT_FORCEINLINE softmax_stats<compute_t<L>> row_stats(L const* __restrict__ z,
@@ -74,12 +95,18 @@ __device__ WEFT_FORCEINLINE softmax_stats<compute_t<L>> row_stats(L const* __res
                                                                   compute_t<L> inv_tau) {
   using C = compute_t<L>;
   constexpr int N = 16 / static_cast<int>(sizeof(L));
-  constexpr int U = 2;
+  // Vectors in flight per thread, pushed together: four for 16-bit logits (32 values per merge:
+  // their forward is bound by instructions per logit), two otherwise.
+  constexpr int U = sizeof(L) == 2 ? 4 : 2;
   softmax_stats<C> s{};
   auto const tid = static_cast<std::int64_t>(threadIdx.x);
   auto const addr = reinterpret_cast<std::uintptr_t>(z);
   auto const value = [inv_tau](L x) {
     return static_cast<C>(static_cast<compute_t<L>>(x)) * inv_tau;
+  };
+  C const unit = inv_tau * push_unit<C>;
+  auto const value_in_units = [unit](L x) {
+    return static_cast<C>(static_cast<compute_t<L>>(x)) * unit;
   };
   std::int64_t head =
       addr % sizeof(L) != 0 ? n : static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(L));
@@ -97,7 +124,7 @@ __device__ WEFT_FORCEINLINE softmax_stats<compute_t<L>> row_stats(L const* __res
     for (int u = 0; u < U; ++u) {
       L const* e = reinterpret_cast<L const*>(&buf[u]);
 #pragma unroll
-      for (int j = 0; j < N; ++j) x[u * N + j] = value(e[j]);
+      for (int j = 0; j < N; ++j) x[u * N + j] = value_in_units(e[j]);
     }
     s = push_values(s, x);
   }
@@ -106,7 +133,7 @@ __device__ WEFT_FORCEINLINE softmax_stats<compute_t<L>> row_stats(L const* __res
     L const* e = reinterpret_cast<L const*>(&b);
     C x[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) x[j] = value(e[j]);
+    for (int j = 0; j < N; ++j) x[j] = value_in_units(e[j]);
     s = push_values(s, x);
   }
   for (std::int64_t v = head + nvec * N + tid; v < n; v += Block)
