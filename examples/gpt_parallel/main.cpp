@@ -16,6 +16,8 @@
 //
 // Exit status: 0 when the loss fell (and, with --check, followed the single device), 1 when a
 // check fails, 2 on a bad command line or a layout the model cannot be split over.
+#include "common/cli.hpp"
+
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/world.hpp>
 #include <weft/core/error.hpp>
@@ -97,29 +99,14 @@ void usage(std::ostream& os) {
         "  --check           also train the single-device model and compare the losses\n";
 }
 
-struct bad_argument {
-  std::string message;
-};
-
-template <class N>
-N parse_number(std::string_view flag, std::string_view text, N lo, N hi) {
-  N value{};
-  auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size() || !(value >= lo) || !(value <= hi))
-    throw bad_argument{"argument `" + std::string(flag) + "`: expected a number in [" +
-                       std::to_string(lo) + ", " + std::to_string(hi) + "], actual `" +
-                       std::string(text) + "`"};
-  return value;
-}
+using weft::examples::bad_argument;
+using weft::examples::parse_number;
 
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     std::string_view const a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) throw bad_argument{"argument `" + std::string(a) + "`: expected a value"};
-      return argv[++i];
-    };
+    auto value = [&] { return weft::examples::flag_value(argc, argv, i); };
     if (a == "--help") {
       usage(std::cout);
       std::exit(0);

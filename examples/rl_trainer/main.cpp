@@ -16,6 +16,8 @@
 //
 // See --help and docs/trainer.md. Exit status: 0 on success (with --check: the layout followed
 // the one-rank run), 1 when a check fails, 2 on a bad command line.
+#include "common/cli.hpp"
+
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/world.hpp>
 #include <weft/core/error.hpp>
@@ -111,9 +113,8 @@ std::string fingerprint(options const& o) {
   return f.str();
 }
 
-struct bad_argument {
-  std::string message;
-};
+using weft::examples::bad_argument;
+using weft::examples::parse_number;
 
 void usage(std::ostream& os) {
   os << "usage: rl_trainer [--preset NAME] [--mode dapo|grpo] [--seed N] [--rl-steps N]\n"
@@ -156,25 +157,11 @@ void usage(std::ostream& os) {
         "  --quiet           no per-step lines\n";
 }
 
-template <class N>
-N parse_number(std::string_view flag, std::string_view text, N lo, N hi) {
-  N value{};
-  auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (ec != std::errc{} || end != text.data() + text.size() || !(value >= lo) || !(value <= hi))
-    throw bad_argument{"argument `" + std::string(flag) + "`: expected a number in [" +
-                       std::to_string(lo) + ", " + std::to_string(hi) + "], actual `" +
-                       std::string(text) + "`"};
-  return value;
-}
-
 options parse(int argc, char** argv) {
   options o;
   for (int i = 1; i < argc; ++i) {
     std::string_view const a = argv[i];
-    auto value = [&]() -> std::string_view {
-      if (i + 1 >= argc) throw bad_argument{"argument `" + std::string(a) + "`: expected a value"};
-      return argv[++i];
-    };
+    auto value = [&] { return weft::examples::flag_value(argc, argv, i); };
     if (a == "--help") {
       usage(std::cout);
       std::exit(0);
