@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace weft::nn {
@@ -217,14 +218,8 @@ class gpt_decoder {
   static tensor_view<U, 1> vec(std::vector<U>& v) {
     return tensor_view<U, 1>(v.data(), static_cast<index_t>(v.size()));
   }
-  tensor_view<T const, 2> p2(std::string const& n) const {
-    auto const& e = store_->layout().at(n);
-    return tensor_view<T const, 2>(store_->param_span(n).data(), e.shape[0], e.shape[1]);
-  }
-  tensor_view<T const, 1> p1(std::string const& n) const {
-    auto const& e = store_->layout().at(n);
-    return tensor_view<T const, 1>(store_->param_span(n).data(), e.shape[0]);
-  }
+  tensor_view<T const, 2> p2(std::string const& n) const { return store_->template param<2>(n); }
+  tensor_view<T const, 1> p1(std::string const& n) const { return store_->template param<1>(n); }
 
   gpt_config c_;
   param_store<T> const* store_;

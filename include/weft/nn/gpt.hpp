@@ -21,6 +21,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace weft::nn {
@@ -345,12 +346,10 @@ class gpt {
     return tensor_view<U, 1>(v.data(), static_cast<index_t>(v.size()));
   }
   tensor_view<T const, 2> p2(std::string const& n) const {
-    auto const w = store_->template param<2>(n);
-    return tensor_view<T const, 2>(w.data_handle(), w.extent(0), w.extent(1));
+    return std::as_const(*store_).template param<2>(n);
   }
   tensor_view<T const, 1> p1(std::string const& n) const {
-    auto const w = store_->template param<1>(n);
-    return tensor_view<T const, 1>(w.data_handle(), w.extent(0));
+    return std::as_const(*store_).template param<1>(n);
   }
   tensor_view<T, 2> g2(std::string const& n) { return store_->template grad<2>(n); }
   tensor_view<T, 1> g1(std::string const& n) { return store_->template grad<1>(n); }

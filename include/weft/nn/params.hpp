@@ -141,6 +141,10 @@ class param_store {
     return view_of<R>(params_.data(), layout_.at(name), "param");
   }
   template <std::size_t R>
+  [[nodiscard]] tensor_view<T const, R> param(std::string_view name) const {
+    return view_of<R>(params_.data(), layout_.at(name), "param");
+  }
+  template <std::size_t R>
   [[nodiscard]] tensor_view<T, R> grad(std::string_view name) {
     return view_of<R>(grads_.data(), layout_.at(name), "grad");
   }
@@ -173,15 +177,15 @@ class param_store {
   }
 
  private:
-  template <std::size_t R>
-  tensor_view<T, R> view_of(T* base, param_entry const& e, char const* what) {
+  template <std::size_t R, class E>
+  static tensor_view<E, R> view_of(E* base, param_entry const& e, char const* what) {
     WEFT_EXPECTS_SHAPE(e.shape.size() == R, what,
                        ::weft::detail::concat("rank ", R, " (as requested)"),
                        ::weft::detail::concat("rank ", e.shape.size(), " (\"", e.name, "\" is ",
                                               ::weft::detail::array_string(e.shape), ")"));
     ::weft::detail::index_array<R> ext{};
     for (std::size_t k = 0; k != R; ++k) ext[k] = e.shape[k];
-    return tensor_view<T, R>(base + e.offset, dextents<R>(ext));
+    return tensor_view<E, R>(base + e.offset, dextents<R>(ext));
   }
   tensor_view<T, 1> whole(param_entry const& e) {
     return tensor_view<T, 1>(params_.data() + e.offset, static_cast<index_t>(e.info.count));
