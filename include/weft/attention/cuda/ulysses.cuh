@@ -5,7 +5,8 @@
 // compute stream; each all_to_all runs on the transfer stream between CUDA events. The head split
 // (even, or KV heads replicated when the group outnumbers them) is ulysses_heads' (ulysses.hpp);
 // the attention itself is the `Blocks` policy's (cuda/ring.cuh: cuda_ring_blocks with the flash
-// kernels, or host_ring_blocks over a mock whose device memory is host memory).
+// kernels, or host_ring_blocks over a mock whose device memory is host memory); USP
+// (cuda/usp.cuh) runs the device ring there instead, through the detail::*_impl functions.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -149,6 +150,75 @@ float check_device_ulysses(int world, bshd<T const> const& q, bshd<T const> cons
   return static_cast<float>(resolve_scale(scale, q.d));
 }
 
+//! Ulysses forward around `inner(q, k, v, o, lse)`, the attention on the head-sharded gathered
+//! sequence (contiguous [B, N·c, hl, D] views of policy scratch; o and lse float, to be
+//! overwritten): the sequence-to-head all_to_alls, the inner attention, the head-to-sequence
+//! all_to_alls into o and lse, then the compute stream waits for every exchange. No checks: the
+//! entry points check first (USP runs its ring as `inner`).
+template <class Blocks, class C, class T, class O, class Inner>
+void stream_ulysses_forward_impl(C& comm, Blocks& blocks, bshd<T const> q, bshd<T const> k,
+                                 bshd<T const> v, bshd<O> o, bhs<float> lse, Inner&& inner) {
+  auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
+  int const n = comm.size();
+  std::int64_t const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
+  auto qf = [&](int p) { return uh.q_head(p, 0); };
+  auto kf = [&](int p) { return uh.k_head(p, 0); };
+  ring_scratch<Blocks, T> qh(blocks, q.b * sf * hq * q.d), kh(blocks, q.b * sf * hk * q.d),
+      vh(blocks, q.b * sf * hk * q.d);
+  ring_scratch<Blocks, float> oh(blocks, q.b * sf * hq * q.d), lh(blocks, q.b * hq * sf);
+  d_seq_to_head(comm, blocks, q, hq, qf, qh.get());
+  d_seq_to_head(comm, blocks, k, hk, kf, kh.get());
+  d_seq_to_head(comm, blocks, v, hk, kf, vh.get());
+  auto const ov = contiguous_bshd(oh.get(), q.b, sf, hq, q.d);
+  auto const lv = contiguous_bhs(lh.get(), q.b, hq, sf);
+  inner(contiguous_bshd<T const>(qh.get(), q.b, sf, hq, q.d),
+        contiguous_bshd<T const>(kh.get(), q.b, sf, hk, q.d),
+        contiguous_bshd<T const>(vh.get(), q.b, sf, hk, q.d), ov, lv);
+  d_head_to_seq(comm, blocks, cview(ov), o, qf, false);
+  d_lse_head_to_seq(comm, blocks, cview(lv), lse);
+  blocks.finish();
+}
+
+//! Ulysses backward around `inner(q, k, v, o, lse, dout, dq, dk, dv)` on the head-sharded
+//! gathered sequence (float dq, dk, dv to be overwritten); replicated KV heads' gradients are
+//! summed in rank order on the way back. No checks, as stream_ulysses_forward_impl.
+template <class Blocks, class C, class T, class O, class G, class Inner>
+void stream_ulysses_backward_impl(C& comm, Blocks& blocks, bshd<T const> q, bshd<T const> k,
+                                  bshd<T const> v, bshd<O const> o, bhs<float const> lse,
+                                  bshd<T const> dout, bshd<G> dq, bshd<G> dk, bshd<G> dv,
+                                  Inner&& inner) {
+  auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
+  int const n = comm.size();
+  std::int64_t const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
+  auto qf = [&](int p) { return uh.q_head(p, 0); };
+  auto kf = [&](int p) { return uh.k_head(p, 0); };
+  using OE = std::remove_const_t<O>;
+  std::int64_t const qe = q.b * sf * hq * q.d, ke = q.b * sf * hk * q.d;
+  ring_scratch<Blocks, T> qh(blocks, qe), kh(blocks, ke), vh(blocks, ke), gh(blocks, qe);
+  ring_scratch<Blocks, OE> oh(blocks, qe);
+  ring_scratch<Blocks, float> lh(blocks, q.b * hq * sf), dqh(blocks, qe), dkh(blocks, ke),
+      dvh(blocks, ke);
+  d_seq_to_head(comm, blocks, q, hq, qf, qh.get());
+  d_seq_to_head(comm, blocks, k, hk, kf, kh.get());
+  d_seq_to_head(comm, blocks, v, hk, kf, vh.get());
+  d_seq_to_head(comm, blocks, o, hq, qf, oh.get());
+  d_seq_to_head(comm, blocks, dout, hq, qf, gh.get());
+  d_lse_seq_to_head(comm, blocks, lse, hq, lh.get());
+  auto const dqv = contiguous_bshd(dqh.get(), q.b, sf, hq, q.d);
+  auto const dkv = contiguous_bshd(dkh.get(), q.b, sf, hk, q.d);
+  auto const dvv = contiguous_bshd(dvh.get(), q.b, sf, hk, q.d);
+  inner(contiguous_bshd<T const>(qh.get(), q.b, sf, hq, q.d),
+        contiguous_bshd<T const>(kh.get(), q.b, sf, hk, q.d),
+        contiguous_bshd<T const>(vh.get(), q.b, sf, hk, q.d),
+        contiguous_bshd<OE const>(oh.get(), q.b, sf, hq, q.d),
+        contiguous_bhs<float const>(lh.get(), q.b, hq, sf),
+        contiguous_bshd<T const>(gh.get(), q.b, sf, hq, q.d), dqv, dkv, dvv);
+  d_head_to_seq(comm, blocks, cview(dqv), dq, qf, false);
+  d_head_to_seq(comm, blocks, cview(dkv), dk, kf, uh.replicated());
+  d_head_to_seq(comm, blocks, cview(dvv), dv, kf, uh.replicated());
+  blocks.finish();
+}
+
 }  // namespace detail
 
 //! Ulysses attention forward on device buffers, stream-ordered. Rank p holds the contiguous
@@ -163,26 +233,11 @@ void stream_ulysses_forward(C& comm, Blocks& blocks, detail::bshd<T const> q,
                             detail::bshd<T const> k, detail::bshd<T const> v, detail::bshd<O> o,
                             detail::bhs<float> lse, attention_options const& opt = {}) {
   float const scale = detail::check_device_ulysses(comm.size(), q, k, v, o, lse, opt.scale);
-  auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
-  int const n = comm.size();
-  std::int64_t const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
   mask_rule const mask{opt.causal != causal_mode::none, 0};
-  auto qf = [&](int p) { return uh.q_head(p, 0); };
-  auto kf = [&](int p) { return uh.k_head(p, 0); };
-  detail::ring_scratch<Blocks, T> qh(blocks, q.b * sf * hq * q.d), kh(blocks, q.b * sf * hk * q.d),
-      vh(blocks, q.b * sf * hk * q.d);
-  detail::ring_scratch<Blocks, float> oh(blocks, q.b * sf * hq * q.d), lh(blocks, q.b * hq * sf);
-  detail::d_seq_to_head(comm, blocks, q, hq, qf, qh.get());
-  detail::d_seq_to_head(comm, blocks, k, hk, kf, kh.get());
-  detail::d_seq_to_head(comm, blocks, v, hk, kf, vh.get());
-  auto const ov = detail::contiguous_bshd(oh.get(), q.b, sf, hq, q.d);
-  auto const lv = detail::contiguous_bhs(lh.get(), q.b, hq, sf);
-  blocks.forward(detail::contiguous_bshd<T const>(qh.get(), q.b, sf, hq, q.d),
-                 detail::contiguous_bshd<T const>(kh.get(), q.b, sf, hk, q.d),
-                 detail::contiguous_bshd<T const>(vh.get(), q.b, sf, hk, q.d), ov, lv, mask, scale);
-  detail::d_head_to_seq(comm, blocks, detail::cview(ov), o, qf, false);
-  detail::d_lse_head_to_seq(comm, blocks, detail::cview(lv), lse);
-  blocks.finish();
+  detail::stream_ulysses_forward_impl(comm, blocks, q, k, v, o, lse,
+                                      [&](auto qh, auto kh, auto vh, auto oh, auto lh) {
+                                        blocks.forward(qh, kh, vh, oh, lh, mask, scale);
+                                      });
 }
 
 //! Ulysses attention backward on device buffers, stream-ordered: dq, dk, dv (of G) of this
@@ -198,41 +253,16 @@ void stream_ulysses_backward(C& comm, Blocks& blocks, detail::bshd<T const> q,
   detail::bhs<float> const lse_shape{nullptr, lse.b, lse.h, lse.s, lse.sb, lse.sh, lse.ss};
   float const scale = detail::check_device_ulysses(comm.size(), q, k, v, o, lse_shape, opt.scale);
   detail::check_gradient_shapes(q, k, dout, dq, dk, dv);
-  auto const uh = ulysses_heads::make(comm.size(), q.h, k.h);
-  int const n = comm.size();
-  std::int64_t const sf = q.s * n, hq = uh.local_q(), hk = uh.local_k();
   mask_rule const mask{opt.causal != causal_mode::none, 0};
-  auto qf = [&](int p) { return uh.q_head(p, 0); };
-  auto kf = [&](int p) { return uh.k_head(p, 0); };
-  using OE = std::remove_const_t<O>;
-  std::int64_t const qe = q.b * sf * hq * q.d, ke = q.b * sf * hk * q.d;
-  detail::ring_scratch<Blocks, T> qh(blocks, qe), kh(blocks, ke), vh(blocks, ke), gh(blocks, qe);
-  detail::ring_scratch<Blocks, OE> oh(blocks, qe);
-  detail::ring_scratch<Blocks, float> lh(blocks, q.b * hq * sf), dqh(blocks, qe), dkh(blocks, ke),
-      dvh(blocks, ke);
-  detail::d_seq_to_head(comm, blocks, q, hq, qf, qh.get());
-  detail::d_seq_to_head(comm, blocks, k, hk, kf, kh.get());
-  detail::d_seq_to_head(comm, blocks, v, hk, kf, vh.get());
-  detail::d_seq_to_head(comm, blocks, o, hq, qf, oh.get());
-  detail::d_seq_to_head(comm, blocks, dout, hq, qf, gh.get());
-  detail::d_lse_seq_to_head(comm, blocks, lse, hq, lh.get());
-  blocks.fill(dqh.get(), qe, 0.0f);
-  blocks.fill(dkh.get(), ke, 0.0f);
-  blocks.fill(dvh.get(), ke, 0.0f);
-  auto const dqv = detail::contiguous_bshd(dqh.get(), q.b, sf, hq, q.d);
-  auto const dkv = detail::contiguous_bshd(dkh.get(), q.b, sf, hk, q.d);
-  auto const dvv = detail::contiguous_bshd(dvh.get(), q.b, sf, hk, q.d);
-  blocks.backward(detail::contiguous_bshd<T const>(qh.get(), q.b, sf, hq, q.d),
-                  detail::contiguous_bshd<T const>(kh.get(), q.b, sf, hk, q.d),
-                  detail::contiguous_bshd<T const>(vh.get(), q.b, sf, hk, q.d),
-                  detail::contiguous_bshd<OE const>(oh.get(), q.b, sf, hq, q.d),
-                  detail::contiguous_bhs<float const>(lh.get(), q.b, hq, sf),
-                  detail::contiguous_bshd<T const>(gh.get(), q.b, sf, hq, q.d), dqv, dkv, dvv, mask,
-                  scale);
-  detail::d_head_to_seq(comm, blocks, detail::cview(dqv), dq, qf, false);
-  detail::d_head_to_seq(comm, blocks, detail::cview(dkv), dk, kf, uh.replicated());
-  detail::d_head_to_seq(comm, blocks, detail::cview(dvv), dv, kf, uh.replicated());
-  blocks.finish();
+  detail::stream_ulysses_backward_impl(
+      comm, blocks, q, k, v, o, lse, dout, dq, dk, dv,
+      [&](auto qh, auto kh, auto vh, auto oh, auto lh, auto gh, auto dqh, auto dkh, auto dvh) {
+        std::int64_t const qe = dqh.b * dqh.s * dqh.h * dqh.d, ke = dkh.b * dkh.s * dkh.h * dkh.d;
+        blocks.fill(dqh.data, qe, 0.0f);  // the block kernels add
+        blocks.fill(dkh.data, ke, 0.0f);
+        blocks.fill(dvh.data, ke, 0.0f);
+        blocks.backward(qh, kh, vh, oh, lh, gh, dqh, dkh, dvh, mask, scale);
+      });
 }
 
 }  // namespace weft::attention
