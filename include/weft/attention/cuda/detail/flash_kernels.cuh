@@ -1,0 +1,583 @@
+// weft/attention/cuda/detail/flash_kernels.cuh — the kernels behind weft/attention/cuda/flash.cuh
+// and their launches (shapes and scale checked first): the forward, the D = rowsum(dO * O) pass,
+// the backward, the float-to-element store. The design is described at the top of flash.cuh.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error \
+    "weft/attention/cuda/detail/flash_kernels.cuh holds CUDA kernels: include it only from .cu files compiled by nvcc"
+#endif
+
+#include <weft/attention/args.hpp>
+#include <weft/attention/common.hpp>
+#include <weft/attention/cuda/detail/mma.cuh>
+#include <weft/attention/softmax_state.hpp>
+#include <weft/core/config.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/math.hpp>
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+#include <utility>
+
+// Kernels live in weft::attention::kernels, not weft::attention::cuda (a namespace named `cuda`
+// would hide CCCL's ::cuda for every header parsed after this one).
+namespace weft::attention::kernels {
+
+using ::weft::attention::detail::bhs;
+using ::weft::attention::detail::bshd;
+
+namespace flash_detail {
+
+inline constexpr int block_q = 64;       // backward: query rows per tile
+inline constexpr int fwd_block_q = 128;  // forward: query rows per tile (8 warps x 16)
+inline constexpr int fwd_threads = 256;  // forward: 8 warps
+inline constexpr int block_k = 64;       // keys per tile
+inline constexpr int threads = 128;      // backward: 4 warps
+
+//! Where a CTA's sequences lie: dense (cu_q null; batch z, lengths of the views, the given mask)
+//! or packed (batch 1; document z spans cu_q[z]..cu_q[z+1] of q and cu_k[z].. of k, v; the mask
+//! per document from `mode`).
+struct seq_layout {
+  int const* cu_q = nullptr;
+  int const* cu_k = nullptr;
+  causal_mode mode = causal_mode::none;
+};
+
+struct cta_seq {
+  std::int64_t b, q0, k0, sq, sk;
+  mask_rule mask;
+};
+
+__device__ __forceinline__ cta_seq locate(seq_layout const& lay, std::int64_t sq, std::int64_t sk,
+                                          mask_rule mask) {
+  int const z = static_cast<int>(blockIdx.z);
+  if (lay.cu_q == nullptr) return {z, 0, 0, sq, sk, mask};
+  std::int64_t const q0 = lay.cu_q[z], q1 = lay.cu_q[z + 1];
+  std::int64_t const k0 = lay.cu_k[z], k1 = lay.cu_k[z + 1];
+  mask_rule m{};
+  if (lay.mode == causal_mode::top_left) m = {true, 0};
+  if (lay.mode == causal_mode::bottom_right) m = {true, (k1 - k0) - (q1 - q0)};
+  return {0, q0, k0, q1 - q0, k1 - k0, m};
+}
+
+template <int D>
+inline constexpr int pitch = D + 8;  // shared row pitch: 16-byte rows, ldmatrix conflict-free
+
+template <int D>
+inline constexpr std::size_t forward_smem = std::size_t(fwd_block_q + 4 * block_k) * pitch<D> * 2;
+
+template <int D>
+inline constexpr std::size_t backward_smem = std::size_t(2 * block_k + 2 * block_q) * pitch<D> * 2 +
+                                             std::size_t(block_k) * (block_q + 8) * 2 +
+                                             2 * block_q * sizeof(float);
+
+// The per-element exponentials run on the special-function unit as exp2((x − shift)·log2 e)
+// (mma::ex2, within 2 ulp) instead of weft's exp_fn (a dozen FMA-pipe instructions, which made
+// the softmax, not the tensor cores, the forward's bottleneck). They keep the semantics of the
+// WEFT_HD functors they stand for: softmax_row_state::weight (0 for a masked -inf score, which
+// also covers a row that is still empty) and recompute_probability (0 for a masked score or an
+// empty row's -inf L); the per-row rescale, lse and 1/l stay softmax_row_state's own.
+inline constexpr float log2e = 1.44269504088896341f;
+
+//! softmax_row_state<float>::weight(x) for a state of max m, given m_log2 = m·log2 e.
+__device__ __forceinline__ float weight(float x, float m_log2) {
+  return x == empty_lse<float>() ? 0.0f : mma::ex2(fmaf(x, log2e, -m_log2));
+}
+//! recompute_probability(x, L) given l_log2 = L·log2 e.
+__device__ __forceinline__ float probability(float x, float l_log2) {
+  return x == empty_lse<float>() || l_log2 == empty_lse<float>()
+             ? 0.0f
+             : mma::ex2(fmaf(x, log2e, -l_log2));
+}
+
+template <class O>
+__device__ __forceinline__ O to_out(float x) {
+  if constexpr (std::is_same_v<O, float>)
+    return x;
+  else
+    return O(x);
+}
+
+//! The forward kernel (see the file comment). Rows past sq and keys past sk are zero-filled in
+//! shared memory and masked; rows that see no key give o = 0 and lse = -inf.
+template <class T, class O, int D>
+__global__ void __launch_bounds__(fwd_threads)
+    forward_kernel(bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o, bhs<float> lse,
+                   mask_rule mask_in, float scale, seq_layout lay) {
+  constexpr int P = pitch<D>;
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = block_k / 8;  // n8 tiles of S per warp
+  constexpr int NT_O = D / 8;        // n8 tiles of O per warp
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const sq_tile = reinterpret_cast<T*>(smem_raw);
+  T* const sk_tile = sq_tile + fwd_block_q * P;  // [2][block_k][P]
+  T* const sv_tile = sk_tile + 2 * block_k * P;
+
+  cta_seq const cs = locate(lay, q.s, k.s, mask_in);
+  mask_rule const mask = cs.mask;
+  // Highest query tile first: under a causal mask the last tiles see the most keys, and starting
+  // them first shortens the tail of the grid.
+  std::int64_t const i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * fwd_block_q;
+  if (i0 >= cs.sq) return;
+  int const h = static_cast<int>(blockIdx.y);
+  std::int64_t const hk = h / (q.h / k.h);
+  int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int const g = lane / 4, t = lane % 4;
+
+  T const* const qb = q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh;
+  T const* const kb = k.data + cs.b * k.sb + cs.k0 * k.ss + hk * k.sh;
+  T const* const vb = v.data + cs.b * v.sb + cs.k0 * v.ss + hk * v.sh;
+  std::int64_t const rows = cs.sq - i0 < fwd_block_q ? cs.sq - i0 : fwd_block_q;
+  std::int64_t const k_end = mask.key_end(i0 + rows - 1, cs.sk);  // the last row sees the most
+  int const ntiles = static_cast<int>((k_end + block_k - 1) / block_k);
+
+  mma::load_tile_async<fwd_block_q, D, P, fwd_threads>(sq_tile, qb, q.ss, rows, q.data);
+  if (ntiles > 0) {
+    mma::load_tile_async<block_k, D, P, fwd_threads>(sk_tile, kb, k.ss, cs.sk, k.data);
+    mma::load_tile_async<block_k, D, P, fwd_threads>(sv_tile, vb, v.ss, cs.sk, v.data);
+  }
+  mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  __syncthreads();
+
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    mma::ldmatrix_x4(
+        qf[kk], mma::smem_addr(sq_tile + (warp * 16 + lane % 16) * P + kk * 16 + (lane / 16) * 8));
+
+  float oacc[NT_O][4];
+  for (auto& x : oacc) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  softmax_row_state<float> st[2];  // rows g and g + 8 of this warp; l is this thread's part
+  std::int64_t const row0 = i0 + warp * 16 + g;
+
+  for (int j = 0; j < ntiles; ++j) {
+    if (j + 1 < ntiles) {
+      std::int64_t const jn = std::int64_t(j + 1) * block_k;
+      int const buf = (j + 1) & 1;
+      mma::load_tile_async<block_k, D, P, fwd_threads>(sk_tile + buf * block_k * P, kb + jn * k.ss,
+                                                       k.ss, cs.sk - jn, k.data);
+      mma::load_tile_async<block_k, D, P, fwd_threads>(sv_tile + buf * block_k * P, vb + jn * v.ss,
+                                                       v.ss, cs.sk - jn, v.data);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    __syncthreads();
+    T const* const ck = sk_tile + (j & 1) * block_k * P;
+    T const* const cv = sv_tile + (j & 1) * block_k * P;
+
+    float s[NT_S][4];
+    for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+#pragma unroll
+      for (int nn = 0; nn < block_k / 16; ++nn) {
+        std::uint32_t r[4];
+        mma::ldmatrix_x4(r, mma::smem_addr(ck + (nn * 16 + lane % 8 + (lane / 16) * 8) * P +
+                                           kk * 16 + ((lane / 8) % 2) * 8));
+        mma::mma16816<BF>(s[2 * nn], qf[kk], r[0], r[1]);
+        mma::mma16816<BF>(s[2 * nn + 1], qf[kk], r[2], r[3]);
+      }
+
+    std::int64_t const jb = std::int64_t(j) * block_k;
+    // Only a tile that crosses the end of the keys or the causal boundary (seen from this CTA's
+    // first row, which sees the fewest keys) is masked.
+    bool const need_mask =
+        jb + block_k > cs.sk || (mask.causal && jb + block_k - 1 > i0 + mask.offset);
+    float const ninf = empty_lse<float>();
+    float mx[2] = {ninf, ninf}, m_log2[2];
+#pragma unroll
+    for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[nt][e] * scale;
+        if (need_mask) {
+          std::int64_t const row = row0 + (e >= 2 ? 8 : 0);
+          std::int64_t const col = jb + nt * 8 + 2 * t + (e & 1);
+          if (col >= cs.sk || !mask.visible(row, col)) x = ninf;
+        }
+        s[nt][e] = x;
+        mx[e / 2] = x > mx[e / 2] ? x : mx[e / 2];
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+      float const alpha = st[r].rescale(mx[r]);
+      m_log2[r] = st[r].m * log2e;
+#pragma unroll
+      for (int nt = 0; nt < NT_O; ++nt) {
+        oacc[nt][2 * r] *= alpha;
+        oacc[nt][2 * r + 1] *= alpha;
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float const p = weight(s[nt][e], m_log2[e / 2]);  // st.weight's semantics
+        st[e / 2].l += p;
+        s[nt][e] = p;
+      }
+
+#pragma unroll
+    for (int kk = 0; kk < block_k / 16; ++kk) {
+      std::uint32_t const a[4] = {mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]),
+                                  mma::pack2<BF>(s[2 * kk][2], s[2 * kk][3]),
+                                  mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int nn = 0; nn < D / 16; ++nn) {
+        std::uint32_t r[4];
+        mma::ldmatrix_x4_trans(
+            r, mma::smem_addr(cv + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * P + nn * 16 +
+                              (lane / 16) * 8));
+        mma::mma16816<BF>(oacc[2 * nn], a, r[0], r[1]);
+        mma::mma16816<BF>(oacc[2 * nn + 1], a, r[2], r[3]);
+      }
+    }
+    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+  }
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 1);
+    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 2);
+    std::int64_t const row = row0 + r * 8;
+    if (row >= cs.sq) continue;
+    float const inv = st[r].inv_sum();
+    O* const orow = o.data + cs.b * o.sb + (cs.q0 + row) * o.ss + h * o.sh;
+#pragma unroll
+    for (int nt = 0; nt < NT_O; ++nt) {
+      orow[nt * 8 + 2 * t] = to_out<O>(oacc[nt][2 * r] * inv);
+      orow[nt * 8 + 2 * t + 1] = to_out<O>(oacc[nt][2 * r + 1] * inv);
+    }
+    if (t == 0) lse.data[cs.b * lse.sb + h * lse.sh + (cs.q0 + row) * lse.ss] = st[r].lse();
+  }
+}
+
+//! D[b, h, s] = sum_c dout[b, s, h, c] · o[b, s, h, c] in f32, one warp per row; `dsum` is
+//! [B, Hq, Sq] contiguous.
+template <class T, class O>
+__global__ void __launch_bounds__(128)
+    dsum_kernel(bshd<T const> dout, bshd<O const> o, float* __restrict__ dsum) {
+  std::int64_t const row = std::int64_t(blockIdx.x) * 4 + threadIdx.x / 32;
+  int const lane = static_cast<int>(threadIdx.x) % 32;
+  std::int64_t const rows = dout.b * dout.s * dout.h;
+  if (row >= rows) return;
+  std::int64_t const h = row % dout.h, s = (row / dout.h) % dout.s, b = row / (dout.h * dout.s);
+  T const* const g = dout.data + b * dout.sb + s * dout.ss + h * dout.sh;
+  O const* const x = o.data + b * o.sb + s * o.ss + h * o.sh;
+  float acc = 0.0f;
+  for (std::int64_t c = lane; c < dout.d; c += 32)
+    acc += static_cast<float>(g[c]) * static_cast<float>(x[c]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) dsum[(b * dout.h + h) * dout.s + s] = acc;
+}
+
+//! The backward kernel (see the file comment). Adds into dq (atomically), dk and dv (each CTA
+//! owns its key rows of one KV head).
+template <class T, int D>
+__global__ void __launch_bounds__(threads)
+    backward_kernel(bshd<T const> q, bshd<T const> k, bshd<T const> v, bhs<float const> lse,
+                    float const* __restrict__ dsum, bshd<T const> dout, bshd<float> dq,
+                    bshd<float> dk, bshd<float> dv, mask_rule mask_in, float scale,
+                    seq_layout lay) {
+  constexpr int P = pitch<D>;
+  constexpr int PS = block_q + 8;  // pitch of the dSᵀ tile
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = block_q / 8;  // n8 tiles of Sᵀ (queries) per warp
+  constexpr int NT_D = D / 8;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* const s_k = reinterpret_cast<T*>(smem_raw);
+  T* const s_v = s_k + block_k * P;
+  T* const s_q = s_v + block_k * P;
+  T* const s_g = s_q + block_q * P;
+  T* const s_ds = s_g + block_q * P;  // [block_k][PS]: dSᵀ, keys x queries
+  float* const s_lse = reinterpret_cast<float*>(s_ds + block_k * PS);
+  float* const s_d = s_lse + block_q;
+
+  cta_seq const cs = locate(lay, q.s, k.s, mask_in);
+  mask_rule const mask = cs.mask;
+  std::int64_t const j0 = std::int64_t(blockIdx.x) * block_k;
+  if (j0 >= cs.sk) return;
+  int const hk = static_cast<int>(blockIdx.y);
+  int const group = static_cast<int>(q.h / k.h);
+  int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int const g = lane / 4, t = lane % 4;
+  std::int64_t const key0 = j0 + warp * 16 + g;  // this thread's key rows: key0, key0 + 8
+
+  mma::load_tile_async<block_k, D, P, threads>(
+      s_k, k.data + cs.b * k.sb + (cs.k0 + j0) * k.ss + hk * k.sh, k.ss, cs.sk - j0, k.data);
+  mma::load_tile_async<block_k, D, P, threads>(
+      s_v, v.data + cs.b * v.sb + (cs.k0 + j0) * v.ss + hk * v.sh, v.ss, cs.sk - j0, v.data);
+  mma::cp_async_commit();
+
+  float dk_acc[NT_D][4], dv_acc[NT_D][4];
+#pragma unroll
+  for (int i = 0; i < NT_D; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
+
+  // The first query row that sees key j0: j0 <= i + offset.
+  std::int64_t i_first = 0;
+  if (mask.causal) i_first = j0 - mask.offset > 0 ? j0 - mask.offset : 0;
+  std::int64_t const it0 = (i_first / block_q) * block_q;
+  float const ninf = empty_lse<float>();
+
+  for (int hg = 0; hg < group; ++hg) {
+    int const h = hk * group + hg;
+    for (std::int64_t i0 = it0; i0 < cs.sq; i0 += block_q) {
+      std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
+      __syncthreads();  // the previous tile's readers of s_q, s_g, s_ds, s_lse, s_d are done
+      mma::load_tile_async<block_q, D, P, threads>(
+          s_q, q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh, q.ss, rows, q.data);
+      mma::load_tile_async<block_q, D, P, threads>(
+          s_g, dout.data + cs.b * dout.sb + (cs.q0 + i0) * dout.ss + h * dout.sh, dout.ss, rows,
+          dout.data);
+      mma::cp_async_commit();
+      if (threadIdx.x < block_q) {
+        int const r = static_cast<int>(threadIdx.x);
+        bool const ok = r < rows;
+        std::int64_t const qi = cs.q0 + i0 + r;
+        s_lse[r] = ok ? lse.data[cs.b * lse.sb + h * lse.sh + qi * lse.ss] * log2e : ninf;
+        s_d[r] = ok ? dsum[(cs.b * q.h + h) * q.s + qi] : 0.0f;
+      }
+      mma::cp_async_wait<0>();
+      __syncthreads();
+
+      // Sᵀ = K_w Qᵀ (this warp's 16 keys x 64 queries), and dPᵀ = V_w dOᵀ.
+      float sacc[NT_S][4], pacc[NT_S][4];
+#pragma unroll
+      for (int i = 0; i < NT_S; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[i][e] = pacc[i][e] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        std::uint32_t ak[4], av[4];
+        int const aoff = (warp * 16 + lane % 16) * P + kk * 16 + (lane / 16) * 8;
+        mma::ldmatrix_x4(ak, mma::smem_addr(s_k + aoff));
+        mma::ldmatrix_x4(av, mma::smem_addr(s_v + aoff));
+#pragma unroll
+        for (int nn = 0; nn < block_q / 16; ++nn) {
+          int const boff =
+              (nn * 16 + lane % 8 + (lane / 16) * 8) * P + kk * 16 + ((lane / 8) % 2) * 8;
+          std::uint32_t r[4];
+          mma::ldmatrix_x4(r, mma::smem_addr(s_q + boff));
+          mma::mma16816<BF>(sacc[2 * nn], ak, r[0], r[1]);
+          mma::mma16816<BF>(sacc[2 * nn + 1], ak, r[2], r[3]);
+          mma::ldmatrix_x4(r, mma::smem_addr(s_g + boff));
+          mma::mma16816<BF>(pacc[2 * nn], av, r[0], r[1]);
+          mma::mma16816<BF>(pacc[2 * nn + 1], av, r[2], r[3]);
+        }
+      }
+      // Pᵀ = exp(Sᵀ − L) (recompute_probability's rule: 0 for masked scores and empty rows), and
+      // dSᵀ = Pᵀ ∘ (dPᵀ − D).
+      bool const need_mask =
+          j0 + block_k > cs.sk || (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
+#pragma unroll
+      for (int nt = 0; nt < NT_S; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
+          std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
+          float x = sacc[nt][e] * scale;
+          if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
+          float const p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
+          sacc[nt][e] = p;
+          pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
+        }
+// dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end), B operands by transposed ldmatrix.
+#pragma unroll
+      for (int kk = 0; kk < block_q / 16; ++kk) {
+        std::uint32_t const ap[4] = {mma::pack2<BF>(sacc[2 * kk][0], sacc[2 * kk][1]),
+                                     mma::pack2<BF>(sacc[2 * kk][2], sacc[2 * kk][3]),
+                                     mma::pack2<BF>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]),
+                                     mma::pack2<BF>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3])};
+        std::uint32_t const ads[4] = {mma::pack2<BF>(pacc[2 * kk][0], pacc[2 * kk][1]),
+                                      mma::pack2<BF>(pacc[2 * kk][2], pacc[2 * kk][3]),
+                                      mma::pack2<BF>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]),
+                                      mma::pack2<BF>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3])};
+        // The packed dSᵀ also goes to shared memory for dQ (row key, column query).
+        auto* const ds_row0 = reinterpret_cast<std::uint32_t*>(s_ds + (warp * 16 + g) * PS);
+        auto* const ds_row8 = reinterpret_cast<std::uint32_t*>(s_ds + (warp * 16 + g + 8) * PS);
+        ds_row0[(kk * 16 + 2 * t) / 2] = ads[0];
+        ds_row8[(kk * 16 + 2 * t) / 2] = ads[1];
+        ds_row0[(kk * 16 + 8 + 2 * t) / 2] = ads[2];
+        ds_row8[(kk * 16 + 8 + 2 * t) / 2] = ads[3];
+#pragma unroll
+        for (int nn = 0; nn < D / 16; ++nn) {
+          int const boff =
+              (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * P + nn * 16 + (lane / 16) * 8;
+          std::uint32_t r[4];
+          mma::ldmatrix_x4_trans(r, mma::smem_addr(s_g + boff));
+          mma::mma16816<BF>(dv_acc[2 * nn], ap, r[0], r[1]);
+          mma::mma16816<BF>(dv_acc[2 * nn + 1], ap, r[2], r[3]);
+          mma::ldmatrix_x4_trans(r, mma::smem_addr(s_q + boff));
+          mma::mma16816<BF>(dk_acc[2 * nn], ads, r[0], r[1]);
+          mma::mma16816<BF>(dk_acc[2 * nn + 1], ads, r[2], r[3]);
+        }
+      }
+      __syncthreads();  // dSᵀ complete
+
+      // dQ (this warp's 16 queries x D) = dS K over the tile's 64 keys; A = dS from dSᵀ by
+      // transposed ldmatrix, B = K by transposed ldmatrix.
+      float qacc[NT_D][4];
+#pragma unroll
+      for (int i = 0; i < NT_D; ++i) qacc[i][0] = qacc[i][1] = qacc[i][2] = qacc[i][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < block_k / 16; ++kk) {
+        std::uint32_t a[4];
+        mma::ldmatrix_x4_trans(
+            a, mma::smem_addr(s_ds + (kk * 16 + lane % 8 + (lane / 16) * 8) * PS + warp * 16 +
+                              ((lane / 8) % 2) * 8));
+#pragma unroll
+        for (int nn = 0; nn < D / 16; ++nn) {
+          std::uint32_t r[4];
+          mma::ldmatrix_x4_trans(
+              r, mma::smem_addr(s_k + (kk * 16 + lane % 8 + ((lane / 8) % 2) * 8) * P + nn * 16 +
+                                (lane / 16) * 8));
+          mma::mma16816<BF>(qacc[2 * nn], a, r[0], r[1]);
+          mma::mma16816<BF>(qacc[2 * nn + 1], a, r[2], r[3]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        std::int64_t const qr = warp * 16 + g + r * 8;
+        if (qr >= rows) continue;
+        float* const dst = dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh;
+#pragma unroll
+        for (int nt = 0; nt < NT_D; ++nt) {
+          atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
+          atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
+        }
+      }
+    }
+  }
+  mma::cp_async_wait<0>();  // nothing left in flight when no query tile ran
+
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    std::int64_t const key = key0 + r * 8;
+    if (key >= cs.sk) continue;
+    float* const kr = dk.data + cs.b * dk.sb + (cs.k0 + key) * dk.ss + hk * dk.sh;
+    float* const vr = dv.data + cs.b * dv.sb + (cs.k0 + key) * dv.ss + hk * dv.sh;
+#pragma unroll
+    for (int nt = 0; nt < NT_D; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        kr[nt * 8 + 2 * t + e] += dk_acc[nt][2 * r + e] * scale;
+        vr[nt * 8 + 2 * t + e] += dv_acc[nt][2 * r + e];
+      }
+  }
+}
+
+//! dst <- src (a contiguous float [B, S, H, D] scratch), converted to dst's element type.
+template <class X>
+__global__ void __launch_bounds__(256)
+    store_rows_kernel(float const* __restrict__ src, bshd<X> dst) {
+  std::int64_t const n = dst.b * dst.s * dst.h * dst.d;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    std::int64_t const c = i % dst.d, h = (i / dst.d) % dst.h, s = (i / (dst.d * dst.h)) % dst.s,
+                       b = i / (dst.d * dst.h * dst.s);
+    dst.data[b * dst.sb + s * dst.ss + h * dst.sh + c] = to_out<std::remove_const_t<X>>(src[i]);
+  }
+}
+
+// ---- host-side checks and launches
+// ---------------------------------------------------------------
+
+template <class X>
+void check_operand(bshd<X> const& x, char const* name) {
+  WEFT_EXPECTS(reinterpret_cast<std::uintptr_t>(x.data) % 16 == 0, name,
+               "a 16-byte aligned data pointer (the kernels copy rows by 16-byte cp.async)",
+               reinterpret_cast<std::uintptr_t>(x.data) % 16);
+  WEFT_EXPECTS(x.sb % 8 == 0 && x.ss % 8 == 0 && x.sh % 8 == 0, name,
+               "batch, seq and head strides that are multiples of 8 elements (16 bytes)",
+               ::weft::detail::concat("strides ", x.sb, ", ", x.ss, ", ", x.sh));
+}
+
+template <class T>
+void check_kernel_args(bshd<T const> const& q, bshd<T const> const& k, bshd<T const> const& v) {
+  static_assert(mma::is_16bit<T>,
+                "weft: the CUDA flash kernels take weft::bf16 or weft::f16 inputs");
+  ::weft::attention::detail::check_qkv(q, k, v);
+  WEFT_EXPECTS(q.d == 64 || q.d == 128, "q",
+               "a head dimension d of 64 or 128 (the CUDA flash kernels' tile sizes)",
+               ::weft::detail::concat("d = ", q.d));
+  check_operand(q, "q");
+  check_operand(k, "k");
+  check_operand(v, "v");
+  WEFT_EXPECTS(q.h <= 65535 && k.h <= 65535, "q", "at most 65535 heads", q.h);
+}
+
+inline void check_scale(float scale) {
+  WEFT_EXPECTS(scale > 0.0f && std::isfinite(scale), "scale",
+               "a finite positive softmax scale (resolve_scale(0, d) gives 1/sqrt(d))", scale);
+}
+
+template <class K, class... A>
+void launch(K kernel, dim3 grid, int block, std::size_t smem, cudaStream_t stream,
+            A const&... args) {
+  WEFT_CUDA_TRY(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(smem)));
+  kernel<<<grid, block, smem, stream>>>(args...);
+  WEFT_CUDA_TRY(cudaGetLastError());
+}
+
+template <class T, class O>
+void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<T const> v,
+                    bshd<O> o, bhs<float> lse, mask_rule mask, float scale, seq_layout lay,
+                    std::int64_t z, std::int64_t max_sq) {
+  if (z == 0 || max_sq == 0) return;
+  WEFT_EXPECTS(z <= 65535, lay.cu_q ? "cu_seqlens_q" : "q",
+               lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
+  dim3 const grid(static_cast<unsigned>((max_sq + fwd_block_q - 1) / fwd_block_q),
+                  static_cast<unsigned>(q.h), static_cast<unsigned>(z));
+  if (q.d == 64)
+    launch(forward_kernel<T, O, 64>, grid, fwd_threads, forward_smem<64>, stream, q, k, v, o, lse,
+           mask, scale, lay);
+  else
+    launch(forward_kernel<T, O, 128>, grid, fwd_threads, forward_smem<128>, stream, q, k, v, o, lse,
+           mask, scale, lay);
+}
+
+template <class T, class O>
+void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<T const> v,
+                     bshd<O const> o, bhs<float const> lse, bshd<T const> dout, bshd<float> dq,
+                     bshd<float> dk, bshd<float> dv, mask_rule mask, float scale, seq_layout lay,
+                     std::int64_t z, std::int64_t max_sk) {
+  if (z == 0 || max_sk == 0 || q.s == 0) return;
+  WEFT_EXPECTS(z <= 65535, lay.cu_q ? "cu_seqlens_q" : "q",
+               lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
+  std::int64_t const rows = q.b * q.s * q.h;
+  float* dsum = nullptr;
+  WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&dsum),
+                                static_cast<std::size_t>(rows) * sizeof(float), stream));
+  dsum_kernel<T, O><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(dout, o, dsum);
+  WEFT_CUDA_TRY(cudaGetLastError());
+  dim3 const grid(static_cast<unsigned>((max_sk + block_k - 1) / block_k),
+                  static_cast<unsigned>(k.h), static_cast<unsigned>(z));
+  if (q.d == 64)
+    launch(backward_kernel<T, 64>, grid, threads, backward_smem<64>, stream, q, k, v, lse,
+           static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+  else
+    launch(backward_kernel<T, 128>, grid, threads, backward_smem<128>, stream, q, k, v, lse,
+           static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+  WEFT_CUDA_TRY(cudaFreeAsync(dsum, stream));
+}
+
+}  // namespace flash_detail
+
+}  // namespace weft::attention::kernels
