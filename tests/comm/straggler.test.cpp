@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -53,6 +54,7 @@ wc::straggler_options noisy_options() {
 struct named_rank {
   wc::straggler_report rep;
   clock_type::time_point at;
+  std::thread::id by;  // the thread that called the hook
 };
 
 // Collects the hook's reports (from any thread).
@@ -62,7 +64,7 @@ struct recorder {
   wc::straggler_hook hook() {
     return [this](wc::straggler_report const& r) {
       std::lock_guard<std::mutex> lock(m);
-      seen.push_back({r, clock_type::now()});
+      seen.push_back({r, clock_type::now(), std::this_thread::get_id()});
     };
   }
   std::vector<named_rank> get() {
@@ -111,22 +113,27 @@ struct slow_run {
 
 // Back-to-back 8-byte all_reduces with no work between them: the noisiest case for arrival order
 // (8 threads on a few cores), and no rank is slower than the others.
+// With `offload`, a straggler_watchdog evaluates (shared clock only).
 void normal_collectives(int n, std::uint64_t count, wc::straggler_options const& o,
-                        wc::stamp_exchange x) {
+                        wc::stamp_exchange x, bool offload = false) {
   recorder rec;
   std::vector<std::shared_ptr<wc::straggler_monitor>> mons;
   for (int r = 0; r < (x == wc::stamp_exchange::shared_clock ? 1 : n); ++r) {
     mons.push_back(std::make_shared<wc::straggler_monitor>(n, o, x));
     mons.back()->set_hook(rec.hook());
   }
-  wt::run(n, [&](wt::communicator& c) {
-    auto const r = static_cast<std::size_t>(c.rank());
-    monitored m(std::move(c), mons[x == wc::stamp_exchange::shared_clock ? 0 : r]);
-    float in[2] = {1.0f, 1.0f};
-    float out[2] = {};
-    for (std::uint64_t k = 0; k < count; ++k)
-      m.all_reduce(wc::host_view(std::span<float>(in)), wc::host_view(std::span<float>(out)));
-  });
+  {
+    std::optional<wc::straggler_watchdog> dog;
+    if (offload) dog.emplace(mons[0]);
+    wt::run(n, [&](wt::communicator& c) {
+      auto const r = static_cast<std::size_t>(c.rank());
+      monitored m(std::move(c), mons[x == wc::stamp_exchange::shared_clock ? 0 : r]);
+      float in[2] = {1.0f, 1.0f};
+      float out[2] = {};
+      for (std::uint64_t k = 0; k < count; ++k)
+        m.all_reduce(wc::host_view(std::span<float>(in)), wc::host_view(std::span<float>(out)));
+    });
+  }  // the watchdog evaluates what is left as it stops
   auto const seen = rec.get();
   for (auto const& s : seen)
     MESSAGE("false alarm: rank " << s.rep.rank << " " << wc::to_string(s.rep.kind)
@@ -204,6 +211,43 @@ TEST_CASE("straggler: the detector names a rank lagging 20 % of a step within 20
   auto sorted = row;
   std::sort(sorted.begin(), sorted.end());
   CHECK(h.back() == doctest::Approx(row[5] - 0.5 * (sorted[3] + sorted[4])));
+}
+
+TEST_CASE("straggler: each lag is the arrival minus the row's median, for any number of ranks") {
+  // 1, 2 and 3 ranks take closed forms, up to 16 an insertion sort, more nth_element: all must
+  // give the sorted row's median (the mean of the middle two for an even count). Arrivals spread
+  // over less than the bar, so no lag is set aside as the machine's (see observe()).
+  std::uint64_t x = 0x9e3779b97f4a7c15ull;
+  auto next = [&] {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return double(x % 100003) * 1e-9;
+  };
+  for (int n : {1, 2, 3, 4, 5, 16, 17, 33}) {
+    CAPTURE(n);
+    wc::straggler_detector det(n, timed_options());
+    std::vector<std::vector<double>> rows;
+    for (int k = 0; k < 40; ++k) {
+      std::vector<double> row(static_cast<std::size_t>(n));
+      for (auto& a : row) a = double(k) * 1e-3 + next();
+      if (k % 7 == 3 && n > 1) row[1] = row[0];  // ties
+      det.observe(
+          row, [](auto const&) {}, [](int) {});
+      rows.push_back(row);
+    }
+    for (int r = 0; r < n; ++r) {
+      auto const h = det.lag_history(r);
+      REQUIRE(h.size() == rows.size());
+      for (std::size_t k = 0; k < rows.size(); ++k) {
+        auto sorted = rows[k];
+        std::sort(sorted.begin(), sorted.end());
+        auto const m = sorted.size() / 2;
+        double const med = sorted.size() % 2 ? sorted[m] : 0.5 * (sorted[m - 1] + sorted[m]);
+        CHECK(h[k] == doctest::Approx(rows[k][std::size_t(r)] - med).epsilon(1e-12));
+      }
+    }
+  }
 }
 
 TEST_CASE("straggler: a lag under the absolute floor is never an alarm") {
@@ -291,6 +335,65 @@ TEST_SUITE("threads") {
     CHECK(now[0].rank == run.slow_rank);
   }
 
+  TEST_CASE("straggler: evaluated by the watchdog, off the ranks' path, the slow rank is named") {
+    auto mon = std::make_shared<wc::straggler_monitor>(8, run_options());
+    recorder rec;
+    mon->set_hook(rec.hook());
+    slow_run run;
+    std::thread::id rank0;
+    {
+      wc::straggler_watchdog dog(mon);  // 10 ms, evaluating
+      CHECK(mon->offloaded());
+      wt::run(8, [&](wt::communicator& c) {
+        monitored m(std::move(c), mon);
+        if (m.rank() == 0) rank0 = std::this_thread::get_id();
+        run.rank_body(m);
+      });
+    }
+    CHECK(!mon->offloaded());
+    CHECK(mon->collectives() == run.total);
+    auto const seen = rec.get();
+    REQUIRE(seen.size() == 1);
+    auto const& first = seen.front();
+    CHECK(first.rep.rank == run.slow_rank);
+    CHECK(first.rep.collective >= run.slow_from);
+    CHECK(first.rep.collective - run.slow_from <= 20);
+    CHECK(first.by != rank0);  // named from the watchdog's thread
+    double const latency_s = std::chrono::duration<double>(first.at - run.t0).count() -
+                             double(run.slow_start_ns.load()) * 1e-9;
+    MESSAGE("named after " << first.rep.collective - run.slow_from << " collectives, "
+                           << latency_s * 1e3 << " ms (watchdog)");
+    CHECK(latency_s < 1.0);
+  }
+
+  TEST_CASE("straggler: a watchdog that falls behind hands the evaluation back to rank 0") {
+    // A 10 s period: after its first poll the watchdog sleeps through the run, so rank 0 must
+    // evaluate each time ring / 2 collectives are pending, and no stamp is lost.
+    int const n = 2;
+    std::uint64_t const count = 2 * wc::straggler_monitor::ring + 100;
+    auto mon = std::make_shared<wc::straggler_monitor>(n, noisy_options());
+    std::uint64_t seen_by_rank0 = 0;
+    {
+      wc::straggler_watchdog dog(mon, std::chrono::milliseconds(10000));
+      wt::run(n, [&](wt::communicator& c) {
+        monitored m(std::move(c), mon);
+        float in[2] = {1.0f, 1.0f};
+        float out[2] = {};
+        for (std::uint64_t k = 0; k < count; ++k)
+          m.all_reduce(wc::host_view(std::span<float>(in)), wc::host_view(std::span<float>(out)));
+        if (m.rank() == 0) seen_by_rank0 = mon->collectives();
+      });
+      CHECK(mon->pending() <= count - seen_by_rank0);
+      CHECK(mon->pending() > 0);
+    }
+    // Evaluated each time 2048 collectives were pending, so at least twice.
+    CHECK(seen_by_rank0 >= 2 * (wc::straggler_monitor::ring / 2));
+    CHECK(seen_by_rank0 < count);
+    CHECK(mon->collectives() == count);  // the rest when the watchdog stopped
+    auto h = mon->lag_history(1);
+    CHECK(h.size() == 256);
+  }
+
   TEST_CASE("straggler: exchanged stamps (the MPI scheme) name the slow rank on every rank") {
     // One monitor per rank, waits all_gathered every 8 collectives: what MPI processes do, run
     // here over threads. Every rank must reach the same verdict.
@@ -369,6 +472,7 @@ TEST_SUITE("threads") {
 
   TEST_CASE("straggler: 5000 normal back-to-back collectives on 8 ranks raise no alarm") {
     normal_collectives(8, 5000, noisy_options(), wc::stamp_exchange::shared_clock);
+    normal_collectives(8, 5000, noisy_options(), wc::stamp_exchange::shared_clock, true);
     normal_collectives(8, 5000, noisy_options(), wc::stamp_exchange::all_gather);
   }
 }  // TEST_SUITE("threads")
@@ -376,6 +480,7 @@ TEST_SUITE("threads") {
 TEST_SUITE("slow") {
   TEST_CASE("straggler: 100,000 normal back-to-back collectives on 8 ranks raise no alarm") {
     normal_collectives(8, 100000, noisy_options(), wc::stamp_exchange::shared_clock);
+    normal_collectives(8, 100000, noisy_options(), wc::stamp_exchange::shared_clock, true);
     normal_collectives(8, 100000, noisy_options(), wc::stamp_exchange::all_gather);
   }
 }  // TEST_SUITE("slow")

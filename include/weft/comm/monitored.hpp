@@ -6,6 +6,7 @@
 #pragma once
 
 #include <weft/comm/concepts.hpp>
+#include <weft/comm/detail/ticks.hpp>
 #include <weft/comm/straggler.hpp>
 #include <weft/comm/work.hpp>
 #include <weft/core/error.hpp>
@@ -46,18 +47,25 @@ using straggler_hook = std::function<void(straggler_report const&)>;
 
 //! The state behind monitored<C>: arrival stamps per rank, the detector, the current suspects.
 //! Thread-safe: ranks, a watchdog and user threads may call it concurrently. The hook is called
-//! with a report each time a rank is named (slow: by the thread of the rank that evaluated the
-//! collective, rank 0 with a shared clock, every rank with all_gather; silent: by the thread
-//! calling poll()), one call at a time, never under the monitor's lock (it may call suspects()).
+//! with a report each time a rank is named (slow: by the thread that evaluated the collective:
+//! rank 0 with a shared clock, or the watchdog when it evaluates (set_offload), every rank with
+//! all_gather; silent: by the thread calling poll()), one call at a time, never under the
+//! monitor's lock (it may call suspects()).
 class straggler_monitor {
  public:
   using clock = std::chrono::steady_clock;
 
   straggler_monitor(int ranks, straggler_options const& o = {},
                     stamp_exchange x = stamp_exchange::shared_clock)
-      : n_(ranks), o_(o), x_(x), det_(ranks, o), epoch_(clock::now()) {
-    slots_.reset(new slot[static_cast<std::size_t>(ranks)]);
-    row_.resize(static_cast<std::size_t>(ranks) * batch);
+      : n_(ranks), o_(o), x_(x), det_(ranks, o) {
+    auto const n = static_cast<std::size_t>(ranks);
+    slots_.reset(new slot[n]);
+    if (x == stamp_exchange::shared_clock) {
+      stamps_.reset(new stamp_line[n * ring / per_line]);
+      ticks_ = detail::tick_clock::get();
+      epoch_ = ticks_.now();
+    }
+    row_.resize(n);
   }
   straggler_monitor(straggler_monitor const&) = delete;
   straggler_monitor& operator=(straggler_monitor const&) = delete;
@@ -78,11 +86,47 @@ class straggler_monitor {
     v.insert(v.end(), silent_.begin(), silent_.end());
     return v;
   }
-  //! Collectives evaluated so far (shared_clock: in batches of 8; all_gather: at each exchange).
+  //! Collectives evaluated so far (shared_clock: in batches of 8 by rank 0, or by whoever calls
+  //! poll() or evaluate() when offloaded; all_gather: at each exchange).
   [[nodiscard]] std::uint64_t collectives() const {
     std::lock_guard<std::mutex> lock(mu_);
     return det_.rows();
   }
+
+  //! shared_clock: whether the evaluation is offloaded. Off (the default), rank 0 evaluates each
+  //! batch of 8 collectives as it completes, on the collectives' critical path. On, the ranks only
+  //! stamp their arrivals and poll() (a straggler_watchdog's thread) evaluates what has completed;
+  //! rank 0 evaluates only when `ring / 2` collectives are pending, so no stamp is ever lost.
+  //! Turning it off evaluates what is pending. Ignored with all_gather.
+  void set_offload(bool on) {
+    offload_.store(on && x_ == stamp_exchange::shared_clock, std::memory_order_release);
+    if (!on) evaluate();
+  }
+  [[nodiscard]] bool offloaded() const noexcept { return offload_.load(std::memory_order_acquire); }
+
+  //! shared_clock: evaluates every collective that all ranks have entered and the detector has
+  //! not seen yet (what poll() does when offloaded); returns how many. 0 with all_gather.
+  std::uint64_t evaluate() {
+    if (x_ != stamp_exchange::shared_clock) return 0;
+    std::vector<straggler_report> fresh;
+    std::uint64_t done = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done = evaluate_locked(fresh);
+    }
+    fire(fresh);
+    return done;
+  }
+
+  //! shared_clock: collectives that every rank has entered and the detector has not evaluated.
+  [[nodiscard]] std::uint64_t pending() const noexcept {
+    if (x_ != stamp_exchange::shared_clock) return 0;
+    return entered_by_all() - evaluated_.load(std::memory_order_acquire);
+  }
+
+  //! Arrival stamps kept per rank (shared_clock): offloaded evaluation may fall this many
+  //! collectives behind before rank 0 evaluates on its own path (at half of it).
+  static constexpr std::uint64_t ring = 4096;
   //! Rank r's last lags in seconds (arrival - median arrival), oldest first.
   [[nodiscard]] std::vector<double> lag_history(int r) const {
     WEFT_EXPECTS(r >= 0 && r < n_, "r", weft::detail::concat("a rank in [0, ", n_, ")"), r);
@@ -94,8 +138,11 @@ class straggler_monitor {
   //! entered more than silent_fraction of that peer's deadline ago; returns how many are silent.
   //! shared_clock only (a process cannot see its peers' arrivals while they are blocked): with
   //! all_gather it returns 0. Call it from a thread that does not take part (straggler_watchdog).
-  std::size_t poll(clock::time_point now = clock::now()) {
+  //! When the evaluation is offloaded (set_offload), it first evaluates what has completed.
+  std::size_t poll() {
     if (x_ != stamp_exchange::shared_clock || stopped_.load(std::memory_order_acquire)) return 0;
+    if (offload_.load(std::memory_order_acquire)) evaluate();
+    std::int64_t const now = ticks_.now();
     std::vector<std::uint64_t> seen(static_cast<std::size_t>(n_));
     std::uint64_t top = 0;
     for (int s = 0; s < n_; ++s) {
@@ -115,10 +162,10 @@ class straggler_monitor {
       for (int s = 0; s < n_; ++s) {
         if (seen[static_cast<std::size_t>(s)] != top) continue;
         auto const& sl = slot_of(s);
-        auto const t = sl.stamp[(top - 1) % ring].load(std::memory_order_relaxed);
+        auto const t = stamp(s, top - 1).load(std::memory_order_relaxed);
         auto const d = sl.timeout_ns.load(std::memory_order_relaxed);
         if (sl.seq.load(std::memory_order_acquire) != top || d <= 0) continue;  // moved on
-        double const w = double(ns(now - epoch_) - t) * 1e-9;
+        double const w = double(now - t) * ticks_.seconds_per_tick;
         if (w > waited) {
           waited = w;
           limit = o_.silent_fraction * double(d) * 1e-9;
@@ -151,34 +198,30 @@ class straggler_monitor {
 
   // ---- what monitored<C> calls ------------------------------------------------------------
 
-  //! shared_clock: rank r enters its collective k at t, with deadline `timeout` (0: none known).
-  void arrive(int r, std::uint64_t k, clock::time_point t, std::chrono::nanoseconds timeout) {
+  //! shared_clock: rank r enters its collective k now, with deadline `timeout` (0: none known).
+  void arrive(int r, std::uint64_t k, std::chrono::nanoseconds timeout) {
     auto& sl = slot_of(r);
-    sl.stamp[k % ring].store(ns(t - epoch_), std::memory_order_relaxed);
-    sl.timeout_ns.store(timeout.count(), std::memory_order_relaxed);
+    stamp(r, k).store(ticks_.now(), std::memory_order_relaxed);
+    if (sl.timeout_ns.load(std::memory_order_relaxed) != timeout.count())
+      sl.timeout_ns.store(timeout.count(), std::memory_order_relaxed);
     sl.seq.store(k + 1, std::memory_order_release);
   }
 
   //! shared_clock: collective k has completed on the calling rank, so every rank's stamp for k is
   //! posted (a collective completes on no rank before all have entered it). Evaluates the last
   //! `batch` collectives once k closes a batch: reading the peers' stamps moves their cache lines,
-  //! which costs more than the evaluation itself, so it is done once per batch.
+  //! which costs more than the evaluation itself, so it is done once per batch. Offloaded, it
+  //! evaluates only when ring / 2 collectives are pending (the poller has fallen behind).
   void completed(std::uint64_t k) {
+    if (offload_.load(std::memory_order_relaxed)) {
+      if (k + 1 - evaluated_.load(std::memory_order_relaxed) >= ring / 2) evaluate();
+      return;
+    }
     if ((k + 1) % batch != 0) return;
     std::vector<straggler_report> fresh;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      std::uint64_t const first = k + 1 - batch;
-      if (det_.rows() != first) return;  // out of step (a fault, or a rank outside a collective)
-      for (int s = 0; s < n_; ++s)
-        if (slot_of(s).seq.load(std::memory_order_acquire) <= k) return;
-      auto const n = static_cast<std::size_t>(n_);
-      for (std::uint64_t j = first; j <= k; ++j)
-        for (std::size_t s = 0; s < n; ++s)
-          row_[(j - first) * n + s] =
-              double(slots_[s].stamp[j % ring].load(std::memory_order_relaxed)) * 1e-9;
-      for (std::size_t j = 0; j < batch; ++j)
-        observe_locked(std::span<double const>(row_).subspan(j * n, n), fresh);
+      evaluate_locked(fresh, k + 1);
     }
     fire(fresh);
   }
@@ -191,6 +234,7 @@ class straggler_monitor {
       auto const n = static_cast<std::size_t>(n_);
       for (std::size_t i = 0; i + n <= rows.size(); i += n)
         observe_locked(rows.subspan(i, n), fresh);
+      evaluated_.store(det_.rows(), std::memory_order_release);
     }
     fire(fresh);
   }
@@ -203,18 +247,49 @@ class straggler_monitor {
   // shared_clock: collectives evaluated together by rank 0, and the stamps kept per rank (a batch,
   // plus the next collective, which a peer may already have entered).
   static constexpr std::uint64_t batch = 8;
-  static constexpr std::uint64_t ring = 16;
-  static_assert(ring >= batch + 1);
+  static constexpr std::uint64_t per_line = 8;  // stamps per 64-byte line
+  static_assert(ring >= 2 * batch && ring % per_line == 0);
 
   struct alignas(64) slot {
-    std::atomic<std::int64_t> stamp[ring] = {};  // entry times, ns since epoch_
-    std::atomic<std::uint64_t> seq{0};           // 1 + the last collective this rank entered
+    std::atomic<std::uint64_t> seq{0};  // 1 + the last collective this rank entered
     std::atomic<std::int64_t> timeout_ns{0};
   };
-  static std::int64_t ns(clock::duration d) noexcept {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
-  }
+  // A rank's entry times (ticks_ readings) for its last `ring` collectives, in lines of its own: a
+  // rank writes its stamps in order, so a reader takes a line only after the rank has left it.
+  struct alignas(64) stamp_line {
+    std::atomic<std::int64_t> t[per_line] = {};
+  };
   slot& slot_of(int r) const noexcept { return slots_[static_cast<std::size_t>(r)]; }
+  std::atomic<std::int64_t>& stamp(int r, std::uint64_t k) const noexcept {
+    std::uint64_t const i = static_cast<std::uint64_t>(r) * ring + k % ring;
+    return stamps_[i / per_line].t[i % per_line];
+  }
+  // Collectives every rank has entered (so every stamp of them is posted).
+  [[nodiscard]] std::uint64_t entered_by_all() const noexcept {
+    std::uint64_t m = slot_of(0).seq.load(std::memory_order_acquire);
+    for (int s = 1; s < n_; ++s) m = std::min(m, slot_of(s).seq.load(std::memory_order_acquire));
+    return m;
+  }
+
+  // Evaluates collectives [det_.rows(), min(entered_by_all(), limit)): a rank can be at most two
+  // collectives ahead of rank 0, which evaluates before it falls ring / 2 behind, so these stamps
+  // are intact.
+  std::uint64_t evaluate_locked(std::vector<straggler_report>& fresh,
+                                std::uint64_t limit = ~std::uint64_t{0}) {
+    if (stopped_.load(std::memory_order_acquire)) return 0;
+    std::uint64_t const first = det_.rows();
+    std::uint64_t const end = std::min(entered_by_all(), limit);
+    if (end <= first) return 0;
+    auto const n = static_cast<std::size_t>(n_);
+    for (std::uint64_t j = first; j < end; ++j) {
+      for (std::size_t s = 0; s < n; ++s)
+        row_[s] = double(stamp(static_cast<int>(s), j).load(std::memory_order_relaxed) - epoch_) *
+                  ticks_.seconds_per_tick;
+      observe_locked(std::span<double const>(row_).first(n), fresh);
+    }
+    evaluated_.store(det_.rows(), std::memory_order_release);
+    return end - first;
+  }
 
   void observe_locked(std::span<double const> row, std::vector<straggler_report>& fresh) {
     if (stopped_.load(std::memory_order_acquire)) return;
@@ -238,7 +313,10 @@ class straggler_monitor {
   straggler_options o_;
   stamp_exchange x_;
   std::unique_ptr<slot[]> slots_;
-  mutable std::mutex mu_;  // guards det_, row_, slow_, silent_
+  std::unique_ptr<stamp_line[]> stamps_;  // shared_clock: [rank][ring]
+  std::atomic<bool> offload_{false};
+  std::atomic<std::uint64_t> evaluated_{0};  // det_.rows(), readable without the lock
+  mutable std::mutex mu_;                    // guards det_, row_, slow_, silent_
   straggler_detector det_;
   std::vector<double> row_;
   std::vector<straggler_report> slow_;
@@ -246,35 +324,66 @@ class straggler_monitor {
   std::mutex hook_mu_;
   straggler_hook hook_;
   std::atomic<bool> stopped_{false};
-  clock::time_point epoch_;
+  detail::tick_clock ticks_{};  // shared_clock: arrival stamps (the TSC where the kernel uses it)
+  std::int64_t epoch_ = 0;      // ticks_ at construction
 };
 
 //! An opt-in thread that calls monitor.poll() every `period`, so that a rank that stops answering
 //! is named (hook and suspects()) while its peers still wait, before their deadline raises. weft
 //! starts no thread of its own: the watchdog runs from construction to destruction (which joins).
+//!
+//! With `evaluate` (the default) it also takes the slow-rank evaluation off the ranks' path
+//! (monitor.set_offload(true)): the ranks only stamp their arrivals, and each poll evaluates the
+//! collectives completed since the last. While collectives come faster than it keeps up with, the
+//! watchdog halves its period (down to `period / 64`, at least 100 us), and lengthens it back
+//! once it has caught up; if it still falls ring / 2 collectives behind, rank 0 evaluates on its
+//! own path, so nothing is lost. Slow ranks are then named from the watchdog's thread, up to a
+//! period after the collective that decided it (report.collective is that collective).
+//! Destruction evaluates what is pending and gives the evaluation back to rank 0.
 class straggler_watchdog {
  public:
   explicit straggler_watchdog(std::shared_ptr<straggler_monitor> m,
-                              std::chrono::milliseconds period = std::chrono::milliseconds(10))
+                              std::chrono::milliseconds period = std::chrono::milliseconds(10),
+                              bool evaluate = true)
       : m_(std::move(m)) {
     WEFT_EXPECTS(m_ != nullptr, "monitor", "a monitor", "nullptr");
     WEFT_EXPECTS(period.count() > 0, "period", "> 0 ms", period.count());
+    evaluating_ = evaluate && m_->exchange() == stamp_exchange::shared_clock;
+    if (evaluating_) m_->set_offload(true);
     thread_ = std::jthread([this, period](std::stop_token st) {
+      using us = std::chrono::microseconds;
+      us const longest = std::chrono::duration_cast<us>(period);
+      us const shortest = std::max(us(100), longest / 64);
+      us wait = longest;
       std::mutex mu;
       std::condition_variable_any cv;
       std::unique_lock<std::mutex> lock(mu);
       while (!st.stop_requested()) {
+        if (evaluating_) {
+          // What piled up in one period, against the ring's room: between a sixteenth and a
+          // quarter of it, so that each wake-up has enough to do and rank 0 never has to.
+          std::uint64_t const behind = m_->evaluate();
+          if (behind > straggler_monitor::ring / 4)
+            wait = std::max(shortest, wait / 2);
+          else if (behind < straggler_monitor::ring / 16)
+            wait = std::min(longest, wait * 2);
+        }
         m_->poll();
-        cv.wait_for(lock, st, period, [] { return false; });
+        cv.wait_for(lock, st, wait, [] { return false; });
       }
     });
   }
   straggler_watchdog(straggler_watchdog const&) = delete;
   straggler_watchdog& operator=(straggler_watchdog const&) = delete;
-  ~straggler_watchdog() = default;  // jthread: requests stop, wakes the wait, joins
+  ~straggler_watchdog() {
+    thread_.request_stop();
+    thread_.join();
+    if (evaluating_) m_->set_offload(false);  // evaluates what is pending
+  }
 
  private:
   std::shared_ptr<straggler_monitor> m_;
+  bool evaluating_ = false;
   std::jthread thread_;
 };
 
@@ -287,9 +396,11 @@ class straggler_watchdog {
 //!
 //!   auto mon = std::make_shared<weft::comm::straggler_monitor>(n);   // threads: one for all ranks
 //!   weft::comm::monitored<threads::communicator> comm(std::move(rank_comm), mon);
+//! Aligned to a cache line: a rank's wrapper counts its collectives, and two ranks' wrappers side
+//! by side (a vector of them) would otherwise share that line.
 template <class C>
 requires CommunicatorIn<C, host_space>
-class monitored {
+class alignas(64) monitored {
  public:
   using communicator_concept = communicator_tag;
   using memory_space = communicator_space_t<C>;
@@ -389,9 +500,12 @@ class monitored {
   work watch(bool observed, op_options const& o, F&& f) {
     if (!m_ || !observed || c_.size() <= 1) return f();
     std::uint64_t const k = k_++;
-    auto const entered = clock::now();
     bool const shared = m_->exchange() == stamp_exchange::shared_clock;
-    if (shared) m_->arrive(c_.rank(), k, entered, deadline_of(o));
+    clock::time_point entered{};
+    if (shared)
+      m_->arrive(c_.rank(), k, deadline_of(o));
+    else
+      entered = clock::now();
     work w;
     try {
       w = f();
