@@ -341,7 +341,9 @@ std::map<int, double>& barrier_best() {
 // exchanged by all_gather every 8 collectives (the MPI scheme); 3 monitored, shared clock, with a
 // straggler_watchdog evaluating off the ranks' path (set_offload); 4 offloaded, evaluated between
 // the timed iterations (every 64 collectives): the ranks' own cost when the watchdog has a core of
-// its own, which the 2-core CI machine cannot give it while 2 ranks spin.
+// its own, which the 2-core CI machine cannot give it while 2 ranks spin; 5 plain, with rank 0
+// pausing 1.3 us between the timed iterations (what evaluating 64 rows of 2 ranks takes there):
+// the control of 4, which shows that the pause itself costs the timed calls nothing.
 template <bool Monitored, int Exchange = 1>
 void bm_threads_latency(benchmark::State& st) {
   int const n = static_cast<int>(st.range(0));
@@ -383,10 +385,16 @@ void bm_threads_latency(benchmark::State& st) {
     for (int k = 0; k < latency_batch; ++k) comm.all_reduce(in, out).wait();
   };
   t.each(step);
-  if (Exchange == 4)
+  if (Exchange == 5) {
+    t.run(st, step, latency_batch, [] {
+      auto const until = clock_type::now() + std::chrono::nanoseconds(1300);
+      while (clock_type::now() < until) {}
+    });
+  } else if (Exchange == 4) {
     t.run(st, step, latency_batch, [&] { offloaded->evaluate(); });
-  else
+  } else {
     t.run(st, step, latency_batch);
+  }
   st.counters["us_per_op"] = benchmark::Counter(
       1e-6, benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   if (auto it = barrier_best().find(n); it != barrier_best().end())
@@ -486,6 +494,13 @@ void reg() {
       ->Unit(benchmark::kMicrosecond);
   benchmark::RegisterBenchmark("threads/all_reduce_8B_monitored_offloaded",
                                bm_threads_latency<true, 4>)
+      ->Arg(2)
+      ->Arg(4)
+      ->ArgNames({"ranks"})
+      ->Iterations(3000)
+      ->UseManualTime()
+      ->Unit(benchmark::kMicrosecond);
+  benchmark::RegisterBenchmark("threads/all_reduce_8B_pause_between", bm_threads_latency<false, 5>)
       ->Arg(2)
       ->Arg(4)
       ->ArgNames({"ranks"})
