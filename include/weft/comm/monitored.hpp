@@ -74,6 +74,9 @@ class straggler_monitor {
   [[nodiscard]] straggler_options const& options() const noexcept { return o_; }
   [[nodiscard]] stamp_exchange exchange() const noexcept { return x_; }
 
+  //! The hook runs under the hook's own lock: it may call suspects(), collectives() and
+  //! lag_history(), but not evaluate(), poll() or set_offload(), nor destroy a watchdog (they
+  //! would wait for that lock).
   void set_hook(straggler_hook h) {
     std::lock_guard<std::mutex> lock(hook_mu_);
     hook_ = std::move(h);
@@ -121,7 +124,10 @@ class straggler_monitor {
   //! shared_clock: collectives that every rank has entered and the detector has not evaluated.
   [[nodiscard]] std::uint64_t pending() const noexcept {
     if (x_ != stamp_exchange::shared_clock) return 0;
-    return entered_by_all() - evaluated_.load(std::memory_order_acquire);
+    // evaluated_ first: both only grow, and evaluated_ never passes entered_by_all(), so a later
+    // read of the ranks' counts is at least it.
+    std::uint64_t const done = evaluated_.load(std::memory_order_acquire);
+    return entered_by_all() - done;
   }
 
   //! Arrival stamps kept per rank (shared_clock): offloaded evaluation may fall this many
@@ -214,7 +220,7 @@ class straggler_monitor {
   //! evaluates only when ring / 2 collectives are pending (the poller has fallen behind).
   void completed(std::uint64_t k) {
     if (offload_.load(std::memory_order_relaxed)) {
-      if (k + 1 - evaluated_.load(std::memory_order_relaxed) >= ring / 2) evaluate();
+      if (k + 1 - evaluated_.load(std::memory_order_relaxed) >= ring / 2 && !stopped()) evaluate();
       return;
     }
     if ((k + 1) % batch != 0) return;
@@ -349,7 +355,6 @@ class straggler_watchdog {
     WEFT_EXPECTS(m_ != nullptr, "monitor", "a monitor", "nullptr");
     WEFT_EXPECTS(period.count() > 0, "period", "> 0 ms", period.count());
     evaluating_ = evaluate && m_->exchange() == stamp_exchange::shared_clock;
-    if (evaluating_) m_->set_offload(true);
     thread_ = std::jthread([this, period](std::stop_token st) {
       using us = std::chrono::microseconds;
       us const longest = std::chrono::duration_cast<us>(period);
@@ -372,6 +377,8 @@ class straggler_watchdog {
         cv.wait_for(lock, st, wait, [] { return false; });
       }
     });
+    // Only once the thread runs: a watchdog that failed to start leaves the evaluation to rank 0.
+    if (evaluating_) m_->set_offload(true);
   }
   straggler_watchdog(straggler_watchdog const&) = delete;
   straggler_watchdog& operator=(straggler_watchdog const&) = delete;

@@ -1,6 +1,7 @@
 // weft/comm/threads/detail/parking.hpp — where rank threads of the threads backend sleep: a short
-// bounded spin, then a Linux futex (or, elsewhere, a condition variable) with a deadline. Never a
-// pure spin: with more ranks than cores, a spinning waiter burns the quantum its peer needs.
+// bounded spin, yields for as long as a futex wake-up takes, then a Linux futex (or, elsewhere, a
+// condition variable) with a deadline. Never an unbounded spin, and with more ranks than cores only
+// two yields: there a yielding waiter takes turns its runnable peers need.
 #pragma once
 
 #include <weft/core/config.hpp>
@@ -69,6 +70,11 @@ class parking {
 #endif
   }
 
+  //! How long a waiter keeps yielding before it sleeps, beyond its first two yields: 30 us by
+  //! default; the group sets 0 when its world has more ranks than the machine has cores.
+  void set_yield_time(std::chrono::microseconds t) noexcept { yield_time_ = t; }
+  [[nodiscard]] std::chrono::microseconds yield_time() const noexcept { return yield_time_; }
+
   template <class Ready>
   bool wait_until(Ready&& ready, clock::time_point deadline) {
     // A few pauses catch a peer that is a few hundred nanoseconds behind; a few yields hand the
@@ -77,15 +83,16 @@ class parking {
       if (ready()) return true;
       cpu_relax();
     }
-    // Then yields for up to spin_time: a peer that was woken from a futex is that late, and a
-    // waiter that slept at each of its late peer's arrivals would make the peer sleep in turn,
-    // one wake-up per call for as long as it runs (seen: 0.7 -> 6 us per 8-byte all_reduce after a
-    // single 5 us delay on 2 ranks).
-    auto const spin_end = clock::now() + spin_time;
+    // Then yields: two, and more for up to yield_time() (when the ranks have a core each): a peer
+    // that was woken from a futex is that late, and a waiter that slept at each of its late
+    // peer's arrivals would make the peer sleep in turn, one wake-up per call for as long as it
+    // runs (seen: 0.7 -> 6 us per 8-byte all_reduce after a single 5 us delay on 2 ranks).
+    bool const timed = yield_time_.count() > 0;
+    auto const yield_end = timed ? std::min(deadline, clock::now() + yield_time_) : deadline;
     for (int i = 0;; ++i) {
       if (ready()) return true;
+      if (i >= spin_yields && (!timed || (i % 4 == 0 && clock::now() >= yield_end))) break;
       std::this_thread::yield();
-      if (i % 4 == 3 && clock::now() >= spin_end) break;
     }
     for (;;) {
       std::uint32_t const g = gen_.load(std::memory_order_seq_cst);
@@ -104,7 +111,8 @@ class parking {
 
  private:
   static constexpr int spin_pauses = 64;
-  static constexpr std::chrono::microseconds spin_time{30};
+  static constexpr int spin_yields = 2;
+  std::chrono::microseconds yield_time_{30};
 
   void sleep(std::uint32_t g, clock::time_point now, clock::time_point deadline) {
 #if WEFT_THREADS_FUTEX
