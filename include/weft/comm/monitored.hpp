@@ -421,6 +421,10 @@ class alignas(64) monitored {
                  weft::detail::concat("the communicator's size ", c_.size()), m_->ranks());
     if (m_->exchange() == stamp_exchange::all_gather)
       waits_.assign(2 * static_cast<std::size_t>(m_->options().exchange_every), 0.0);
+    // What every watched call asks, read once: a communicator's rank and size never change.
+    rank_ = c_.rank();
+    watched_ = c_.size() > 1;
+    shared_ = m_->exchange() == stamp_exchange::shared_clock;
   }
 
   [[nodiscard]] C& inner() noexcept { return c_; }
@@ -505,12 +509,12 @@ class alignas(64) monitored {
 
   template <class F>
   work watch(bool observed, op_options const& o, F&& f) {
-    if (!m_ || !observed || c_.size() <= 1) return f();
+    if (!watched_ || !observed) return f();
     std::uint64_t const k = k_++;
-    bool const shared = m_->exchange() == stamp_exchange::shared_clock;
+    bool const shared = shared_;
     clock::time_point entered{};
     if (shared)
-      m_->arrive(c_.rank(), k, deadline_of(o));
+      m_->arrive(rank_, k, deadline_of(o));
     else
       entered = clock::now();
     work w;
@@ -521,7 +525,7 @@ class alignas(64) monitored {
       throw;
     }
     if (shared) {
-      if (c_.rank() == 0) m_->completed(k);
+      if (rank_ == 0) m_->completed(k);
       return w;
     }
     // [waits | intervals between this rank's exits]: both local differences, free of offsets.
@@ -564,6 +568,9 @@ class alignas(64) monitored {
 
   C c_{};
   std::shared_ptr<straggler_monitor> m_;
+  int rank_ = -1;
+  bool watched_ = false;  // a monitor and more than one rank
+  bool shared_ = false;   // stamp_exchange::shared_clock
   std::uint64_t k_ = 0;
   std::vector<double> waits_;     // all_gather: this rank's waits, then its exit intervals
   std::vector<double> gathered_;  // [rank][2 * exchange_every]

@@ -29,6 +29,11 @@ class basic_op_history {
   explicit basic_op_history(std::size_t capacity = 0) : capacity_(capacity) {}
 
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  //! Whether a record is kept or seen (a ring, or a hook): when not, the caller need not time its
+  //! operations. Unlocked: for a history one thread uses (no_lock).
+  [[nodiscard]] bool observed() const noexcept {
+    return capacity_ != 0 || static_cast<bool>(hook_);
+  }
   //! Keeps the last `n` records from now on (set before the first record).
   void set_capacity(std::size_t n) {
     std::lock_guard<Mutex> lock(m_);

@@ -38,8 +38,8 @@ inline void cpu_relax() noexcept {
 }
 
 //! now + d without overflowing for huge durations (time_point::max() stands for "no deadline").
-inline clock::time_point deadline_after(std::chrono::milliseconds d) noexcept {
-  auto const now = clock::now();
+inline clock::time_point deadline_after(std::chrono::milliseconds d,
+                                        clock::time_point now = clock::now()) noexcept {
   if (d >= std::chrono::duration_cast<std::chrono::milliseconds>(clock::time_point::max() - now))
     return clock::time_point::max();
   return now + d;
