@@ -448,65 +448,24 @@ void reg() {
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
   }
-  benchmark::RegisterBenchmark("std_barrier", bm_barrier_latency<std::barrier<>>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("futex_barrier", bm_barrier_latency<gen_barrier>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threads/all_reduce_8B", bm_threads_latency<false>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threads/all_reduce_8B_monitored", bm_threads_latency<true>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threads/all_reduce_8B_monitored_gather",
-                               bm_threads_latency<true, 2>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threads/all_reduce_8B_monitored_watchdog",
-                               bm_threads_latency<true, 3>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threads/all_reduce_8B_monitored_offloaded",
-                               bm_threads_latency<true, 4>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
-  benchmark::RegisterBenchmark("threads/all_reduce_8B_pause_between", bm_threads_latency<false, 5>)
-      ->Arg(2)
-      ->Arg(4)
-      ->ArgNames({"ranks"})
-      ->Iterations(3000)
-      ->UseManualTime()
-      ->Unit(benchmark::kMicrosecond);
+  // The latency benchmarks: 2 and 4 ranks, a fixed 3000 iterations (see bm_barrier_latency).
+  auto latency = [](char const* name, void (*fn)(benchmark::State&)) {
+    benchmark::RegisterBenchmark(name, fn)
+        ->Arg(2)
+        ->Arg(4)
+        ->ArgNames({"ranks"})
+        ->Iterations(3000)
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
+  };
+  latency("std_barrier", bm_barrier_latency<std::barrier<>>);
+  latency("futex_barrier", bm_barrier_latency<gen_barrier>);
+  latency("threads/all_reduce_8B", bm_threads_latency<false>);
+  latency("threads/all_reduce_8B_monitored", bm_threads_latency<true>);
+  latency("threads/all_reduce_8B_monitored_gather", bm_threads_latency<true, 2>);
+  latency("threads/all_reduce_8B_monitored_watchdog", bm_threads_latency<true, 3>);
+  latency("threads/all_reduce_8B_monitored_offloaded", bm_threads_latency<true, 4>);
+  latency("threads/all_reduce_8B_pause_between", bm_threads_latency<false, 5>);
   benchmark::RegisterBenchmark("straggler_detector/observe", bm_detector_observe)
       ->Arg(2)
       ->Arg(4)

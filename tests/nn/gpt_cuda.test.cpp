@@ -49,6 +49,8 @@
 #include <weft/nn/cuda/gpt.cuh>
 #include <weft/optim/cuda/adamw.cuh>
 
+#include "support/cuda_buffer.hpp"
+
 #include <cuda_runtime_api.h>
 
 namespace {
@@ -57,31 +59,9 @@ namespace nn = weft::nn;
 namespace optim = weft::optim;
 namespace nk = weft::nn::kernels;
 
-bool have_device() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    MESSAGE("no CUDA device: kernel comparison skipped");
-    return false;
-  }
-  return true;
-}
-
-// A device buffer of n zeroed elements, freed on scope exit.
+using weft::test::have_cuda_device;
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t count) : n(count) {
-    if (n == 0) return;
-    WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)));
-    WEFT_CUDA_TRY(cudaMemset(p, 0, n * sizeof(T)));
-  }
-  dbuf(dbuf const&) = delete;
-  dbuf& operator=(dbuf const&) = delete;
-  ~dbuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-};
+using dbuf = weft::test::device_buffer<T>;
 
 // Packed documents of the given lengths: tokens from a fixed pattern, per-document positions,
 // next-token targets (-1 at each document's last row and at every row r ≡ 2 mod 5).
@@ -213,7 +193,7 @@ void refuse(nn::cuda_gpt<float>& gpu, batch_data const& good, Edit edit, std::st
 }  // namespace
 
 TEST_CASE("nn/cuda: packed causal GQA attention (f32) gives nn::causal_attention's results") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   // (heads, kv_heads, head_dim, cu_seqlens): MHA, GQA with an empty and a one-token document,
   // MQA with head_dim 1, and one document longer than the CPU's 64 x 128 tiles.
   struct shape {
@@ -274,7 +254,7 @@ TEST_CASE("nn/cuda: packed causal GQA attention (f32) gives nn::causal_attention
 }
 
 TEST_CASE("nn/cuda gpt: loss and every gradient equal nn::gpt<float>'s, two microbatches") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   for (auto const& tc : cases()) {
     CAPTURE(tc.name);
     auto const& c = tc.config;
@@ -313,7 +293,7 @@ TEST_CASE("nn/cuda gpt: loss and every gradient equal nn::gpt<float>'s, two micr
 }
 
 TEST_CASE("nn/cuda gpt: fused AdamW over the device buffers follows optim::adamw<float>") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   auto const c = make_config(17, 16, 16, 4, 2, 2, 0);
   batch_data const data({7, 1, 10, 4}, c.vocab, 3);
   optim::adamw_options opt;
@@ -385,7 +365,7 @@ TEST_CASE("nn/cuda gpt: bad configurations, stores and batches are refused befor
   auto bad = make_config(11, 8, 8, 2, 3, 1, 0);
   nn_test::expect_throw<weft::invalid_argument_error>([&] { nn::cuda_gpt<float> g(bad); },
                                                       "`gpt_config::kv_heads`");
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   auto const c = make_config(11, 8, 8, 2, 1, 2, 12);
   auto store = make_store(c, 4.0);
   nn::gpt<float> cpu(c, store);

@@ -37,6 +37,8 @@
 #include <weft/nn/cuda/rope.cuh>
 
 #include <cublas_v2.h>
+#include "support/cuda_buffer.hpp"
+
 #include <cuda_runtime_api.h>
 
 namespace {
@@ -45,41 +47,9 @@ using weft::index_t;
 namespace nn = weft::nn;
 namespace nk = weft::nn::kernels;
 
-bool have_device() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    MESSAGE("no CUDA device: kernel comparison skipped");
-    return false;
-  }
-  return true;
-}
-
-// A device copy of n elements (nullptr for n = 0), freed on scope exit.
+using weft::test::have_cuda_device;
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::size_t count) : n(count) {
-    if (n > 0) WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)));
-  }
-  explicit dbuf(T const* src, std::size_t count) : dbuf(count) {
-    if (n > 0) WEFT_CUDA_TRY(cudaMemcpy(p, src, n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  template <std::size_t R>
-  explicit dbuf(weft::tensor<T, R> const& t) : dbuf(t.data(), t.size()) {}
-  dbuf(dbuf const&) = delete;
-  dbuf& operator=(dbuf const&) = delete;
-  ~dbuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  std::vector<double> values() const {
-    std::vector<T> h(n);
-    if (n > 0) WEFT_CUDA_TRY(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    std::vector<double> v(n);
-    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<double>(h[i]);
-    return v;
-  }
-};
+using dbuf = weft::test::device_buffer<T>;
 
 template <class T>
 std::vector<double> values_of(T const* p, std::size_t n) {
@@ -224,7 +194,7 @@ void norms_against_cpu(index_t n, index_t c, double tol, bool degenerate) {
 }
 
 TEST_CASE("nn/cuda: LayerNorm and RMSNorm kernels give the CPU path's results (f32, bf16)") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   struct shp {
     index_t n, c;
     bool degenerate;
@@ -280,7 +250,7 @@ void activations_against_cpu(index_t n, index_t c, double tol) {
 }
 
 TEST_CASE("nn/cuda: GELU and SwiGLU kernels give the CPU path's results (f32, bf16)") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   for (auto [n, c] : {std::pair<index_t, index_t>{3, 17}, {1, 1}, {0, 4}, {65, 1000}, {2, 0}}) {
     CAPTURE(n);
     CAPTURE(c);
@@ -340,7 +310,7 @@ void rope_against_cpu(index_t rows, index_t heads, index_t head_dim, double tol)
 }
 
 TEST_CASE("nn/cuda: embedding lookup and deterministic scatter-add, RoPE, give the CPU's results") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   for (auto [t, v, d] : {std::tuple<index_t, index_t, index_t>{200, 50, 33},
                          {1, 1, 1},
                          {0, 5, 4},
@@ -405,7 +375,7 @@ void linear_against_cpu(cublasHandle_t h, index_t n, index_t in, index_t out, bo
 }
 
 TEST_CASE("nn/cuda: cuBLAS linear forward/backward gives the CPU path's results (f32, bf16)") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   cublasHandle_t h = nullptr;
   REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
   struct shp {

@@ -27,6 +27,8 @@
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
 #include <weft/optim/cuda/adamw.cuh>
 
+#include "support/cuda_buffer.hpp"
+
 #include <cuda_runtime_api.h>
 
 namespace {
@@ -35,38 +37,9 @@ using weft::optim::adamw_options;
 using weft::optim::param_info;
 namespace ok = weft::optim::kernels;
 
-bool have_device() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    MESSAGE("no CUDA device: kernel comparison skipped");
-    return false;
-  }
-  return true;
-}
-
+using weft::test::have_cuda_device;
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::vector<T> const& v) : n(v.size()) {
-    if (n == 0) return;
-    WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)));
-    WEFT_CUDA_TRY(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  dbuf(dbuf const&) = delete;
-  dbuf& operator=(dbuf const&) = delete;
-  ~dbuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  void upload(std::vector<T> const& v) {
-    if (n > 0) WEFT_CUDA_TRY(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  std::vector<T> host() const {
-    std::vector<T> v(n);
-    if (n > 0) WEFT_CUDA_TRY(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
+using dbuf = weft::test::device_buffer<T>;
 
 // max |gpu − cpu| / max(|cpu|, scale_i, 1), reporting the worst element on failure. scale_i is the
 // size of what element i was computed from (m: its largest gradient; v: that squared): a moment
@@ -129,7 +102,7 @@ void adamw_against_cpu(std::vector<param_info> const& layout, adamw_options cons
 }  // namespace
 
 TEST_CASE("optim/cuda: the fused AdamW kernel follows optim::adamw over 20 steps") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   adamw_options o;
   o.lr = 1e-2;
   o.weight_decay = 0.05;
@@ -150,7 +123,7 @@ TEST_CASE("optim/cuda: the fused AdamW kernel follows optim::adamw over 20 steps
 }
 
 TEST_CASE("optim/cuda: grad-norm sum of squares (CUB) and clipping follow the CPU") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{37}, std::size_t{1} << 20,
                         (std::size_t{1} << 22) + 3}) {
     CAPTURE(n);

@@ -26,6 +26,8 @@
 #include <weft/rl/cuda/advantages.cuh>
 #include <weft/rl/cuda/kl.cuh>
 
+#include "support/cuda_buffer.hpp"
+
 #include <cuda_runtime_api.h>
 
 namespace {
@@ -34,35 +36,9 @@ using weft::rl::kl_kind;
 using weft::rl::singleton_group;
 namespace rk = weft::rl::kernels;
 
-bool have_device() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    MESSAGE("no CUDA device: kernel comparison skipped");
-    return false;
-  }
-  return true;
-}
-
+using weft::test::have_cuda_device;
 template <class T>
-struct dbuf {
-  T* p = nullptr;
-  std::size_t n = 0;
-  explicit dbuf(std::vector<T> const& v) : n(v.size()) {
-    if (n == 0) return;
-    WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), n * sizeof(T)));
-    WEFT_CUDA_TRY(cudaMemcpy(p, v.data(), n * sizeof(T), cudaMemcpyHostToDevice));
-  }
-  dbuf(dbuf const&) = delete;
-  dbuf& operator=(dbuf const&) = delete;
-  ~dbuf() {
-    if (p != nullptr) cudaFree(p);
-  }
-  std::vector<T> host() const {
-    std::vector<T> v(n);
-    if (n > 0) WEFT_CUDA_TRY(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return v;
-  }
-};
+using dbuf = weft::test::device_buffer<T>;
 
 // Worst |gpu − cpu| / max(|cpu|, 1) (equal infinities agree; a NaN on one side only fails),
 // reported with its index on failure.
@@ -143,7 +119,7 @@ void advantages_against_cpu(std::vector<std::int64_t> const& sizes, std::uint64_
 }  // namespace
 
 TEST_CASE("rl/cuda: GRPO, Dr. GRPO and RLOO over segment groups give the CPU's advantages") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   // Odd sizes, singletons and empty groups (first, middle, last).
   std::vector<std::int64_t> const mixed = {0, 4, 1, 0, 7, 3, 5, 2, 1, 16, 0};
   advantages_against_cpu<double>(mixed, 1);
@@ -157,7 +133,7 @@ TEST_CASE("rl/cuda: GRPO, Dr. GRPO and RLOO over segment groups give the CPU's a
 }
 
 TEST_CASE("rl/cuda: fixed-size groups equal group_layout::fixed on the CPU") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   for (std::int64_t gsize : {1, 4, 5, 64}) {
     CAPTURE(gsize);
     std::vector<std::int64_t> sizes(37, gsize);
@@ -231,7 +207,7 @@ void kl_against_cpu(std::size_t n) {
 }  // namespace
 
 TEST_CASE("rl/cuda: KL estimators' values, gradients and loss term follow the CPU") {
-  if (!have_device()) return;
+  if (!have_cuda_device()) return;
   for (std::size_t n : {std::size_t{1}, std::size_t{1037}, std::size_t{100003}}) {
     kl_against_cpu<float>(n);
     kl_against_cpu<double>(n);

@@ -135,6 +135,21 @@ struct gpt_batch {
   std::span<std::int64_t const> cu_seqlens;
 };
 
+namespace detail {
+//! The batch checks every GPT front end makes (nn::gpt, nn::cuda_gpt): positions and targets as
+//! many as the t tokens, each target -1 (ignored) or a token of the vocabulary.
+inline void check_gpt_batch(gpt_config const& c, gpt_batch const& b, index_t t) {
+  WEFT_EXPECTS_SHAPE(static_cast<index_t>(b.positions.size()) == t, "positions",
+                     ::weft::detail::concat(t, " (as tokens)"), b.positions.size());
+  WEFT_EXPECTS_SHAPE(static_cast<index_t>(b.targets.size()) == t, "targets",
+                     ::weft::detail::concat(t, " (as tokens)"), b.targets.size());
+  for (std::size_t i = 0; i < b.targets.size(); ++i)
+    WEFT_EXPECTS(b.targets[i] >= -1 && b.targets[i] < c.vocab,
+                 ::weft::detail::concat("targets[", i, "]"),
+                 ::weft::detail::concat("-1 (ignored) or in [0, ", c.vocab, ")"), b.targets[i]);
+}
+}  // namespace detail
+
 //! The model over a param_store laid out by gpt_layout (the store must outlive it). forward()
 //! keeps what backward() needs; backward() ACCUMULATES into the store's gradients (zero them with
 //! zero_grad between steps). T is float or double; activations are T, norm statistics and the
@@ -213,16 +228,7 @@ class gpt {
     std::vector<C> ln1_mean, ln1_rstd, ln2_mean, ln2_rstd, lse;
   };
 
-  void check_batch(gpt_batch const& b, index_t t) const {
-    WEFT_EXPECTS_SHAPE(static_cast<index_t>(b.positions.size()) == t, "positions",
-                       ::weft::detail::concat(t, " (as tokens)"), b.positions.size());
-    WEFT_EXPECTS_SHAPE(static_cast<index_t>(b.targets.size()) == t, "targets",
-                       ::weft::detail::concat(t, " (as tokens)"), b.targets.size());
-    for (std::size_t i = 0; i < b.targets.size(); ++i)
-      WEFT_EXPECTS(b.targets[i] >= -1 && b.targets[i] < c_.vocab,
-                   ::weft::detail::concat("targets[", i, "]"),
-                   ::weft::detail::concat("-1 (ignored) or in [0, ", c_.vocab, ")"), b.targets[i]);
-  }
+  void check_batch(gpt_batch const& b, index_t t) const { detail::check_gpt_batch(c_, b, t); }
 
   void allocate(index_t t) {
     auto const n = [&](index_t w) { return static_cast<std::size_t>(t * w); };

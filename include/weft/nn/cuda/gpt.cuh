@@ -319,14 +319,7 @@ class cuda_gpt {
   //! nn::gpt's checks, plus the ones its layers make on the way (ids in range, cu_seqlens), all
   //! before anything is copied or launched.
   void check_batch(gpt_batch const& b, index_t t) const {
-    WEFT_EXPECTS_SHAPE(static_cast<index_t>(b.positions.size()) == t, "positions",
-                       ::weft::detail::concat(t, " (as tokens)"), b.positions.size());
-    WEFT_EXPECTS_SHAPE(static_cast<index_t>(b.targets.size()) == t, "targets",
-                       ::weft::detail::concat(t, " (as tokens)"), b.targets.size());
-    for (std::size_t i = 0; i < b.targets.size(); ++i)
-      WEFT_EXPECTS(b.targets[i] >= -1 && b.targets[i] < c_.vocab,
-                   ::weft::detail::concat("targets[", i, "]"),
-                   ::weft::detail::concat("-1 (ignored) or in [0, ", c_.vocab, ")"), b.targets[i]);
+    nn::detail::check_gpt_batch(c_, b, t);
     nn::detail::check_ids(b.tokens, c_.vocab, "tokens");
     nn::detail::check_ids(b.positions, c_.context, "positions");
     ::weft::attention::detail::check_cu_seqlens(b.cu_seqlens, t, "cu_seqlens");
