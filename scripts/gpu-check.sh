@@ -3,11 +3,12 @@
 # tools of weft's (the CUDA runtime, cuBLAS and NCCL are found where the machine has them).
 #
 #   bash scripts/gpu-check.sh pack BUILD_DIR [DEST]   (on the build machine) copies the gpu-labelled
-#        test programs, the CUDA benchmarks, weft.bench.comm and the non-CUDA shared libraries they
+#        test programs, rl_trainer_cuda (a build with WEFT_BUILD_EXAMPLES=ON), the CUDA benchmarks,
+#        weft.bench.comm and the non-CUDA shared libraries they
 #        need (Google Benchmark) from BUILD_DIR (a `cmake --preset cuda`-like build with
 #        CMAKE_BUILD_TYPE=Release) into DEST (default .gpubin)
 #   bash scripts/gpu-check.sh run [DEST] [OUT]        (on the GPU machine) runs every test program
-#        (doctest, slow suite excluded), every CUDA benchmark, PyTorch's SDPA peer
+#        (doctest, slow suite excluded), rl_trainer_cuda's two runs, every CUDA benchmark, PyTorch's SDPA peer
 #        (benchmarks/peers/sdpa_bench.py, if torch is there) and the 8-byte all_reduce overhead of
 #        the straggler monitor (CPU only: a quiet many-core machine); logs go to OUT (default out/);
 #        WEFT_GPU_CHECK_NO_PEERS=1 skips the PyTorch peer
@@ -20,7 +21,7 @@ case "$mode" in
     rm -rf "$dest" && mkdir -p "$dest/lib"
     while IFS= read -r f; do cp "$f" "$dest/"; done < <(
       find "$build" -type f -perm -u+x \( -name 'weft.test.*.cuda' -o -name 'weft.test.nccl.gpu' \
-        -o -name 'weft.bench.cuda.*' -o -name 'weft.bench.comm' \))
+        -o -name 'weft.bench.cuda.*' -o -name 'weft.bench.comm' -o -name 'rl_trainer_cuda' \))
     for f in "$dest"/weft.*; do
       ldd "$f" | awk '/=> \//{print $3}' | grep -E 'libbenchmark|libgomp|libopenblas|libblas|libgfortran|libquadmath' || true
     done | sort -u | while IFS= read -r l; do cp -L "$l" "$dest/lib/"; done
@@ -50,6 +51,17 @@ case "$mode" in
       rc=$?
       echo "=== $(basename "$t") rc=$rc"
     done 2>&1 | tee "$out/tests.log"
+    # The reference trainer's model step on the GPU: the f64 run against the one-rank CPU run
+    # (--check), then the README's smoke run in f32 (the ctest cases examples/rl_trainer/cuda_*).
+    if [[ -x "$dest/rl_trainer_cuda" ]]; then
+      rl=(--sft-steps 300 --rl-steps 4 --eval-prompts 50 --quiet --check)
+      echo "=== rl_trainer_cuda f64 check"
+      timeout 300 "$dest/rl_trainer_cuda" --device cuda --f64 "${rl[@]}"
+      echo "=== rl_trainer_cuda f64 check rc=$?"
+      echo "=== rl_trainer_cuda smoke"
+      timeout 300 "$dest/rl_trainer_cuda" --device cuda --preset smoke
+      echo "=== rl_trainer_cuda smoke rc=$?"
+    fi 2>&1 | tee -a "$out/tests.log"
     for b in "$dest"/weft.bench.cuda.*; do
       echo "=== $(basename "$b")"
       timeout 240 "$b" --benchmark_min_time=0.1 --benchmark_counters_tabular=true 2>&1

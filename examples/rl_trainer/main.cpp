@@ -13,10 +13,16 @@
 //
 //   rl_trainer [--mode dapo|grpo] [--seed N] [--rl-steps N] [--dp N] [--pp N] [--tp N] [--cp N]
 //              [--sp] [--refill whole|sized] [--zero-advantage] [--out DIR] [--check] ...
+//              [--device cpu|cpu-engine|cuda]
+//
+// --device cuda (rl_trainer_cuda, built with WEFT_ENABLE_CUDA) runs the model step on a GPU:
+// forward, backward, clipping and AdamW through nn::cuda_gpt and optim/cuda (engine.hpp,
+// engine_cuda.cu); generation and the policy loss stay on the host.
 //
 // See --help and docs/trainer.md. Exit status: 0 on success (with --check: the layout followed
 // the one-rank run), 1 when a check fails, 2 on a bad command line.
 #include "common/cli.hpp"
+#include "rl_trainer/engine.hpp"
 
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/world.hpp>
@@ -52,7 +58,9 @@
 #include <fstream>
 #include <iostream>
 #include <limits>
+#include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <optional>
@@ -61,6 +69,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -73,6 +82,7 @@ namespace optim = weft::optim;
 using weft::index_t;
 using comm_t = weft::comm::threads::communicator;
 using clock_type = std::chrono::steady_clock;
+namespace rlt = weft::examples::rl_trainer;
 
 // ---- options ------------------------------------------------------------------------------------
 
@@ -99,6 +109,7 @@ struct options {
   std::string save;                 // checkpoint folder ("" = none)
   int save_every = 0;               // also every N RL steps (0: only at the end)
   std::string resume;               // checkpoint folder to continue from
+  std::string device = "cpu";       // cpu | cpu-engine | cuda: where the model step runs
 };
 
 //! What a checkpoint must agree on to be resumed: everything but the step count and outputs.
@@ -110,6 +121,7 @@ std::string fingerprint(options const& o) {
     << o.max_rounds << ' ' << o.minibatches << ' ' << o.refill << ' ' << o.zero_advantage << ' '
     << o.eval_prompts << ' ' << o.dp << ' ' << o.pp << ' ' << o.tp << ' ' << o.cp << ' ' << o.sp
     << ' ' << o.f64;
+  if (o.device != "cpu") f << ' ' << o.device;  // another device: another run
   return f.str();
 }
 
@@ -123,7 +135,8 @@ void usage(std::ostream& os) {
         "                  [--max-rounds N] [--refill whole|sized] [--zero-advantage]\n"
         "                  [--eval-prompts N] [--dp N] [--pp N] [--tp N] [--cp N] [--sp]\n"
         "                  [--out DIR] [--save DIR] [--save-every N] [--resume DIR]\n"
-        "                  [--backend threads|mpi] [--check] [--f64] [--quiet] [--help]\n\n"
+        "                  [--backend threads|mpi] [--device cpu|cpu-engine|cuda] [--check]\n"
+        "                  [--f64] [--quiet] [--help]\n\n"
         "SFT, then RL (DAPO or GRPO) of a 2-layer GPT on 2-digit addition; prints a line per RL\n"
         "step and the accuracies after SFT and after RL.\n"
         "  --preset          default (SFT to 30 %), high-accuracy (SFT to 70 %) or smoke (40 SFT\n"
@@ -153,6 +166,11 @@ void usage(std::ostream& os) {
         "                    the run goes on bit for bit as if never interrupted\n"
         "  --backend         threads (default: one process, a thread per rank) or mpi (one\n"
         "                    process per rank: mpiexec -n <dp*pp*tp*cp> rl_trainer --backend mpi)\n"
+        "  --device          where the model step (forward, backward, clipping, AdamW) runs:\n"
+        "                    cpu (default: the layout's ranks), cuda (CUDA device 0; needs the\n"
+        "                    rl_trainer_cuda build) or cpu-engine (the CPU behind the interface\n"
+        "                    --device cuda uses: bit for bit the default); not cpu: one rank,\n"
+        "                    threads backend; generation stays on the CPU\n"
         "  --f64             train and generate in double precision (layout tests)\n"
         "  --quiet           no per-step lines\n";
 }
@@ -234,6 +252,18 @@ options parse(int argc, char** argv) {
       o.save_every = parse_number(a, value(), 0, 1000000);
     } else if (a == "--resume") {
       o.resume = std::string(value());
+    } else if (a == "--device") {
+      o.device = std::string(value());
+      if (o.device != "cpu" && o.device != "cpu-engine" && o.device != "cuda")
+        throw bad_argument{"argument `--device`: expected cpu, cpu-engine or cuda, actual `" +
+                           o.device + "`"};
+#if !WEFT_TRAINER_CUDA
+      if (o.device == "cuda")
+        throw bad_argument{
+            "argument `--device`: expected cpu or cpu-engine (this rl_trainer has no CUDA: run "
+            "rl_trainer_cuda, built with WEFT_ENABLE_CUDA=ON and WEFT_BUILD_TESTS=ON), actual "
+            "`cuda`"};
+#endif
     } else if (a == "--f64") {
       o.f64 = true;
     } else if (a == "--quiet") {
@@ -261,6 +291,13 @@ options parse(int argc, char** argv) {
                            ", actual " + std::to_string(seqs * seq / o.cp)};
   }
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
+  if (o.device != "cpu" && o.dp * o.pp * o.tp * o.cp != 1)
+    throw bad_argument{"argument `--device`: expected cpu with a layout of " +
+                       std::to_string(o.dp * o.pp * o.tp * o.cp) + " ranks (" + o.device +
+                       " runs the model step of one rank), actual `" + o.device + "`"};
+  if (o.device != "cpu" && o.backend != "threads")
+    throw bad_argument{"argument `--device`: expected cpu with --backend " + o.backend +
+                       ", actual `" + o.device + "`"};
   return o;
 }
 
@@ -503,6 +540,12 @@ class trainer {
     if (o.pp == 1) model_.emplace(c_, p_, *tp_, *cp_, store_);
     if (seq_len_ > kContext)
       throw bad_argument{"argument `--cp`: 2 cp must divide a length <= the context 16"};
+    if (o.device == "cpu-engine")
+      engine_ = std::make_unique<rlt::cpu_engine<T, Comm>>(c_, p_, *tp_, *cp_, *model_group_);
+#if WEFT_TRAINER_CUDA
+    if (o.device == "cuda") engine_ = rlt::make_cuda_engine<T>(c_);
+#endif
+    if (engine_) say("model step on %s\n", engine_->where().c_str());
   }
 
   run_result run() {
@@ -598,6 +641,8 @@ class trainer {
     } else {
       halves = {{u0, u1}};
     }
+    if (engine_)
+      return engine_step(tokens, targets, seqs, mb, halves, ce_weight, opt, lr, max_norm, loss);
     double loss_sum = 0;
     std::vector<T> first_half;
     store_.zero_grad();
@@ -623,6 +668,59 @@ class trainer {
     double l = p_.last_stage() && p_.tp_rank == 0 ? loss_sum : 0.0;
     weft::comm::all_reduce(*world_, std::span<double>(&l, 1), weft::comm::reduce_kind::sum).wait();
     return {l, norm};
+  }
+
+  //! train_step on the engine (--device; one rank): the same halves, clipping and AdamW step,
+  //! with the parameters, gradients and optimizer state on the engine. `opt` is the host optimizer
+  //! of the phase: its state goes to the engine when the phase's first step starts (and comes back
+  //! only for a checkpoint, sync_engine_optimizer); the parameters come back after every step.
+  std::array<double, 2> engine_step(
+      std::vector<std::int32_t> const& tokens, std::vector<std::int32_t> const& targets,
+      index_t seqs, index_t mb, std::vector<std::pair<index_t, index_t>> const& halves,
+      double ce_weight, optim::adamw<T>& opt, double lr, double max_norm,
+      std::function<double(index_t, std::span<std::int64_t const>, std::span<double const>,
+                           std::span<double>)> const& loss) {
+    auto& e = *engine_;
+    if (!engine_params_) {
+      e.set_params(store_.params());
+      engine_params_ = true;
+    }
+    if (engine_opt_ != &opt) {
+      e.set_optimizer(opt.options(), opt.m(), opt.v(), opt.steps());
+      engine_opt_ = &opt;
+    }
+    double loss_sum = 0;
+    e.zero_grad();
+    for (std::size_t h = 0; h < halves.size(); ++h) {
+      auto const [a, b] = halves[h];
+      if (h == 1) e.stash_grads();
+      for (index_t u = a; u < b; ++u) {
+        index_t const first = u * mb, n = std::min(mb, seqs - first);
+        auto const at = static_cast<std::size_t>(first * seq_len_);
+        auto const len = static_cast<std::size_t>(n * seq_len_);
+        rlt::token_loss_fn tl;
+        if (loss)
+          tl = [&, first](auto rows, auto logp, auto dlogp) {
+            return loss(first, rows, logp, dlogp);
+          };
+        loss_sum +=
+            e.forward_backward(par::gpt_sequences{std::span(tokens).subspan(at, len),
+                                                  std::span(targets).subspan(at, len), seq_len_},
+                               ce_weight, tl);
+      }
+      if (h == 1) e.add_stash();
+    }
+    double const norm = e.clip_grad_norm(max_norm);
+    e.adamw_step(lr);
+    e.get_params(store_.params());
+    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
+    return {loss_sum, norm};
+  }
+
+  //! The engine's optimizer state back into `opt` where the engine holds it (a checkpoint reads
+  //! the host optimizer).
+  void sync_engine_optimizer(optim::adamw<T>& opt) {
+    if (engine_ && engine_opt_ == &opt) engine_->get_optimizer(opt);
   }
 
   // Forward and backward of microbatches [a, b) (accumulating); returns this rank's loss part.
@@ -736,6 +834,7 @@ class trainer {
       }
     }
     r.sft_steps = step;
+    if (engine_opt_ == &opt) engine_opt_ = nullptr;  // opt ends here; RL starts from its own
   }
 
   // Generates groups for prompts [uid0, uid0 + n) of this step: G samples each, in chunks of
@@ -1002,6 +1101,7 @@ class trainer {
       put(f, static_cast<std::int64_t>(r.sft_steps));
       put(f, r.acc_sft_sampled);
       put(f, r.acc_sft_greedy);
+      sync_engine_optimizer(*rl_opt_);
       put_span(f, std::span<T const>(store_.params()));
       put_span(f, rl_opt_->m());
       put_span(f, rl_opt_->v());
@@ -1108,6 +1208,8 @@ class trainer {
                          " parameters in " + file.string() + ", actual a truncated or other file"};
     rl_opt_->load_state(m, v, adam_t);
     std::copy(params.begin(), params.end(), store_.params().begin());
+    engine_params_ = false;  // the engine takes both again at the next step
+    engine_opt_ = nullptr;
     first_step_ = static_cast<int>(steps_done);
     r.sft_steps = static_cast<int>(sft_steps);
   }
@@ -1128,6 +1230,9 @@ class trainer {
   index_t seq_len_;
   std::optional<par::gpt<T, Comm, Comm>> model_;
   std::optional<optim::adamw<T>> rl_opt_;
+  std::unique_ptr<rlt::model_engine<T>> engine_;  // --device cpu-engine | cuda
+  optim::adamw<T> const* engine_opt_ = nullptr;   // whose state the engine holds
+  bool engine_params_ = false;                    // the engine holds store_'s parameters
   std::uint64_t next_uid_ = 0;
   double generated_total_ = 0;
   int first_step_ = 0;
@@ -1227,8 +1332,10 @@ int compare(options const& o, run_result const& got) {
   one.dp = one.pp = one.tp = one.cp = 1;
   one.sp = false;
   one.quiet = true;
+  one.device = "cpu";
   auto const ref = train(one);
-  bool const bitwise = o.pp == 1 && o.tp == 1 && o.cp == 1 && o.dp <= 2;
+  // cuda: other kernels, other rounding (f64 runs follow within the tolerance).
+  bool const bitwise = o.pp == 1 && o.tp == 1 && o.cp == 1 && o.dp <= 2 && o.device != "cuda";
   std::size_t same_rollouts = 0;
   while (same_rollouts < std::min(ref.rollout_hashes.size(), got.rollout_hashes.size()) &&
          ref.rollout_hashes[same_rollouts] == got.rollout_hashes[same_rollouts])
@@ -1339,5 +1446,8 @@ int main(int argc, char** argv) {
   } catch (weft::invalid_argument_error const& e) {
     std::cerr << "rl_trainer: " << e.what() << "\n";
     return 2;
+  } catch (std::exception const& e) {
+    std::cerr << "rl_trainer: " << e.what() << "\n";
+    return 1;
   }
 }

@@ -2,7 +2,8 @@
 // nn::causal_attention_*, and nn::cuda_gpt<float> (weft/nn/cuda/gpt.cuh) against nn::gpt<float>
 // on the CPU, the tested reference: loss and every parameter's gradient over a grid of small
 // models (MHA, GQA, MQA; 1 and 2 layers; packed documents, an empty one and a one-token one;
-// ignored targets; the mean and an explicit token weight; two accumulated microbatches), a few
+// ignored targets; the mean and an explicit token weight; two accumulated microbatches; a token
+// loss in place of the cross-entropy, against two accumulated weighted passes), a few
 // fused-AdamW steps of the device buffers against optim::adamw<float>, and the input checks (a
 // refused batch leaves the last forward intact). The host build compiles nothing here.
 //
@@ -289,6 +290,99 @@ TEST_CASE("nn/cuda gpt: loss and every gradient equal nn::gpt<float>'s, two micr
     CHECK(std::all_of(got.grads().begin(), got.grads().end(), [](float g) { return g == 0.0f; }));
     gpu.download_params(got);
     CHECK(std::equal(got.params().begin(), got.params().end(), cpu_store.params().begin()));
+  }
+}
+
+TEST_CASE(
+    "nn/cuda gpt: a token loss gets each row's log-prob, and its d loss / d logp seeds backward") {
+  if (!have_cuda_device()) return;
+  // The token loss −Σ w_k·logp_k with w = 0.07 on even rows and 0.02 on odd ones. The reference is
+  // two cross-entropy passes of nn::gpt<float> accumulated: the even rows' targets alone at token
+  // weight 0.07, then the odd rows' alone at 0.02. The hook also writes d loss / d logp = 1e3 on
+  // the rows whose target is ignored, which backward must not propagate.
+  double const w_even = 0.07, w_odd = 0.02;
+  for (auto const& tc : cases()) {
+    CAPTURE(tc.name);
+    auto const& c = tc.config;
+    batch_data const a(tc.docs_a, c.vocab, 3);
+    auto cpu_store = make_store(c, 4.0);
+    nn::gpt<float> cpu(c, cpu_store);
+    nn::cuda_gpt<float> gpu(c);
+    gpu.upload_params(cpu_store);
+
+    // The rows' log p(target) from the CPU's logits, in double.
+    (void)cpu.forward(a.view());
+    float const* const logits = cpu.logits().data_handle();  // [tokens, vocab], row-major
+    auto const at = [&](index_t r, index_t v) {
+      return static_cast<double>(logits[r * c.vocab + v]);
+    };
+    std::vector<double> want_logp(a.targets.size(), 0.0);
+    for (std::size_t k = 0; k < a.targets.size(); ++k) {
+      if (a.targets[k] < 0) continue;
+      auto const r = static_cast<index_t>(k);
+      double mx = -INFINITY, sum = 0;
+      for (index_t v = 0; v < c.vocab; ++v) mx = std::max(mx, at(r, v));
+      for (index_t v = 0; v < c.vocab; ++v) sum += std::exp(at(r, v) - mx);
+      want_logp[k] = at(r, a.targets[k]) - mx - std::log(sum);
+    }
+    double cpu_loss = 0;
+    for (int parity = 0; parity < 2; ++parity) {
+      batch_data half = a;
+      for (std::size_t k = 0; k < half.targets.size(); ++k)
+        if (static_cast<int>(k % 2) != parity) half.targets[k] = -1;
+      cpu_loss += cpu.forward(half.view(), parity == 0 ? w_even : w_odd);
+      cpu.backward();
+    }
+
+    std::vector<std::int64_t> seen_rows;
+    std::vector<double> seen_logp;
+    gpu.set_token_loss([&](std::span<std::int64_t const> rows, std::span<double const> logp,
+                           std::span<double> dlogp) {
+      seen_rows.assign(rows.begin(), rows.end());
+      seen_logp.assign(logp.begin(), logp.end());
+      double loss = 0;
+      for (std::size_t k = 0; k < logp.size(); ++k) {
+        if (a.targets[k] < 0) {
+          dlogp[k] = 1e3;
+          continue;
+        }
+        double const w = k % 2 == 0 ? w_even : w_odd;
+        loss -= w * logp[k];
+        dlogp[k] = -w;
+      }
+      return loss;
+    });
+    double const gpu_loss = gpu.forward(a.view(), 0.5);  // the token weight is unused
+    gpu.backward();
+    REQUIRE(seen_rows.size() == a.targets.size());
+    double worst_logp = 0;
+    for (std::size_t k = 0; k < seen_rows.size(); ++k) {
+      CHECK(seen_rows[k] == static_cast<std::int64_t>(k));
+      if (a.targets[k] < 0) {
+        CHECK(seen_logp[k] == 0.0);
+        continue;
+      }
+      worst_logp = std::max(worst_logp, std::abs(seen_logp[k] - want_logp[k]) /
+                                            std::max(1.0, std::abs(want_logp[k])));
+    }
+    INFO("worst log-prob error " << worst_logp);
+    CHECK(worst_logp <= 1e-5);
+    expect_loss(gpu_loss, cpu_loss, std::string(tc.name) + ", token loss");
+    nn::param_store<float> got(nn::gpt_layout(c));
+    gpu.download_grads(got);
+    expect_grads(got, cpu_store, std::string(tc.name) + ", token loss");
+
+    // An empty function restores the weighted cross-entropy.
+    gpu.set_token_loss({});
+    gpu.zero_grad();
+    cpu_store.zero_grad();
+    double const ce_cpu = cpu.forward(a.view(), 0.05);
+    cpu.backward();
+    double const ce_gpu = gpu.forward(a.view(), 0.05);
+    gpu.backward();
+    expect_loss(ce_gpu, ce_cpu, std::string(tc.name) + ", cross-entropy again");
+    gpu.download_grads(got);
+    expect_grads(got, cpu_store, std::string(tc.name) + ", cross-entropy again");
   }
 }
 

@@ -34,6 +34,8 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <numeric>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -192,8 +194,20 @@ class cuda_gpt {
     WEFT_CUDA_TRY(cudaMemsetAsync(grads_.data(), 0, grads_.size_bytes(), ex_.stream));
   }
 
+  //! A loss over the target rows' log-probabilities in place of the weighted cross-entropy (as
+  //! parallel::gpt's): called by forward() on the host with rows (the batch's row of each token,
+  //! 0 .. tokens - 1), logp (log p(target) of each row, 0 where the target is ignored) and dlogp
+  //! (zeros, as many), it returns the loss and writes d loss / d logp of each row, which backward()
+  //! then propagates (rows with an ignored target take none). The logp values come from the
+  //! device (one copy of tokens() values each way per forward). An empty function restores the
+  //! weighted cross-entropy.
+  using token_loss_fn = std::function<double(
+      std::span<std::int64_t const> rows, std::span<double const> logp, std::span<double> dlogp)>;
+  void set_token_loss(token_loss_fn fn) { token_loss_ = std::move(fn); }
+
   //! nn::gpt<T>::forward on the device: Σ weight·CE over the batch's target rows, weight =
-  //! token_weight if > 0, else 1 / the number of targets (the mean). Throws as nn::gpt does
+  //! token_weight if > 0, else 1 / the number of targets (the mean); under a token loss
+  //! (set_token_loss), that loss (token_weight unused). Throws as nn::gpt does
   //! (shape_error for positions/targets of another length; invalid_argument_error naming
   //! targets[k], tokens[k], positions[k] or cu_seqlens) before any copy or launch. Waits for the
   //! stream to read the loss.
@@ -243,6 +257,27 @@ class cuda_gpt {
     WEFT_CUDA_TRY(cudaMemcpyAsync(host_logp_.data(), a_.ce_logp, host_logp_.size() * sizeof(C),
                                   cudaMemcpyDeviceToHost, s));
     ex_.synchronize();
+    custom_ = static_cast<bool>(token_loss_);
+    if (custom_) {
+      auto const n = static_cast<std::size_t>(t);
+      tl_rows_.resize(n);
+      std::iota(tl_rows_.begin(), tl_rows_.end(), std::int64_t{0});
+      tl_logp_.assign(n, 0.0);
+      tl_dlogp_.assign(n, 0.0);
+      for (std::size_t k = 0; k < n; ++k)
+        if (b.targets[k] >= 0) tl_logp_[k] = static_cast<double>(host_logp_[k]);
+      double const loss =
+          token_loss_(std::span<std::int64_t const>(tl_rows_), std::span<double const>(tl_logp_),
+                      std::span<double>(tl_dlogp_));
+      // The rows' d loss / d logp, the backward's seed (0 where the target is ignored).
+      for (std::size_t k = 0; k < n; ++k)
+        host_logp_[k] = b.targets[k] >= 0 ? static_cast<C>(tl_dlogp_[k]) : C(0);
+      WEFT_CUDA_TRY(cudaMemcpyAsync(a_.ce_dlogp, host_logp_.data(), n * sizeof(C),
+                                    cudaMemcpyHostToDevice, s));
+      ex_.synchronize();  // host_logp_ is the source: the next forward overwrites it
+      ready_ = true;
+      return loss;
+    }
     double loss = 0.0;
     for (std::size_t k = 0; k < b.targets.size(); ++k)
       if (b.targets[k] >= 0) loss += weight * -static_cast<double>(host_logp_[k]);
@@ -266,8 +301,10 @@ class cuda_gpt {
     if (t == 0) return;
     cudaStream_t const s = ex_.stream;
     cublasHandle_t const h = blas_.get();
-    // d(weight·CE)/dlogits: rl's gradient of g_logp·logp with g_logp = −weight (0 where ignored).
-    ::weft::detail::launch_for_each_index(s, t, kernels::fill_op<C>{a_.ce_dlogp, C(-weight_)});
+    // d(weight·CE)/dlogits: rl's gradient of g_logp·logp with g_logp = −weight (0 where ignored);
+    // under a token loss, forward() has put its d loss / d logp there.
+    if (!custom_)
+      ::weft::detail::launch_for_each_index(s, t, kernels::fill_op<C>{a_.ce_dlogp, C(-weight_)});
     rl::kernels::log_prob_backward(
         s, static_cast<T const*>(a_.logits), v, static_cast<std::int32_t const*>(a_.targets), t,
         ce_options(), static_cast<C const*>(a_.ce_lse), static_cast<C const*>(a_.ce_entropy),
@@ -503,6 +540,10 @@ class cuda_gpt {
   index_t documents_ = 0;
   double weight_ = 0.0;
   bool ready_ = false;
+  bool custom_ = false;  // the last forward ran token_loss_
+  token_loss_fn token_loss_;
+  std::vector<std::int64_t> tl_rows_;
+  std::vector<double> tl_logp_, tl_dlogp_;
 };
 
 }  // namespace weft::nn

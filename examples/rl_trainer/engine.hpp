@@ -1,0 +1,153 @@
+// examples/rl_trainer/engine.hpp — rl_trainer's single-device model step (--device): one
+// microbatch's forward and backward, the accumulation of two halves, gradient clipping and AdamW,
+// with the parameters, gradients and optimizer state held where the model runs. The trainer keeps
+// the host copies it needs (the parameters after each step, for generation and checkpoints; the
+// optimizer state when it saves one) and talks to the engine through this interface only:
+//
+//   cpu-engine  cpu_engine<T, Comm>: parallel::gpt on groups of one rank, optim::adamw,
+//               optim::clip_grad_norm (the default one-rank path's own calls, so a run is bit for
+//               bit the one-rank run: the test of the plumbing --device cuda shares)
+//   cuda        make_cuda_engine<T> (engine_cuda.cu, compiled by nvcc into rl_trainer_cuda):
+//               nn::cuda_gpt<T>, the fused AdamW and the CUB gradient norm of optim/cuda/adamw.cuh
+#pragma once
+
+#include <weft/nn/gpt.hpp>
+#include <weft/nn/params.hpp>
+#include <weft/optim/adamw.hpp>
+#include <weft/optim/clip.hpp>
+#include <weft/parallel/gpt.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace weft::examples::rl_trainer {
+
+//! The policy loss of a microbatch's rows (parallel::gpt's and nn::cuda_gpt's token loss): rows
+//! (n · seq_len + position), their log-probs, d loss / d logp out; returns the loss.
+using token_loss_fn = std::function<double(std::span<std::int64_t const> rows,
+                                           std::span<double const> logp, std::span<double> dlogp)>;
+
+//! A model step on one device. Parameters, gradients and AdamW's moments are laid out by
+//! nn::gpt_layout(config) (parallel::gpt_shard_layout of one rank: the same order).
+template <class T>
+class model_engine {
+ public:
+  model_engine() = default;
+  model_engine(model_engine const&) = delete;
+  model_engine& operator=(model_engine const&) = delete;
+  virtual ~model_engine() = default;
+
+  //! Where the model runs, for the run's header line.
+  [[nodiscard]] virtual std::string where() const = 0;
+  //! Copies host parameters in / the engine's parameters out (params.size() == the layout's).
+  virtual void set_params(std::span<T const> params) = 0;
+  virtual void get_params(std::span<T> params) = 0;
+  //! The AdamW state the following steps continue from, and its copy back into a host
+  //! optimizer (its load_state: the host optimizer then steps on bit for bit as the engine would).
+  virtual void set_optimizer(optim::adamw_options const& options, std::span<T const> m,
+                             std::span<T const> v, std::int64_t steps) = 0;
+  virtual void get_optimizer(optim::adamw<T>& into) = 0;
+  virtual void zero_grad() = 0;
+  //! Forward and backward of one microbatch of whole sequences (gradients accumulate): the
+  //! cross-entropy weighted by token_weight per target token, or `loss` where it is set.
+  virtual double forward_backward(parallel::gpt_sequences const& batch, double token_weight,
+                                  token_loss_fn const& loss) = 0;
+  //! stash = gradients, gradients = 0; then gradients = stash + gradients (two halves summed as
+  //! two data-parallel ranks sum theirs).
+  virtual void stash_grads() = 0;
+  virtual void add_stash() = 0;
+  //! torch's clip_grad_norm_ over every gradient; returns the norm before clipping.
+  virtual double clip_grad_norm(double max_norm) = 0;
+  //! One AdamW step at `lr` (invalid_argument_error before set_optimizer).
+  virtual void adamw_step(double lr) = 0;
+};
+
+//! The engine on the CPU: the trainer's one-rank calls behind the engine interface. `group` is a
+//! group of one rank (the trainer's tp, cp and model groups when its layout is 1 x 1 x 1 x 1).
+template <class T, class Comm>
+class cpu_engine final : public model_engine<T> {
+ public:
+  cpu_engine(nn::gpt_config const& c, parallel::gpt_parallelism const& p, Comm& tp, Comm& cp,
+             Comm& model_group)
+      : store_(parallel::gpt_shard_layout(c, p)), model_group_(&model_group) {
+    WEFT_EXPECTS(tp.size() == 1 && cp.size() == 1 && model_group.size() == 1, "layout",
+                 "one rank (dp = pp = tp = cp = 1)",
+                 ::weft::detail::concat("tp ", tp.size(), ", cp ", cp.size(), ", pp x tp ",
+                                        model_group.size()));
+    model_.emplace(c, p, tp, cp, store_);
+  }
+
+  [[nodiscard]] std::string where() const override { return "the CPU (parallel::gpt, one rank)"; }
+  void set_params(std::span<T const> params) override {
+    check_size("params", params.size());
+    std::copy(params.begin(), params.end(), store_.params().begin());
+  }
+  void get_params(std::span<T> params) override {
+    check_size("params", params.size());
+    std::copy(store_.params().begin(), store_.params().end(), params.begin());
+  }
+  void set_optimizer(optim::adamw_options const& options, std::span<T const> m,
+                     std::span<T const> v, std::int64_t steps) override {
+    opt_.emplace(store_.layout().infos(), options);
+    opt_->load_state(m, v, steps);
+  }
+  void get_optimizer(optim::adamw<T>& into) override {
+    WEFT_EXPECTS(opt_.has_value(), "optimizer", "set_optimizer() first", "none");
+    into.load_state(opt_->m(), opt_->v(), opt_->steps());
+  }
+  void zero_grad() override { store_.zero_grad(); }
+  double forward_backward(parallel::gpt_sequences const& batch, double token_weight,
+                          token_loss_fn const& loss) override {
+    model_->set_token_loss(loss);
+    double const l = model_->forward(batch, token_weight);
+    model_->backward();
+    return l;
+  }
+  void stash_grads() override {
+    stash_.assign(store_.grads().begin(), store_.grads().end());
+    store_.zero_grad();
+  }
+  void add_stash() override {
+    auto g = store_.grads();
+    check_size("stash", stash_.size());
+    for (std::size_t k = 0; k < g.size(); ++k) g[k] = stash_[k] + g[k];
+  }
+  double clip_grad_norm(double max_norm) override {
+    return optim::clip_grad_norm(*model_group_, store_.layout().infos(), store_.grads(), 0,
+                                 max_norm);
+  }
+  void adamw_step(double lr) override {
+    WEFT_EXPECTS(opt_.has_value(), "optimizer", "set_optimizer() first", "none");
+    opt_->step(store_.params(), store_.grads(), lr);
+  }
+
+ private:
+  void check_size(char const* what, std::size_t n) const {
+    WEFT_EXPECTS_SHAPE(n == store_.params().size(), what,
+                       ::weft::detail::concat(store_.params().size(), " elements (the layout's)"),
+                       n);
+  }
+
+  nn::param_store<T> store_;
+  Comm* model_group_;
+  std::optional<parallel::gpt<T, Comm, Comm>> model_;
+  std::optional<optim::adamw<T>> opt_;
+  std::vector<T> stash_;
+};
+
+#if WEFT_TRAINER_CUDA
+//! The engine on CUDA device 0 (engine_cuda.cu): bad_argument naming --device where no device
+//! answers. T is float or double.
+template <class T>
+std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config);
+extern template std::unique_ptr<model_engine<float>> make_cuda_engine<float>(nn::gpt_config const&);
+extern template std::unique_ptr<model_engine<double>> make_cuda_engine<double>(
+    nn::gpt_config const&);
+#endif
+
+}  // namespace weft::examples::rl_trainer

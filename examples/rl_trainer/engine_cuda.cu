@@ -1,0 +1,178 @@
+// examples/rl_trainer/engine_cuda.cu — rl_trainer's model step on a GPU (--device cuda): the
+// model_engine of engine.hpp over nn::cuda_gpt<T> (forward, the policy loss's seed, backward),
+// the fused AdamW and the CUB gradient norm of optim/cuda/adamw.cuh, all on one stream of CUDA
+// device 0. The host sees the parameters once per optimizer step (generation runs on the CPU's
+// key/value-cache decoder) and each microbatch's log-probs (the policy loss is computed on the
+// host, as on every other layout).
+#include "rl_trainer/engine.hpp"
+
+#include "common/cli.hpp"
+
+#include <weft/core/error.hpp>
+#include <weft/core/exec.hpp>
+#include <weft/core/memory.hpp>
+#include <weft/core/tensor.hpp>
+#include <weft/nn/cuda/gpt.cuh>
+#include <weft/optim/cuda/adamw.cuh>
+
+#include <cuda_runtime_api.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace weft::examples::rl_trainer {
+namespace {
+
+template <class T>
+using device_vector = tensor<T, 1, cuda_space>;
+
+template <class T>
+device_vector<T> device_zeros(std::size_t n, cudaStream_t s) {
+  device_vector<T> d(std::array<index_t, 1>{static_cast<index_t>(n)});
+  WEFT_CUDA_TRY(cudaMemsetAsync(d.data(), 0, d.size_bytes(), s));
+  return d;
+}
+
+template <class T>
+class cuda_engine final : public model_engine<T> {
+ public:
+  cuda_engine(nn::gpt_config const& c, std::string where)
+      : gpt_(c), where_(std::move(where)), n_(gpt_.size()) {
+    cudaStream_t const s = gpt_.executor().stream;
+    m_ = device_zeros<T>(n_, s);
+    v_ = device_zeros<T>(n_, s);
+    stash_ = device_zeros<T>(n_, s);
+    temp_bytes_ = optim::kernels::grad_norm_squared_temp_bytes<T>(static_cast<std::int64_t>(n_));
+    temp_ = device_zeros<std::byte>(temp_bytes_ > 0 ? temp_bytes_ : 1, s);
+    norm_sq_ = device_zeros<double>(1, s);
+    gpt_.executor().synchronize();
+  }
+
+  [[nodiscard]] std::string where() const override { return where_; }
+
+  void set_params(std::span<T const> params) override {
+    check_size("params", params.size());
+    copy(gpt_.params(), params.data(), cudaMemcpyHostToDevice);
+  }
+  void get_params(std::span<T> params) override {
+    check_size("params", params.size());
+    copy(params.data(), gpt_.params(), cudaMemcpyDeviceToHost);
+  }
+  void set_optimizer(optim::adamw_options const& options, std::span<T const> m,
+                     std::span<T const> v, std::int64_t steps) override {
+    optim::validate(options);
+    check_size("m", m.size());
+    check_size("v", v.size());
+    WEFT_EXPECTS(steps >= 0, "steps", ">= 0", steps);
+    copy(m_.data(), m.data(), cudaMemcpyHostToDevice);
+    copy(v_.data(), v.data(), cudaMemcpyHostToDevice);
+    options_ = options;
+    steps_ = steps;
+    has_optimizer_ = true;
+  }
+  void get_optimizer(optim::adamw<T>& into) override {
+    WEFT_EXPECTS(has_optimizer_, "optimizer", "set_optimizer() first", "none");
+    std::vector<T> m(n_), v(n_);
+    copy(m.data(), m_.data(), cudaMemcpyDeviceToHost);
+    copy(v.data(), v_.data(), cudaMemcpyDeviceToHost);
+    into.load_state(m, v, steps_);
+  }
+  void zero_grad() override { gpt_.zero_grad(); }
+
+  double forward_backward(parallel::gpt_sequences const& batch, double token_weight,
+                          token_loss_fn const& loss) override {
+    auto const t = static_cast<index_t>(batch.tokens.size());
+    WEFT_EXPECTS(batch.seq_len > 0 && t % batch.seq_len == 0, "batch.seq_len",
+                 ::weft::detail::concat("a positive divisor of the ", t, " tokens"), batch.seq_len);
+    // Each sequence its own document, positions 0 .. seq_len - 1 (parallel::gpt's batch of one
+    // rank).
+    positions_.resize(static_cast<std::size_t>(t));
+    for (index_t k = 0; k < t; ++k)
+      positions_[static_cast<std::size_t>(k)] = static_cast<std::int32_t>(k % batch.seq_len);
+    cu_.resize(static_cast<std::size_t>(t / batch.seq_len + 1));
+    for (std::size_t n = 0; n < cu_.size(); ++n)
+      cu_[n] = static_cast<std::int64_t>(n) * batch.seq_len;
+    gpt_.set_token_loss(loss);
+    double const l =
+        gpt_.forward(nn::gpt_batch{batch.tokens, positions_, batch.targets, cu_}, token_weight);
+    gpt_.backward();
+    return l;
+  }
+
+  void stash_grads() override {
+    WEFT_CUDA_TRY(cudaMemcpyAsync(stash_.data(), gpt_.grads(), n_ * sizeof(T),
+                                  cudaMemcpyDeviceToDevice, gpt_.executor().stream));
+    gpt_.zero_grad();
+  }
+  void add_stash() override {
+    ::weft::detail::launch_for_each_index(
+        gpt_.executor().stream, static_cast<std::int64_t>(n_),
+        nn::kernels::residual_add_op<T>{stash_.data(), gpt_.grads(), gpt_.grads()});
+  }
+  double clip_grad_norm(double max_norm) override {
+    return optim::kernels::clip_grad_norm(gpt_.executor().stream, gpt_.grads(),
+                                          static_cast<std::int64_t>(n_), max_norm, temp_.data(),
+                                          temp_bytes_, norm_sq_.data());
+  }
+  void adamw_step(double lr) override {
+    WEFT_EXPECTS(has_optimizer_, "optimizer", "set_optimizer() first", "none");
+    auto const infos = gpt_.layout().infos();
+    optim::kernels::adamw_step(gpt_.executor().stream, std::span<optim::param_info const>(infos),
+                               gpt_.params(), static_cast<T const*>(gpt_.grads()), m_.data(),
+                               v_.data(), options_, steps_ + 1, lr);
+    ++steps_;  // after the launch: a refused step leaves the count as it was
+  }
+
+ private:
+  void check_size(char const* what, std::size_t n) const {
+    WEFT_EXPECTS_SHAPE(n == n_, what, ::weft::detail::concat(n_, " elements (the layout's)"), n);
+  }
+  //! n_ elements between host and device memory, waiting for them (and the stream's work before).
+  void copy(T* dst, T const* src, cudaMemcpyKind kind) {
+    cudaStream_t const s = gpt_.executor().stream;
+    WEFT_CUDA_TRY(cudaMemcpyAsync(dst, src, n_ * sizeof(T), kind, s));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+  }
+
+  nn::cuda_gpt<T> gpt_;
+  std::string where_;
+  std::size_t n_;
+  device_vector<T> m_, v_, stash_;
+  device_vector<std::byte> temp_;
+  device_vector<double> norm_sq_;
+  std::size_t temp_bytes_ = 0;
+  optim::adamw_options options_{};
+  std::int64_t steps_ = 0;
+  bool has_optimizer_ = false;
+  std::vector<std::int32_t> positions_;
+  std::vector<std::int64_t> cu_;
+};
+
+}  // namespace
+
+template <class T>
+std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config) {
+  int count = 0;
+  cudaError_t const e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0)
+    throw bad_argument{
+        std::string("argument `--device`: expected a CUDA device, actual ") +
+        (e != cudaSuccess ? std::string("none (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")"
+                          : std::string("none"))};
+  WEFT_CUDA_TRY(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  WEFT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
+  std::string where = std::string("CUDA device 0 (") + prop.name + ", sm_" +
+                      std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+  return std::make_unique<cuda_engine<T>>(config, std::move(where));
+}
+
+template std::unique_ptr<model_engine<float>> make_cuda_engine<float>(nn::gpt_config const&);
+template std::unique_ptr<model_engine<double>> make_cuda_engine<double>(nn::gpt_config const&);
+
+}  // namespace weft::examples::rl_trainer
