@@ -22,7 +22,8 @@ case "$mode" in
     while IFS= read -r f; do cp "$f" "$dest/"; done < <(
       find "$build" -type f -perm -u+x \( -name 'weft.test.*.cuda' -o -name 'weft.test.nccl.gpu' \
         -o -name 'weft.bench.cuda.*' -o -name 'weft.bench.comm' -o -name 'rl_trainer_cuda' \))
-    for f in "$dest"/weft.*; do
+    for f in "$dest"/weft.* "$dest"/rl_trainer_cuda; do
+      [[ -e "$f" ]] || continue
       ldd "$f" | awk '/=> \//{print $3}' | grep -E 'libbenchmark|libgomp|libopenblas|libblas|libgfortran|libquadmath' || true
     done | sort -u | while IFS= read -r l; do cp -L "$l" "$dest/lib/"; done
     ls -la "$dest" "$dest/lib"
@@ -56,7 +57,7 @@ case "$mode" in
     if [[ -x "$dest/rl_trainer_cuda" ]]; then
       rl=(--sft-steps 300 --rl-steps 4 --eval-prompts 50 --quiet --check)
       echo "=== rl_trainer_cuda f64 check"
-      timeout 300 "$dest/rl_trainer_cuda" --device cuda --f64 "${rl[@]}"
+      timeout 600 "$dest/rl_trainer_cuda" --device cuda --f64 "${rl[@]}"
       echo "=== rl_trainer_cuda f64 check rc=$?"
       echo "=== rl_trainer_cuda smoke"
       timeout 300 "$dest/rl_trainer_cuda" --device cuda --preset smoke

@@ -106,6 +106,7 @@ class cpu_engine final : public model_engine<T> {
     model_->set_token_loss(loss);
     double const l = model_->forward(batch, token_weight);
     model_->backward();
+    model_->set_token_loss({});  // `loss` may refer to the caller's frame
     return l;
   }
   void stash_grads() override {

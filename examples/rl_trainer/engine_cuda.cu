@@ -101,6 +101,7 @@ class cuda_engine final : public model_engine<T> {
     double const l =
         gpt_.forward(nn::gpt_batch{batch.tokens, positions_, batch.targets, cu_}, token_weight);
     gpt_.backward();
+    gpt_.set_token_loss({});  // `loss` may refer to the caller's frame
     return l;
   }
 

@@ -372,6 +372,34 @@ TEST_CASE(
     gpu.download_grads(got);
     expect_grads(got, cpu_store, std::string(tc.name) + ", token loss");
 
+    // A hook that writes only the even rows: the odd ones must arrive (and stay) 0, not the last
+    // forward's values, so the gradient is the even pass's alone.
+    gpu.zero_grad();
+    cpu_store.zero_grad();
+    batch_data even = a;
+    for (std::size_t k = 1; k < even.targets.size(); k += 2) even.targets[k] = -1;
+    double const even_cpu = cpu.forward(even.view(), w_even);
+    cpu.backward();
+    bool arrived_zero = true;
+    gpu.set_token_loss(
+        [&](std::span<std::int64_t const>, std::span<double const> logp, std::span<double> dlogp) {
+          double loss = 0;
+          for (std::size_t k = 0; k < logp.size(); ++k) {
+            arrived_zero = arrived_zero && dlogp[k] == 0.0;
+            if (k % 2 == 0 && a.targets[k] >= 0) {
+              loss -= w_even * logp[k];
+              dlogp[k] = -w_even;
+            }
+          }
+          return loss;
+        });
+    double const even_gpu = gpu.forward(a.view());
+    gpu.backward();
+    CHECK(arrived_zero);
+    expect_loss(even_gpu, even_cpu, std::string(tc.name) + ", even rows only");
+    gpu.download_grads(got);
+    expect_grads(got, cpu_store, std::string(tc.name) + ", even rows only");
+
     // An empty function restores the weighted cross-entropy.
     gpu.set_token_loss({});
     gpu.zero_grad();

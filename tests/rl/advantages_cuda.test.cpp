@@ -1,7 +1,8 @@
 // CUDA twins of the advantage and KL tests: GRPO / Dr. GRPO / RLOO over segment groups (odd
 // sizes, singletons, empty groups, constant groups) and fixed groups (weft/rl/cuda/advantages.cuh),
-// and the KL estimators' per-token values, gradients and loss term (weft/rl/cuda/kl.cuh) against
-// the CPU path. The host build compiles nothing here.
+// GAE, discounted returns, REINFORCE++, ReMax and masked whitening over padded and packed rows
+// (weft/rl/cuda/returns.cuh), and the KL estimators' per-token values, gradients and loss term
+// (weft/rl/cuda/kl.cuh) against the CPU path. The host build compiles nothing here.
 //
 // Tolerances (relative to max(|cpu|, 1)): statistics are summed in double on both sides, in a tree
 // on the GPU and serially on the CPU, so f64 outputs agree within 1e-12 and f32 outputs (one
@@ -14,9 +15,11 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 #include <span>
 #include <string>
@@ -25,6 +28,7 @@
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
 #include <weft/rl/cuda/advantages.cuh>
 #include <weft/rl/cuda/kl.cuh>
+#include <weft/rl/cuda/returns.cuh>
 
 #include "support/cuda_buffer.hpp"
 
@@ -224,6 +228,192 @@ TEST_CASE("rl/cuda: bad group sizes and eps throw before any launch") {
   weft::rl::grpo_options bad;
   bad.eps = -1;
   CHECK_THROWS_AS(rk::grpo_advantages<float>(nullptr, none, 8, std::int64_t{4}, none, bad),
+                  weft::invalid_argument_error);
+}
+
+namespace {
+// A token batch: padded [rows, cols] or packed rows of the given lengths; rewards and values
+// random, a mask with padded tails, a multi-turn gap in every third row and an all-masked row;
+// at masked positions NaN values (which no output may read) and rewards of 5 (discounted returns
+// write their running sum there and reset after; the others ignore them).
+template <class T>
+struct token_batch {
+  weft::rl::token_layout layout;
+  std::vector<std::int64_t> offsets{0};
+  std::vector<T> rewards, values, baselines;
+  std::vector<std::uint8_t> mask;
+  rk::device_rows rows;
+  std::unique_ptr<dbuf<std::int64_t>> doff;
+
+  token_batch(std::vector<std::int64_t> const& lengths, std::int64_t padded_cols,
+              std::uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u(-1.0, 2.0);
+    for (auto l : lengths) offsets.push_back(offsets.back() + l);
+    auto const n_rows = static_cast<std::int64_t>(lengths.size());
+    if (padded_cols > 0)
+      layout = weft::rl::token_layout::padded(n_rows, padded_cols);
+    else
+      layout = weft::rl::token_layout::packed(offsets);
+    T const nan = std::numeric_limits<T>::quiet_NaN();
+    for (std::int64_t i = 0; i < n_rows; ++i) {
+      auto const len = layout.row_end(i) - layout.row_begin(i);
+      auto const valid_len = padded_cols > 0 ? std::min<std::int64_t>(lengths[i], len) : len;
+      for (std::int64_t t = 0; t < len; ++t) {
+        bool ok = t < valid_len && i % 11 != 7;  // tail, all-masked row
+        if (i % 3 == 1 && t >= valid_len / 3 && t < valid_len / 2) ok = false;  // an observation
+        mask.push_back(ok ? 1 : 0);
+        rewards.push_back(ok ? static_cast<T>(t + 1 == valid_len ? 3 * u(rng) : 0.1 * u(rng))
+                             : T(5));
+        values.push_back(ok ? static_cast<T>(u(rng)) : nan);
+      }
+      baselines.push_back(static_cast<T>(u(rng)));
+    }
+    if (padded_cols > 0) {
+      rows = rk::device_rows::padded(n_rows, padded_cols);
+    } else {
+      doff = std::make_unique<dbuf<std::int64_t>>(offsets);
+      rows = rk::device_rows::packed(doff->p, n_rows, offsets.back());
+    }
+  }
+};
+
+template <class T>
+void returns_against_cpu(token_batch<T> const& b, std::string const& tag) {
+  double const tol = sizeof(T) == 4 ? 1e-6 : 1e-12;
+  using weft::rl::gae_options;
+  auto const n = b.mask.size();
+  REQUIRE(static_cast<std::int64_t>(n) == b.layout.tokens());
+  REQUIRE(b.rows.tokens == b.layout.tokens());
+  dbuf<T> dr(b.rewards), dv(b.values), db(b.baselines), da(std::vector<T>(n, T(-9))),
+      dt(std::vector<T>(n, T(-9)));
+  dbuf<std::uint8_t> dm(b.mask);
+  std::vector<T> adv(n), ret(n);
+  auto const cs = [](std::vector<T> const& v) { return std::span<T const>(v); };
+  auto const ms = std::span<std::uint8_t const>(b.mask);
+  for (gae_options opt : {gae_options{1.0, 1.0, false}, gae_options{0.99, 0.95, true},
+                          gae_options{0.9, 0.8, false}, gae_options{1.0, 0.5, true}}) {
+    std::string const ot = tag + " GAE gamma " + std::to_string(opt.gamma) + " lambda " +
+                           std::to_string(opt.lambda) + (opt.whiten ? " whitened" : "");
+    weft::rl::gae_advantages(b.layout, cs(b.rewards), cs(b.values), ms, std::span<T>(adv),
+                             std::span<T>(ret), opt);
+    rk::gae_advantages<T>(nullptr, b.rows, dr.p, dv.p, dm.p, da.p, dt.p, opt);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close(ot + " advantages", da.host(), adv, tol);
+    expect_close(ot + " returns", dt.host(), ret, tol);
+  }
+  for (double gamma : {1.0, 0.97}) {
+    std::string const gt = tag + " gamma " + std::to_string(gamma);
+    weft::rl::discounted_returns(b.layout, cs(b.rewards), ms, gamma, std::span<T>(ret));
+    rk::discounted_returns<T>(nullptr, b.rows, dr.p, dm.p, gamma, dt.p);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close(gt + " discounted returns", dt.host(), ret, tol);
+    weft::rl::reinforce_pp_advantages(b.layout, cs(b.rewards), ms, gamma, std::span<T>(adv));
+    rk::reinforce_pp_advantages<T>(nullptr, b.rows, dr.p, dm.p, gamma, da.p);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close(gt + " REINFORCE++", da.host(), adv, tol);
+  }
+  weft::rl::remax_advantages(b.layout, cs(b.rewards), cs(b.baselines), ms, std::span<T>(adv),
+                             std::span<T>(ret));
+  rk::remax_advantages<T>(nullptr, b.rows, dr.p, db.p, dm.p, da.p, dt.p);
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  expect_close(tag + " ReMax advantages", da.host(), adv, tol);
+  expect_close(tag + " ReMax returns", dt.host(), ret, tol);
+}
+
+template <class T>
+void returns_grid() {
+  std::string const p = sizeof(T) == 4 ? "f32" : "f64";
+  std::vector<std::int64_t> const lengths = {0, 5, 1, 0, 64, 17, 300, 2, 9, 33, 128, 7};
+  returns_against_cpu(token_batch<T>(lengths, 0, 1), p + " packed");
+  returns_against_cpu(token_batch<T>(lengths, 300, 2), p + " padded 12 x 300");
+  std::vector<std::int64_t> many;
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 1000; ++i) many.push_back(static_cast<std::int64_t>(rng() % 130));
+  returns_against_cpu(token_batch<T>(many, 0, 4), p + " packed 1000 rows");
+  returns_against_cpu(token_batch<T>(many, 129, 5), p + " padded 1000 x 129");
+  returns_against_cpu(token_batch<T>({}, 4, 6), p + " no rows");
+}
+}  // namespace
+
+TEST_CASE(
+    "rl/cuda: GAE, discounted returns, REINFORCE++ and ReMax give the CPU's, padded and "
+    "packed") {
+  if (!have_cuda_device()) return;
+  returns_grid<double>();
+  returns_grid<float>();
+}
+
+TEST_CASE("rl/cuda: masked whitening with its own and with supplied statistics follows the CPU") {
+  if (!have_cuda_device()) return;
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{1037}, std::size_t{100003}}) {
+    CAPTURE(n);
+    std::mt19937_64 rng(n + 17);
+    std::uniform_real_distribution<double> u(-3.0, 5.0);
+    std::vector<double> v(n);
+    std::vector<std::uint8_t> m(n);
+    for (std::size_t k = 0; k < n; ++k) {
+      m[k] = k % 5 == 3 ? 0 : 1;
+      v[k] = m[k] ? 100.0 + u(rng) : std::numeric_limits<double>::quiet_NaN();  // mean far from 0
+    }
+    dbuf<double> dv(v), dout(std::vector<double>(n, -9.0));
+    dbuf<std::uint8_t> dm(m);
+    std::vector<double> want(n);
+    for (bool shift : {true, false}) {
+      weft::rl::masked_whiten(std::span<double const>(v), std::span<std::uint8_t const>(m),
+                              std::span<double>(want), shift);
+      rk::masked_whiten<double, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(n),
+                                              dout.p, shift);
+      WEFT_CUDA_TRY(cudaDeviceSynchronize());
+      expect_close(std::string("own statistics") + (shift ? "" : ", mean kept"), dout.host(), want,
+                   1e-12);
+    }
+    // Statistics of two halves (as two ranks), added on the host, whiten each half.
+    std::size_t const h = n / 2;
+    dbuf<weft::rl::whiten_stats> ds(std::size_t{2});
+    rk::whiten_statistics<double, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(h),
+                                                ds.p);
+    rk::whiten_statistics<double, std::uint8_t>(nullptr, dv.p + h, dm.p + h,
+                                                static_cast<std::int64_t>(n - h), ds.p + 1);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    auto const parts = ds.host();
+    auto const cpu_a = weft::rl::whiten_statistics(std::span<double const>(v.data(), h),
+                                                   std::span<std::uint8_t const>(m.data(), h));
+    CHECK(parts[0].count == cpu_a.count);
+    CHECK(std::abs(parts[0].sum - cpu_a.sum) <= 1e-12 * std::max(1.0, std::abs(cpu_a.sum)));
+    CHECK(std::abs(parts[0].sum_sq - cpu_a.sum_sq) <= 1e-12 * std::max(1.0, cpu_a.sum_sq));
+    weft::rl::whiten_stats total;
+    total.count = parts[0].count + parts[1].count;
+    total.sum = parts[0].sum + parts[1].sum;
+    total.sum_sq = parts[0].sum_sq + parts[1].sum_sq;
+    dbuf<weft::rl::whiten_stats> dt(std::vector<weft::rl::whiten_stats>{total});
+    weft::rl::masked_whiten(std::span<double const>(v), std::span<std::uint8_t const>(m),
+                            std::span<double>(want), total);
+    rk::masked_whiten<double, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(n),
+                                            dout.p,
+                                            static_cast<weft::rl::whiten_stats const*>(dt.p));
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close("supplied statistics", dout.host(), want, 1e-12);
+  }
+}
+
+TEST_CASE("rl/cuda: bad rows, token counts and eps throw before any launch") {
+  CHECK_THROWS_AS((void)rk::device_rows::padded(-1, 4), weft::invalid_argument_error);
+  CHECK_THROWS_AS((void)rk::device_rows::padded(3, -4), weft::invalid_argument_error);
+  CHECK_THROWS_AS((void)rk::device_rows::padded(std::int64_t{1} << 40, std::int64_t{1} << 40),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS((void)rk::device_rows::packed(nullptr, 2, 10), weft::invalid_argument_error);
+  CHECK_THROWS_AS((void)rk::device_rows::packed(nullptr, 0, -1), weft::invalid_argument_error);
+  float* none = nullptr;
+  std::uint8_t* no_mask = nullptr;
+  CHECK_THROWS_AS(rk::masked_whiten<float>(nullptr, none, no_mask, -1, none),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(rk::masked_whiten<float>(nullptr, none, no_mask, 4, none, true, -1.0),
+                  weft::invalid_argument_error);
+  rk::device_rows bad;
+  bad.rows = -3;
+  CHECK_THROWS_AS(rk::gae_advantages<float>(nullptr, bad, none, none, no_mask, none, none),
                   weft::invalid_argument_error);
 }
 #endif  // __CUDACC__ && WEFT_HAS_CUDA_RUNTIME

@@ -306,9 +306,9 @@ struct whiten_stats {
   double count = 0;
   double sum = 0;
   double sum_sq = 0;
-  [[nodiscard]] double mean() const noexcept { return count > 0 ? sum / count : 0.0; }
+  [[nodiscard]] WEFT_HD double mean() const noexcept { return count > 0 ? sum / count : 0.0; }
   //! Unbiased (Bessel) variance; 0 with fewer than two valid tokens.
-  [[nodiscard]] double variance() const noexcept {
+  [[nodiscard]] WEFT_HD double variance() const noexcept {
     if (count < 2) return 0.0;
     double const v = (sum_sq - sum * sum / count) / (count - 1);
     return v > 0 ? v : 0.0;
@@ -339,17 +339,33 @@ template <FlatArray VR, FlatArray MR>
 }
 
 namespace detail {
+//! The whitening of one token (the CPU loop and the CUDA kernel): (v − mean)·inv, plus the mean
+//! again without shift_mean, and 0 where masked. inv = 1 / sqrt(variance + eps).
+struct whiten_fn {
+  double mean, inv;
+  bool shift_mean;
+  WEFT_HD whiten_fn(whiten_stats const& s, bool shift, double eps) noexcept
+      : mean(s.mean()), inv(1.0 / ::cuda::std::sqrt(s.variance() + eps)), shift_mean(shift) {}
+  template <class T>
+  WEFT_HD T operator()(T value, bool valid) const noexcept {
+    double const v = (static_cast<double>(value) - mean) * inv + (shift_mean ? 0.0 : mean);
+    return valid ? static_cast<T>(v) : T(0);
+  }
+};
+
+//! The raw Σv² of the two-pass statistics: the centred Σ(v − mean)² re-expressed as
+//! whiten_stats::variance reads it.
+WEFT_HD inline double raw_sum_sq(double centred, double sum, double count) noexcept {
+  return centred + sum * sum / (count > 0 ? count : 1.0);
+}
+
 template <class T, class M>
 void masked_whiten_impl(std::span<T const> values, std::span<M const> mask, std::span<T> out,
                         whiten_stats const& stats, bool shift_mean = true, double eps = 1e-8) {
   WEFT_EXPECTS_SHAPE(out.size() == values.size(), "out", values.size(), out.size());
   WEFT_EXPECTS_SHAPE(mask.size() == values.size(), "mask", values.size(), mask.size());
-  double const mean = stats.mean();
-  double const inv = 1.0 / std::sqrt(stats.variance() + eps);
-  for (std::size_t k = 0; k < values.size(); ++k) {
-    double const v = (static_cast<double>(values[k]) - mean) * inv + (shift_mean ? 0.0 : mean);
-    out[k] = detail::valid(mask[k]) ? static_cast<T>(v) : T(0);
-  }
+  whiten_fn const fn(stats, shift_mean, eps);
+  for (std::size_t k = 0; k < values.size(); ++k) out[k] = fn(values[k], detail::valid(mask[k]));
 }
 }  // namespace detail
 
@@ -375,7 +391,7 @@ void masked_whiten_own_impl(std::span<T const> values, std::span<M const> mask, 
       ss += d * d;
     }
   // Re-express the centred sum of squares in the raw form the other overload reads.
-  s.sum_sq = ss + s.sum * s.sum / (s.count > 0 ? s.count : 1.0);
+  s.sum_sq = raw_sum_sq(ss, s.sum, s.count);
   masked_whiten(values, mask, out, s, shift_mean, eps);
 }
 }  // namespace detail
@@ -391,21 +407,64 @@ void masked_whiten(VR&& values, MR&& mask, OR&& out, bool shift_mean = true, dou
 }
 
 namespace detail {
+// The per-row recurrences over tokens [begin, end), last token first: the CPU loops run them row
+// after row, the CUDA kernels (rl/cuda/returns.cuh) one thread per row.
+
+//! discounted_returns of one row.
+template <class T, class M>
+WEFT_HD void discounted_returns_row(index_t begin, index_t end, T const* token_rewards,
+                                    M const* mask, double gamma, T* out) noexcept {
+  double run = 0;
+  for (index_t t = end; t-- > begin;) {
+    run = static_cast<double>(token_rewards[t]) + gamma * run;
+    out[t] = static_cast<T>(run);
+    run *= valid(mask[t]) ? 1.0 : 0.0;
+  }
+}
+
+//! remax_advantages of one row with greedy baseline b.
+template <class T, class M>
+WEFT_HD void remax_row(index_t begin, index_t end, T const* token_rewards, double b, M const* mask,
+                       T* advantages, T* returns) noexcept {
+  double run = 0;
+  for (index_t t = end; t-- > begin;) {
+    bool const v = valid(mask[t]);
+    run += v ? static_cast<double>(token_rewards[t]) : 0.0;
+    returns[t] = v ? static_cast<T>(run) : T(0);
+    advantages[t] = v ? static_cast<T>(run - b) : T(0);
+  }
+}
+
+//! gae_advantages of one row, before whitening.
+template <class T, class M>
+WEFT_HD void gae_row(index_t begin, index_t end, T const* token_rewards, T const* values,
+                     M const* mask, double gamma, double lambda, T* advantages,
+                     T* returns) noexcept {
+  double next_value = 0, last = 0;
+  for (index_t t = end; t-- > begin;) {
+    if (!valid(mask[t])) {
+      advantages[t] = T(0);
+      returns[t] = T(0);
+      continue;
+    }
+    double const v = static_cast<double>(values[t]);
+    double const delta = static_cast<double>(token_rewards[t]) + gamma * next_value - v;
+    last = delta + gamma * lambda * last;
+    next_value = v;
+    advantages[t] = static_cast<T>(last);
+    returns[t] = static_cast<T>(last + v);
+  }
+}
+
 template <class T, class M>
 void discounted_returns_impl(token_layout const& layout, std::span<T const> token_rewards,
                              std::span<M const> mask, double gamma, std::span<T> out) {
   detail::expect_tokens(token_rewards, layout, "token_rewards");
   detail::expect_tokens(mask, layout, "mask");
   detail::expect_tokens(out, layout, "out");
-  for (index_t i = 0; i < layout.rows(); ++i) {
-    double run = 0;
-    for (index_t t = layout.row_end(i); t-- > layout.row_begin(i);) {
-      auto const k = static_cast<std::size_t>(t);
-      run = static_cast<double>(token_rewards[k]) + gamma * run;
-      out[k] = static_cast<T>(run);
-      run *= detail::valid(mask[k]) ? 1.0 : 0.0;
-    }
-  }
+  for (index_t i = 0; i < layout.rows(); ++i)
+    discounted_returns_row(layout.row_begin(i), layout.row_end(i), token_rewards.data(),
+                           mask.data(), gamma, out.data());
 }
 }  // namespace detail
 
@@ -470,18 +529,10 @@ void remax_advantages_impl(token_layout const& layout, std::span<T const> token_
   detail::expect_tokens(mask, layout, "mask");
   detail::expect_tokens(advantages, layout, "advantages");
   detail::expect_tokens(returns, layout, "returns");
-  for (index_t i = 0; i < layout.rows(); ++i) {
-    double run = 0;
-    for (index_t t = layout.row_end(i); t-- > layout.row_begin(i);) {
-      auto const k = static_cast<std::size_t>(t);
-      bool const v = detail::valid(mask[k]);
-      run += v ? static_cast<double>(token_rewards[k]) : 0.0;
-      returns[k] = v ? static_cast<T>(run) : T(0);
-      advantages[k] =
-          v ? static_cast<T>(run - static_cast<double>(baselines[static_cast<std::size_t>(i)]))
-            : T(0);
-    }
-  }
+  for (index_t i = 0; i < layout.rows(); ++i)
+    remax_row(layout.row_begin(i), layout.row_end(i), token_rewards.data(),
+              static_cast<double>(baselines[static_cast<std::size_t>(i)]), mask.data(),
+              advantages.data(), returns.data());
 }
 }  // namespace detail
 
@@ -512,23 +563,9 @@ void gae_advantages_impl(token_layout const& layout, std::span<T const> token_re
   detail::expect_tokens(mask, layout, "mask");
   detail::expect_tokens(advantages, layout, "advantages");
   detail::expect_tokens(returns, layout, "returns");
-  for (index_t i = 0; i < layout.rows(); ++i) {
-    double next_value = 0, last = 0;
-    for (index_t t = layout.row_end(i); t-- > layout.row_begin(i);) {
-      auto const k = static_cast<std::size_t>(t);
-      if (!detail::valid(mask[k])) {
-        advantages[k] = T(0);
-        returns[k] = T(0);
-        continue;
-      }
-      double const v = static_cast<double>(values[k]);
-      double const delta = static_cast<double>(token_rewards[k]) + opt.gamma * next_value - v;
-      last = delta + opt.gamma * opt.lambda * last;
-      next_value = v;
-      advantages[k] = static_cast<T>(last);
-      returns[k] = static_cast<T>(last + v);
-    }
-  }
+  for (index_t i = 0; i < layout.rows(); ++i)
+    gae_row(layout.row_begin(i), layout.row_end(i), token_rewards.data(), values.data(),
+            mask.data(), opt.gamma, opt.lambda, advantages.data(), returns.data());
   if (opt.whiten)
     masked_whiten(std::span<T const>(advantages.data(), advantages.size()), mask, advantages);
 }

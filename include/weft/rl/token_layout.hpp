@@ -183,7 +183,7 @@ void expect_rows(S const& s, token_layout const& layout, std::string_view name) 
 }
 
 template <class M>
-constexpr bool valid(M m) noexcept {
+WEFT_HD constexpr bool valid(M m) noexcept {
   return m != M{};
 }
 

@@ -226,9 +226,14 @@ class cuda_gpt {
     t_ = t;
     documents_ = documents;
     weight_ = weight;
+    custom_ = static_cast<bool>(token_loss_);
     if (t == 0) {
+      // No rows: the token loss is still called (with empty spans), as parallel::gpt calls it.
+      double const loss = custom_ ? token_loss_(std::span<std::int64_t const>(),
+                                                std::span<double const>(), std::span<double>())
+                                  : 0.0;
       ready_ = true;
-      return 0.0;
+      return loss;
     }
     cudaStream_t const s = ex_.stream;
     auto const copy = [&](auto* dst, auto const& src) {
@@ -257,7 +262,6 @@ class cuda_gpt {
     WEFT_CUDA_TRY(cudaMemcpyAsync(host_logp_.data(), a_.ce_logp, host_logp_.size() * sizeof(C),
                                   cudaMemcpyDeviceToHost, s));
     ex_.synchronize();
-    custom_ = static_cast<bool>(token_loss_);
     if (custom_) {
       auto const n = static_cast<std::size_t>(t);
       tl_rows_.resize(n);
