@@ -59,6 +59,9 @@ case "$mode" in
       echo "=== rl_trainer_cuda f64 check"
       timeout 600 "$dest/rl_trainer_cuda" --device cuda --f64 "${rl[@]}"
       echo "=== rl_trainer_cuda f64 check rc=$?"
+      echo "=== rl_trainer_cuda dp 2 f64 check"
+      timeout 600 "$dest/rl_trainer_cuda" --device cuda --dp 2 --f64 "${rl[@]}"
+      echo "=== rl_trainer_cuda dp 2 f64 check rc=$?"
       echo "=== rl_trainer_cuda smoke"
       timeout 300 "$dest/rl_trainer_cuda" --device cuda --preset smoke
       echo "=== rl_trainer_cuda smoke rc=$?"

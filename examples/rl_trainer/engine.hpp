@@ -53,6 +53,9 @@ class model_engine {
                              std::span<T const> v, std::int64_t steps) = 0;
   virtual void get_optimizer(optim::adamw<T>& into) = 0;
   virtual void zero_grad() = 0;
+  //! Copies the gradients out and in (a data-parallel all-reduce on the host between the two).
+  virtual void get_grads(std::span<T> grads) = 0;
+  virtual void set_grads(std::span<T const> grads) = 0;
   //! Forward and backward of one microbatch of whole sequences (gradients accumulate): the
   //! cross-entropy weighted by token_weight per target token, or `loss` where it is set.
   virtual double forward_backward(parallel::gpt_sequences const& batch, double token_weight,
@@ -67,8 +70,8 @@ class model_engine {
   virtual void adamw_step(double lr) = 0;
 };
 
-//! The engine on the CPU: the trainer's one-rank calls behind the engine interface. `group` is a
-//! group of one rank (the trainer's tp, cp and model groups when its layout is 1 x 1 x 1 x 1).
+//! The engine on the CPU: the trainer's one-rank calls behind the engine interface. tp, cp and
+//! model_group are groups of one rank (the trainer's, when only dp may exceed 1).
 template <class T, class Comm>
 class cpu_engine final : public model_engine<T> {
  public:
@@ -101,6 +104,14 @@ class cpu_engine final : public model_engine<T> {
     into.load_state(opt_->m(), opt_->v(), opt_->steps());
   }
   void zero_grad() override { store_.zero_grad(); }
+  void get_grads(std::span<T> grads) override {
+    check_size("grads", grads.size());
+    std::copy(store_.grads().begin(), store_.grads().end(), grads.begin());
+  }
+  void set_grads(std::span<T const> grads) override {
+    check_size("grads", grads.size());
+    std::copy(grads.begin(), grads.end(), store_.grads().begin());
+  }
   double forward_backward(parallel::gpt_sequences const& batch, double token_weight,
                           token_loss_fn const& loss) override {
     model_->set_token_loss(loss);
@@ -142,13 +153,14 @@ class cpu_engine final : public model_engine<T> {
 };
 
 #if WEFT_TRAINER_CUDA
-//! The engine on CUDA device 0 (engine_cuda.cu): bad_argument naming --device where no device
-//! answers. T is float or double.
+//! The engine on CUDA device `rank` mod the device count (engine_cuda.cu), made current for the
+//! calling thread: bad_argument naming --device where no device answers. T is float or double.
 template <class T>
-std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config);
-extern template std::unique_ptr<model_engine<float>> make_cuda_engine<float>(nn::gpt_config const&);
+std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config, int rank);
+extern template std::unique_ptr<model_engine<float>> make_cuda_engine<float>(nn::gpt_config const&,
+                                                                             int);
 extern template std::unique_ptr<model_engine<double>> make_cuda_engine<double>(
-    nn::gpt_config const&);
+    nn::gpt_config const&, int);
 #endif
 
 }  // namespace weft::examples::rl_trainer

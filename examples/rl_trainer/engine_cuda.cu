@@ -83,6 +83,14 @@ class cuda_engine final : public model_engine<T> {
     into.load_state(m, v, steps_);
   }
   void zero_grad() override { gpt_.zero_grad(); }
+  void get_grads(std::span<T> grads) override {
+    check_size("grads", grads.size());
+    copy(grads.data(), gpt_.grads(), cudaMemcpyDeviceToHost);
+  }
+  void set_grads(std::span<T const> grads) override {
+    check_size("grads", grads.size());
+    copy(gpt_.grads(), grads.data(), cudaMemcpyHostToDevice);
+  }
 
   double forward_backward(parallel::gpt_sequences const& batch, double token_weight,
                           token_loss_fn const& loss) override {
@@ -157,7 +165,7 @@ class cuda_engine final : public model_engine<T> {
 }  // namespace
 
 template <class T>
-std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config) {
+std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config, int rank) {
   int count = 0;
   cudaError_t const e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0)
@@ -165,15 +173,18 @@ std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config) 
         std::string("argument `--device`: expected a CUDA device, actual ") +
         (e != cudaSuccess ? std::string("none (cudaGetDeviceCount: ") + cudaGetErrorString(e) + ")"
                           : std::string("none"))};
-  WEFT_CUDA_TRY(cudaSetDevice(0));
+  WEFT_EXPECTS(rank >= 0, "rank", ">= 0", rank);
+  int const device = rank % count;
+  WEFT_CUDA_TRY(cudaSetDevice(device));  // this thread's (rank's) device from here on
   cudaDeviceProp prop{};
-  WEFT_CUDA_TRY(cudaGetDeviceProperties(&prop, 0));
-  std::string where = std::string("CUDA device 0 (") + prop.name + ", sm_" +
-                      std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+  WEFT_CUDA_TRY(cudaGetDeviceProperties(&prop, device));
+  std::string where = "CUDA device " + std::to_string(device) + " of " + std::to_string(count) +
+                      " (" + prop.name + ", sm_" + std::to_string(prop.major) +
+                      std::to_string(prop.minor) + ")";
   return std::make_unique<cuda_engine<T>>(config, std::move(where));
 }
 
-template std::unique_ptr<model_engine<float>> make_cuda_engine<float>(nn::gpt_config const&);
-template std::unique_ptr<model_engine<double>> make_cuda_engine<double>(nn::gpt_config const&);
+template std::unique_ptr<model_engine<float>> make_cuda_engine<float>(nn::gpt_config const&, int);
+template std::unique_ptr<model_engine<double>> make_cuda_engine<double>(nn::gpt_config const&, int);
 
 }  // namespace weft::examples::rl_trainer

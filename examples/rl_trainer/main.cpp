@@ -169,8 +169,9 @@ void usage(std::ostream& os) {
         "  --device          where the model step (forward, backward, clipping, AdamW) runs:\n"
         "                    cpu (default: the layout's ranks), cuda (CUDA device 0; needs the\n"
         "                    rl_trainer_cuda build) or cpu-engine (the CPU behind the interface\n"
-        "                    --device cuda uses: bit for bit the default); not cpu: one rank,\n"
-        "                    threads backend; generation stays on the CPU\n"
+        "                    --device cuda uses: bit for bit the default); not cpu: --dp only\n"
+        "                    (rank r on GPU r mod the GPUs), threads backend; generation stays\n"
+        "                    on the CPU\n"
         "  --f64             train and generate in double precision (layout tests)\n"
         "  --quiet           no per-step lines\n";
 }
@@ -291,10 +292,11 @@ options parse(int argc, char** argv) {
                            ", actual " + std::to_string(seqs * seq / o.cp)};
   }
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
-  if (o.device != "cpu" && o.dp * o.pp * o.tp * o.cp != 1)
-    throw bad_argument{"argument `--device`: expected cpu with a layout of " +
-                       std::to_string(o.dp * o.pp * o.tp * o.cp) + " ranks (" + o.device +
-                       " runs the model step of one rank), actual `" + o.device + "`"};
+  if (o.device != "cpu" && o.pp * o.tp * o.cp != 1)
+    throw bad_argument{"argument `--device`: expected cpu with --pp " + std::to_string(o.pp) +
+                       " --tp " + std::to_string(o.tp) + " --cp " + std::to_string(o.cp) + " (" +
+                       o.device + " runs whole-model steps: data parallelism only), actual `" +
+                       o.device + "`"};
   if (o.device != "cpu" && o.backend != "threads")
     throw bad_argument{"argument `--device`: expected cpu with --backend " + o.backend +
                        ", actual `" + o.device + "`"};
@@ -543,7 +545,7 @@ class trainer {
     if (o.device == "cpu-engine")
       engine_ = std::make_unique<rlt::cpu_engine<T, Comm>>(c_, p_, *tp_, *cp_, *model_group_);
 #if WEFT_TRAINER_CUDA
-    if (o.device == "cuda") engine_ = rlt::make_cuda_engine<T>(c_);
+    if (o.device == "cuda") engine_ = rlt::make_cuda_engine<T>(c_, world.rank());
 #endif
     if (engine_) say("model step on %s\n", engine_->where().c_str());
   }
@@ -670,10 +672,11 @@ class trainer {
     return {l, norm};
   }
 
-  //! train_step on the engine (--device; one rank): the same halves, clipping and AdamW step,
-  //! with the parameters, gradients and optimizer state on the engine. `opt` is the host optimizer
-  //! of the phase: its state goes to the engine when the phase's first step starts (and comes back
-  //! only for a checkpoint, sync_engine_optimizer); the parameters come back after every step.
+  //! train_step on the engine (--device; data parallelism only): the same halves (or this dp
+  //! rank's share), the dp all-reduce, clipping and AdamW step, with the parameters, gradients and
+  //! optimizer state on the engine. `opt` is the host optimizer of the phase: its state goes to the
+  //! engine when the phase's first step starts (and comes back only for a checkpoint,
+  //! sync_engine_optimizer); the parameters come back after every step.
   std::array<double, 2> engine_step(
       std::vector<std::int32_t> const& tokens, std::vector<std::int32_t> const& targets,
       index_t seqs, index_t mb, std::vector<std::pair<index_t, index_t>> const& halves,
@@ -710,11 +713,21 @@ class trainer {
       }
       if (h == 1) e.add_stash();
     }
+    // Data parallelism: the ranks' gradients summed on the host (reduce_gpt_grads' all-reduce).
+    if (data_->size() > 1) {
+      engine_grads_.resize(store_.grads().size());
+      e.get_grads(engine_grads_);
+      weft::comm::all_reduce(*data_, std::span<T>(engine_grads_), weft::comm::reduce_kind::sum)
+          .wait();
+      e.set_grads(engine_grads_);
+    }
     double const norm = e.clip_grad_norm(max_norm);
     e.adamw_step(lr);
     e.get_params(store_.params());
     par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
-    return {loss_sum, norm};
+    double l = loss_sum;
+    weft::comm::all_reduce(*world_, std::span<double>(&l, 1), weft::comm::reduce_kind::sum).wait();
+    return {l, norm};
   }
 
   //! The engine's optimizer state back into `opt` where the engine holds it (a checkpoint reads
@@ -1233,6 +1246,7 @@ class trainer {
   std::unique_ptr<rlt::model_engine<T>> engine_;  // --device cpu-engine | cuda
   optim::adamw<T> const* engine_opt_ = nullptr;   // whose state the engine holds
   bool engine_params_ = false;                    // the engine holds store_'s parameters
+  std::vector<T> engine_grads_;                   // host staging of the dp all-reduce
   std::uint64_t next_uid_ = 0;
   double generated_total_ = 0;
   int first_step_ = 0;
