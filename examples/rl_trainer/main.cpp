@@ -170,8 +170,7 @@ void usage(std::ostream& os) {
         "                    cpu (default: the layout's ranks), cuda (CUDA device 0; needs the\n"
         "                    rl_trainer_cuda build) or cpu-engine (the CPU behind the interface\n"
         "                    --device cuda uses: bit for bit the default); not cpu: --dp only\n"
-        "                    (rank r on GPU r mod the GPUs), threads backend; generation stays\n"
-        "                    on the CPU\n"
+        "                    (rank r on GPU r mod the GPUs); generation stays on the CPU\n"
         "  --f64             train and generate in double precision (layout tests)\n"
         "  --quiet           no per-step lines\n";
 }
@@ -297,9 +296,6 @@ options parse(int argc, char** argv) {
                        " --tp " + std::to_string(o.tp) + " --cp " + std::to_string(o.cp) + " (" +
                        o.device + " runs whole-model steps: data parallelism only), actual `" +
                        o.device + "`"};
-  if (o.device != "cpu" && o.backend != "threads")
-    throw bad_argument{"argument `--device`: expected cpu with --backend " + o.backend +
-                       ", actual `" + o.device + "`"};
   return o;
 }
 
