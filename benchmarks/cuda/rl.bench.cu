@@ -4,10 +4,16 @@
 // device-to-device cudaMemcpy in the same run (BM_memcpy_d2d). Counter GB/s: the bytes each kernel
 // must move (read plus written; the copy's likewise) over its time, so kernel GB/s over the copy's
 // is the fraction of the attainable bandwidth. Timed with CUDA events (manual time).
+// Also GAE (weft/rl/cuda/returns.cuh: a thread per row) over padded [rows, cols] f32 batches, with
+// and without whitening, and masked whitening alone; their GB/s count the bytes a fused kernel
+// must move (GAE: rewards, values and the byte mask read, advantages and returns written, 17 bytes
+// a token; whitening: values and mask read, out written, 9 bytes), so the ratio to the copy also
+// shows what the thread-per-row recurrence and the extra passes cost.
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/random.hpp>
 #include <weft/rl/cuda/logprobs.cuh>
+#include <weft/rl/cuda/returns.cuh>
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
@@ -155,6 +161,80 @@ void BM_log_prob_backward(benchmark::State& state) {
   cudaFree(g);
 }
 
+// Rewards and values in [-1, 1), the last quarter of each row masked (padding).
+struct token_data {
+  float *rewards = nullptr, *values = nullptr, *adv = nullptr, *ret = nullptr;
+  std::uint8_t* mask = nullptr;
+  std::int64_t n = 0;
+  token_data(std::int64_t rows, std::int64_t cols) : n(rows * cols) {
+    std::vector<float> r(static_cast<std::size_t>(n)), v(r.size());
+    std::vector<std::uint8_t> m(r.size());
+    for (std::int64_t k = 0; k < n; ++k) {
+      auto const i = static_cast<std::size_t>(k);
+      r[i] = static_cast<float>((k * 7919) % 2000) / 1000.0f - 1.0f;
+      v[i] = static_cast<float>((k * 104729) % 2000) / 1000.0f - 1.0f;
+      m[i] = k % cols < cols - cols / 4 ? 1 : 0;
+    }
+    rewards = upload(r);
+    values = upload(v);
+    mask = upload(m);
+    adv = device_alloc<float>(r.size());
+    ret = device_alloc<float>(r.size());
+  }
+  template <class T>
+  static T* upload(std::vector<T> const& h) {
+    T* d = device_alloc<T>(h.size());
+    WEFT_CUDA_TRY(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  token_data(token_data const&) = delete;
+  token_data& operator=(token_data const&) = delete;
+  ~token_data() {
+    cudaFree(rewards);
+    cudaFree(values);
+    cudaFree(adv);
+    cudaFree(ret);
+    cudaFree(mask);
+  }
+};
+
+void BM_gae(benchmark::State& state) {
+  std::int64_t const rows = state.range(0), cols = state.range(1);
+  bool const whiten = state.range(2) != 0;
+  token_data d(rows, cols);
+  auto const layout = wk::device_rows::padded(rows, cols);
+  weft::rl::gae_options const opt{0.99, 0.95, whiten};
+  wk::gae_advantages(nullptr, layout, d.rewards, d.values, d.mask, d.adv, d.ret, opt);  // warm-up
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  events ev;
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    wk::gae_advantages(nullptr, layout, d.rewards, d.values, d.mask, d.adv, d.ret, opt);
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  WEFT_CUDA_TRY(cudaGetLastError());
+  state.counters["GB/s"] = benchmark::Counter(17.0 * static_cast<double>(d.n) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void BM_masked_whiten(benchmark::State& state) {
+  std::int64_t const rows = state.range(0), cols = state.range(1);
+  token_data d(rows, cols);
+  wk::masked_whiten(nullptr, static_cast<float const*>(d.values), d.mask, d.n, d.adv);  // warm-up
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  events ev;
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    wk::masked_whiten(nullptr, static_cast<float const*>(d.values), d.mask, d.n, d.adv);
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  WEFT_CUDA_TRY(cudaGetLastError());
+  state.counters["GB/s"] = benchmark::Counter(9.0 * static_cast<double>(d.n) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void shapes(benchmark::internal::Benchmark* b) {
   b->Args({2048, 128256})->Args({2048, 151936})->Args({8192, 32000});
 }
@@ -176,6 +256,20 @@ BENCHMARK(BM_log_prob_backward<weft::bf16>)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_log_prob_backward<float>)
     ->Apply(shapes)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// [rows, cols]: 1024 responses of 4096 tokens, 8192 of 512; whitening off / on.
+BENCHMARK(BM_gae)
+    ->Args({1024, 4096, 0})
+    ->Args({1024, 4096, 1})
+    ->Args({8192, 512, 0})
+    ->Args({8192, 512, 1})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_masked_whiten)
+    ->Args({1024, 4096})
+    ->Args({8192, 512})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
