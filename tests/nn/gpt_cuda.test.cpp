@@ -497,6 +497,13 @@ TEST_CASE("nn/cuda gpt: bad configurations, stores and batches are refused befor
   other.layers = 1;
   nn::param_store<float> small(nn::gpt_layout(other));
   nn_test::expect_throw<weft::shape_error>([&] { gpu.upload_params(small); }, "`store`");
+  // The same parameter count and total, one name different: another layout all the same.
+  nn::param_layout renamed;
+  for (auto const& e : nn::gpt_layout(c).entries())
+    renamed.add(e.name == "wpe" ? std::string("wpx") : e.name, e.shape, e.info);
+  nn::param_store<float> impostor(renamed);
+  nn_test::expect_throw<weft::shape_error>([&] { gpu.upload_params(impostor); },
+                                           "`store parameter 1`");
   gpu.upload_params(store);
 
   batch_data const good({4, 5}, c.vocab, 2);

@@ -346,6 +346,8 @@ class cuda_gpt {
     T *dlogits, *dln, *dx, *dmid, *tmp, *dout, *dq, *dact, *dfc, *dk, *dv;
   };
 
+  //! The store's layout must be gpt_layout(config()): the same parameters, names, shapes and
+  //! offsets (equal totals alone could be another config's).
   template <class Store>
   void check_store(Store const& store) const {
     WEFT_EXPECTS_SHAPE(store.layout().entries().size() == layout_.entries().size() &&
@@ -355,6 +357,17 @@ class cuda_gpt {
                                               layout_.size(), " elements (gpt_layout(config))"),
                        ::weft::detail::concat(store.layout().entries().size(), " parameters of ",
                                               store.layout().size(), " elements"));
+    auto const& want = layout_.entries();
+    auto const& got = store.layout().entries();
+    for (std::size_t k = 0; k < want.size(); ++k)
+      WEFT_EXPECTS_SHAPE(
+          got[k].name == want[k].name && got[k].shape == want[k].shape &&
+              got[k].offset == want[k].offset,
+          ::weft::detail::concat("store parameter ", k),
+          ::weft::detail::concat(want[k].name, " ", ::weft::detail::array_string(want[k].shape),
+                                 " at ", want[k].offset),
+          ::weft::detail::concat(got[k].name, " ", ::weft::detail::array_string(got[k].shape),
+                                 " at ", got[k].offset));
   }
 
   //! nn::gpt's checks, plus the ones its layers make on the way (ids in range, cu_seqlens), all

@@ -262,9 +262,12 @@ void log_prob_forward(cudaStream_t stream, L const* logits, std::int64_t vocab, 
   auto const inv_tau = weft::rl::detail::inverse_temperature<L>(opt.temperature);
   if (tokens <= 0) return;
   (void)weft::rl::detail::checked_elements(static_cast<std::size_t>(tokens), vocab, "logits");
+  WEFT_EXPECTS(tokens <= std::int64_t{0x7fffffff}, "tokens", "<= 2^31 - 1 (one block per token)",
+               tokens);
   log_prob_forward_kernel<logprob_block, L, I, T>
       <<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
           logits, vocab, targets, tokens, inv_tau, opt.ignore_index, logp, entropy, lse);
+  WEFT_CUDA_TRY(cudaGetLastError());
 }
 
 //! Launches the backward on `stream` (asynchronous); all pointers are device memory.
@@ -276,10 +279,13 @@ void log_prob_backward(cudaStream_t stream, L const* logits, std::int64_t vocab,
   auto const inv_tau = weft::rl::detail::inverse_temperature<L>(opt.temperature);
   if (tokens <= 0) return;
   (void)weft::rl::detail::checked_elements(static_cast<std::size_t>(tokens), vocab, "logits");
+  WEFT_EXPECTS(tokens <= std::int64_t{0x7fffffff}, "tokens", "<= 2^31 - 1 (one block per token)",
+               tokens);
   log_prob_backward_kernel<logprob_block, L, I, T, D>
       <<<static_cast<unsigned>(tokens), logprob_block, 0, stream>>>(
           logits, vocab, targets, tokens, inv_tau, opt.ignore_index, lse, entropy, d_logp,
           d_entropy, dlogits);
+  WEFT_CUDA_TRY(cudaGetLastError());
 }
 
 }  // namespace weft::rl::kernels
