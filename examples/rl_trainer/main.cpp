@@ -1285,7 +1285,7 @@ void write_outputs(options const& o, run_result const& r) {
     js << "{\n  \"mode\": \"" << o.mode << "\",\n  \"seed\": " << o.seed
        << ",\n  \"layout\": {\"dp\": " << o.dp << ", \"pp\": " << o.pp << ", \"tp\": " << o.tp
        << ", \"cp\": " << o.cp << ", \"sp\": " << (o.sp ? "true" : "false")
-       << "},\n  \"refill\": \"" << o.refill
+       << "},\n  \"device\": \"" << o.device << "\",\n  \"refill\": \"" << o.refill
        << "\",\n  \"zero_advantage\": " << (o.zero_advantage ? "true" : "false")
        << ",\n  \"sft_steps\": " << r.sft_steps << ",\n  \"rl_steps\": " << o.rl_steps
        << ",\n  \"samples_generated\": " << (r.steps.empty() ? 0.0 : r.steps.back().get("samples"))
