@@ -56,9 +56,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <limits>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -167,7 +167,7 @@ void usage(std::ostream& os) {
         "  --backend         threads (default: one process, a thread per rank) or mpi (one\n"
         "                    process per rank: mpiexec -n <dp*pp*tp*cp> rl_trainer --backend mpi)\n"
         "  --device          where the model step (forward, backward, clipping, AdamW) runs:\n"
-        "                    cpu (default: the layout's ranks), cuda (CUDA device 0; needs the\n"
+        "                    cpu (default: the layout's ranks), cuda (a GPU; needs the\n"
         "                    rl_trainer_cuda build) or cpu-engine (the CPU behind the interface\n"
         "                    --device cuda uses: bit for bit the default); not cpu: --dp only\n"
         "                    (rank r on GPU r mod the GPUs); generation stays on the CPU\n"
@@ -662,10 +662,25 @@ class trainer {
         optim::clip_grad_norm(*model_group_, infos, store_.grads(), p_.tp_rank, max_norm);
     opt.step(store_.params(), store_.grads(), lr);
     par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
-    // The loss: the last stage's tp rank 0 of every data rank holds a part.
-    double l = p_.last_stage() && p_.tp_rank == 0 ? loss_sum : 0.0;
+    return {step_loss(loss_sum), norm};
+  }
+
+  //! Microbatch u of a step's `seqs` sequences cut into microbatches of `mb`.
+  [[nodiscard]] par::gpt_sequences microbatch_of(std::vector<std::int32_t> const& tokens,
+                                                 std::vector<std::int32_t> const& targets,
+                                                 index_t seqs, index_t mb, index_t u) const {
+    index_t const first = u * mb, n = std::min(mb, seqs - first);
+    auto const at = static_cast<std::size_t>(first * seq_len_);
+    auto const len = static_cast<std::size_t>(n * seq_len_);
+    return par::gpt_sequences{std::span(tokens).subspan(at, len),
+                              std::span(targets).subspan(at, len), seq_len_};
+  }
+
+  //! The step's loss on every rank: the last stage's tp rank 0 of every data rank holds a part.
+  double step_loss(double local) {
+    double l = p_.last_stage() && p_.tp_rank == 0 ? local : 0.0;
     weft::comm::all_reduce(*world_, std::span<double>(&l, 1), weft::comm::reduce_kind::sum).wait();
-    return {l, norm};
+    return l;
   }
 
   //! train_step on the engine (--device; data parallelism only): the same halves (or this dp
@@ -694,18 +709,12 @@ class trainer {
       auto const [a, b] = halves[h];
       if (h == 1) e.stash_grads();
       for (index_t u = a; u < b; ++u) {
-        index_t const first = u * mb, n = std::min(mb, seqs - first);
-        auto const at = static_cast<std::size_t>(first * seq_len_);
-        auto const len = static_cast<std::size_t>(n * seq_len_);
         rlt::token_loss_fn tl;
         if (loss)
-          tl = [&, first](auto rows, auto logp, auto dlogp) {
+          tl = [&, first = u * mb](auto rows, auto logp, auto dlogp) {
             return loss(first, rows, logp, dlogp);
           };
-        loss_sum +=
-            e.forward_backward(par::gpt_sequences{std::span(tokens).subspan(at, len),
-                                                  std::span(targets).subspan(at, len), seq_len_},
-                               ce_weight, tl);
+        loss_sum += e.forward_backward(microbatch_of(tokens, targets, seqs, mb, u), ce_weight, tl);
       }
       if (h == 1) e.add_stash();
     }
@@ -721,9 +730,7 @@ class trainer {
     e.adamw_step(lr);
     e.get_params(store_.params());
     par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
-    double l = loss_sum;
-    weft::comm::all_reduce(*world_, std::span<double>(&l, 1), weft::comm::reduce_kind::sum).wait();
-    return {l, norm};
+    return {step_loss(loss_sum), norm};
   }
 
   //! The engine's optimizer state back into `opt` where the engine holds it (a checkpoint reads
@@ -739,13 +746,7 @@ class trainer {
                    std::function<double(index_t, std::span<std::int64_t const>,
                                         std::span<double const>, std::span<double>)> const& loss) {
     if (b <= a) return 0.0;
-    auto const unit = [&](index_t u) {
-      index_t const first = u * mb, n = std::min(mb, seqs - first);
-      auto const at = static_cast<std::size_t>(first * seq_len_);
-      auto const len = static_cast<std::size_t>(n * seq_len_);
-      return par::gpt_sequences{std::span(tokens).subspan(at, len),
-                                std::span(targets).subspan(at, len), seq_len_};
-    };
+    auto const unit = [&](index_t u) { return microbatch_of(tokens, targets, seqs, mb, u); };
     if (model_) {
       double sum = 0;
       for (index_t u = a; u < b; ++u) {

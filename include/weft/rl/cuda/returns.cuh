@@ -154,6 +154,15 @@ inline void check_rows(device_rows const& r) {
 
 inline unsigned grid_for(std::int64_t n) { return adv_detail::blocks_for(n, block); }
 
+//! Launches a row kernel (a thread per row) over `rows`, after checking them.
+template <class Kernel, class... Args>
+void launch_rows(cudaStream_t stream, device_rows const& rows, Kernel kernel, Args... args) {
+  check_rows(rows);
+  if (rows.rows == 0) return;
+  kernel<<<grid_for(rows.rows), block, 0, stream>>>(rows, args...);
+  WEFT_CUDA_TRY(cudaGetLastError());
+}
+
 //! Σ over n items of `in` (device) into *out (device) with cub::DeviceReduce::Reduce.
 template <class V, class Op>
 void reduce(cudaStream_t stream, V const* in, std::int64_t n, V* out, Op op, V init) {
@@ -230,12 +239,8 @@ void masked_whiten(cudaStream_t stream, T const* values, M const* mask, std::int
 template <class T, class M>
 void discounted_returns(cudaStream_t stream, device_rows const& rows, T const* token_rewards,
                         M const* mask, double gamma, T* out) {
-  returns_detail::check_rows(rows);
-  if (rows.rows == 0) return;
-  returns_detail::discounted_rows_kernel<T, M>
-      <<<returns_detail::grid_for(rows.rows), returns_detail::block, 0, stream>>>(
-          rows, token_rewards, mask, gamma, out);
-  WEFT_CUDA_TRY(cudaGetLastError());
+  returns_detail::launch_rows(stream, rows, returns_detail::discounted_rows_kernel<T, M>,
+                              token_rewards, mask, gamma, out);
 }
 
 //! rl::reinforce_pp_advantages: the discounted returns, whitened over the batch's valid tokens.
@@ -251,12 +256,8 @@ void reinforce_pp_advantages(cudaStream_t stream, device_rows const& rows, T con
 template <class T, class M>
 void remax_advantages(cudaStream_t stream, device_rows const& rows, T const* token_rewards,
                       T const* baselines, M const* mask, T* advantages, T* returns) {
-  returns_detail::check_rows(rows);
-  if (rows.rows == 0) return;
-  returns_detail::remax_rows_kernel<T, M>
-      <<<returns_detail::grid_for(rows.rows), returns_detail::block, 0, stream>>>(
-          rows, token_rewards, baselines, mask, advantages, returns);
-  WEFT_CUDA_TRY(cudaGetLastError());
+  returns_detail::launch_rows(stream, rows, returns_detail::remax_rows_kernel<T, M>, token_rewards,
+                              baselines, mask, advantages, returns);
 }
 
 //! rl::gae_advantages: δ_t = r_t + γ·V_next − V_t, A_t = δ_t + γλ·A_next, returns = A + V, "next"
@@ -266,13 +267,9 @@ template <class T, class M>
 void gae_advantages(cudaStream_t stream, device_rows const& rows, T const* token_rewards,
                     T const* values, M const* mask, T* advantages, T* returns,
                     gae_options const& opt = {}) {
-  returns_detail::check_rows(rows);
-  if (rows.rows == 0) return;
-  returns_detail::gae_rows_kernel<T, M>
-      <<<returns_detail::grid_for(rows.rows), returns_detail::block, 0, stream>>>(
-          rows, token_rewards, values, mask, opt.gamma, opt.lambda, advantages, returns);
-  WEFT_CUDA_TRY(cudaGetLastError());
-  if (opt.whiten)
+  returns_detail::launch_rows(stream, rows, returns_detail::gae_rows_kernel<T, M>, token_rewards,
+                              values, mask, opt.gamma, opt.lambda, advantages, returns);
+  if (rows.rows > 0 && opt.whiten)
     masked_whiten(stream, static_cast<T const*>(advantages), mask, rows.tokens, advantages);
 }
 
