@@ -2,13 +2,15 @@
 // on bf16: forward and backward at B = 4, S = 4096, H = 16, d = 128 and d = 64, causal and not.
 // Timed with CUDA events around each call (manual time). Counters: TFLOP/s with the usual
 // convention, forward 4·B·H·S²·d (halved for causal), backward 2.5x the forward; the backward
-// time includes its D = rowsum(dO∘O) pre-pass.
+// time includes its D = rowsum(dO∘O) pre-pass. The forward runs on either kernel (wgmma = 1: the
+// Hopper kernel, flash_forward_kernel::wgmma; skipped with the reason where it cannot run).
 #include <weft/attention/cuda/flash.cuh>
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <exception>
 #include <vector>
 
 namespace {
@@ -39,10 +41,19 @@ bf16* device_random(std::size_t n, std::uint64_t seed) {
   return p;
 }
 
-// Args: batch, seq, heads, head dim, causal (0/1), backward (0/1).
+// Args: batch, seq, heads, head dim, causal (0/1), backward (0/1), forward kernel (0 mma.sync,
+// 1 wgmma: skipped with an error where it cannot run).
 void BM_flash(benchmark::State& state) {
   std::int64_t const b = state.range(0), s = state.range(1), h = state.range(2), d = state.range(3);
   bool const causal = state.range(4) != 0, backward = state.range(5) != 0;
+  auto const kernel =
+      state.range(6) != 0 ? wk::flash_forward_kernel::wgmma : wk::flash_forward_kernel::mma_sync;
+  try {
+    wk::set_flash_forward_kernel(kernel);
+  } catch (std::exception const& e) {
+    state.SkipWithError(e.what());
+    return;
+  }
   std::size_t const n = static_cast<std::size_t>(b * s * h * d);
   bf16* q = device_random(n, 1);
   bf16* k = device_random(n, 2);
@@ -108,20 +119,25 @@ void BM_flash(benchmark::State& state) {
                   static_cast<void*>(g), static_cast<void*>(o), static_cast<void*>(lse),
                   static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv)})
     WEFT_CUDA_TRY(cudaFree(p));
+  wk::set_flash_forward_kernel(wk::flash_forward_kernel::mma_sync);
 }
 
 }  // namespace
 
 BENCHMARK(BM_flash)
-    ->ArgNames({"B", "S", "H", "d", "causal", "bwd"})
-    ->Args({4, 4096, 16, 128, 1, 0})
-    ->Args({4, 4096, 16, 128, 0, 0})
-    ->Args({4, 4096, 16, 64, 1, 0})
-    ->Args({4, 4096, 16, 64, 0, 0})
-    ->Args({4, 4096, 16, 128, 1, 1})
-    ->Args({4, 4096, 16, 128, 0, 1})
-    ->Args({4, 4096, 16, 64, 1, 1})
-    ->Args({4, 4096, 16, 64, 0, 1})
+    ->ArgNames({"B", "S", "H", "d", "causal", "bwd", "wgmma"})
+    ->Args({4, 4096, 16, 128, 1, 0, 0})
+    ->Args({4, 4096, 16, 128, 0, 0, 0})
+    ->Args({4, 4096, 16, 64, 1, 0, 0})
+    ->Args({4, 4096, 16, 64, 0, 0, 0})
+    ->Args({4, 4096, 16, 128, 1, 1, 0})
+    ->Args({4, 4096, 16, 128, 0, 1, 0})
+    ->Args({4, 4096, 16, 64, 1, 1, 0})
+    ->Args({4, 4096, 16, 64, 0, 1, 0})
+    ->Args({4, 4096, 16, 128, 1, 0, 1})
+    ->Args({4, 4096, 16, 128, 0, 0, 1})
+    ->Args({4, 4096, 16, 64, 1, 0, 1})
+    ->Args({4, 4096, 16, 64, 0, 0, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3);

@@ -11,6 +11,7 @@
 #include <weft/attention/args.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/cuda/detail/mma.cuh>
+#include <weft/attention/cuda/detail/wgmma.cuh>
 #include <weft/attention/softmax_state.hpp>
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
@@ -20,6 +21,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +35,12 @@ namespace weft::attention::kernels {
 using ::weft::attention::detail::bhs;
 using ::weft::attention::detail::bshd;
 
+//! Which kernel the flash forward entry points launch. mma_sync: the FlashAttention-2-shaped
+//! kernel on m16n8k16 mma.sync (sm_80 and up; the default, run and tested on an H200). wgmma:
+//! the Hopper kernel on warpgroup MMA (compute capability 9.0 with an sm_90a build): compiled in
+//! CI, NOT yet run on a GPU, so opt-in until a GPU run of the gpu label validates it.
+enum class flash_forward_kernel { mma_sync, wgmma };
+
 namespace flash_detail {
 
 inline constexpr int block_q = 64;       // backward: query rows per tile
@@ -40,6 +48,7 @@ inline constexpr int fwd_block_q = 128;  // forward: query rows per tile (8 warp
 inline constexpr int fwd_threads = 256;  // forward: 8 warps
 inline constexpr int block_k = 64;       // keys per tile
 inline constexpr int threads = 128;      // backward: 4 warps
+inline constexpr int wg_block_k = 128;   // wgmma forward: keys per tile
 
 //! Where a CTA's sequences lie: dense (cu_q null; batch z, lengths of the views, the given mask)
 //! or packed (batch 1; document z spans cu_q[z]..cu_q[z+1] of q and cu_k[z].. of k, v; the mask
@@ -73,6 +82,12 @@ inline constexpr int pitch = D + 8;  // shared row pitch: 16-byte rows, ldmatrix
 template <int D>
 inline constexpr std::size_t forward_smem = std::size_t(fwd_block_q + 4 * block_k) * pitch<D> * 2;
 
+//! The wgmma forward: double-buffered swizzled K and V tiles, the padded Q tile, and up to 1023
+//! bytes to put the swizzled tiles on a 1024-byte boundary.
+template <int D>
+inline constexpr std::size_t forward_wgmma_smem =
+    std::size_t(4 * wg_block_k) * D * 2 + std::size_t(fwd_block_q) * pitch<D> * 2 + 1024;
+
 template <int D>
 inline constexpr std::size_t backward_smem = std::size_t(2 * block_k + 2 * block_q) * pitch<D> * 2 +
                                              std::size_t(block_k) * (block_q + 8) * 2 +
@@ -103,6 +118,81 @@ __device__ __forceinline__ O to_out(float x) {
     return x;
   else
     return O(x);
+}
+
+//! One key tile of the forward's online softmax, for this thread's rows row0 and row0 + 8 (the
+//! C-fragment rows of an m16n8k16 / m64nNk16 tile; its columns jb + 8·nt + 2t + (e & 1)): scales
+//! the scores of s, masks keys past sk or past the causal boundary (only in a tile that crosses
+//! one, as seen from the CTA's first row i0, which sees the fewest keys), takes the row maxima
+//! over the quad, rescales the states and this thread's o accumulators, and turns s into the
+//! tile's probabilities (st.weight's semantics), adding this thread's part of each row sum.
+template <int NS, int NO>
+__device__ __forceinline__ void online_softmax(float (&s)[NS][4], float (&oacc)[NO][4],
+                                               softmax_row_state<float> (&st)[2], float scale,
+                                               cta_seq const& cs, mask_rule const& mask,
+                                               std::int64_t i0, std::int64_t jb, std::int64_t row0,
+                                               int t) {
+  constexpr std::int64_t bk = NS * 8;
+  bool const need_mask = jb + bk > cs.sk || (mask.causal && jb + bk - 1 > i0 + mask.offset);
+  float const ninf = empty_lse<float>();
+  float mx[2] = {ninf, ninf}, m_log2[2];
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[nt][e] * scale;
+      if (need_mask) {
+        std::int64_t const row = row0 + (e >= 2 ? 8 : 0);
+        std::int64_t const col = jb + nt * 8 + 2 * t + (e & 1);
+        if (col >= cs.sk || !mask.visible(row, col)) x = ninf;
+      }
+      s[nt][e] = x;
+      mx[e / 2] = x > mx[e / 2] ? x : mx[e / 2];
+    }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    float const alpha = st[r].rescale(mx[r]);
+    m_log2[r] = st[r].m * log2e;
+#pragma unroll
+    for (int nt = 0; nt < NO; ++nt) {
+      oacc[nt][2 * r] *= alpha;
+      oacc[nt][2 * r + 1] *= alpha;
+    }
+  }
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float const p = weight(s[nt][e], m_log2[e / 2]);  // st.weight's semantics
+      st[e / 2].l += p;
+      s[nt][e] = p;
+    }
+}
+
+//! The forward's end for this thread's rows row0 and row0 + 8: completes the row sums over the
+//! quad, writes o = acc / l (0 for a row that saw no key) and, from one thread per row, lse.
+template <class O, int NO>
+__device__ __forceinline__ void store_forward_rows(float const (&oacc)[NO][4],
+                                                   softmax_row_state<float> (&st)[2], bshd<O> o,
+                                                   bhs<float> lse, cta_seq const& cs, int h,
+                                                   std::int64_t row0, int t) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 1);
+    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 2);
+    std::int64_t const row = row0 + r * 8;
+    if (row >= cs.sq) continue;
+    float const inv = st[r].inv_sum();
+    O* const orow = o.data + cs.b * o.sb + (cs.q0 + row) * o.ss + h * o.sh;
+#pragma unroll
+    for (int nt = 0; nt < NO; ++nt) {
+      orow[nt * 8 + 2 * t] = to_out<O>(oacc[nt][2 * r] * inv);
+      orow[nt * 8 + 2 * t + 1] = to_out<O>(oacc[nt][2 * r + 1] * inv);
+    }
+    if (t == 0) lse.data[cs.b * lse.sb + h * lse.sh + (cs.q0 + row) * lse.ss] = st[r].lse();
+  }
 }
 
 //! The forward kernel (see the file comment). Rows past sq and keys past sk are zero-filled in
@@ -188,46 +278,7 @@ __global__ void __launch_bounds__(fwd_threads)
         mma::mma16816<BF>(s[2 * nn + 1], qf[kk], r[2], r[3]);
       }
 
-    std::int64_t const jb = std::int64_t(j) * block_k;
-    // Only a tile that crosses the end of the keys or the causal boundary (seen from this CTA's
-    // first row, which sees the fewest keys) is masked.
-    bool const need_mask =
-        jb + block_k > cs.sk || (mask.causal && jb + block_k - 1 > i0 + mask.offset);
-    float const ninf = empty_lse<float>();
-    float mx[2] = {ninf, ninf}, m_log2[2];
-#pragma unroll
-    for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[nt][e] * scale;
-        if (need_mask) {
-          std::int64_t const row = row0 + (e >= 2 ? 8 : 0);
-          std::int64_t const col = jb + nt * 8 + 2 * t + (e & 1);
-          if (col >= cs.sk || !mask.visible(row, col)) x = ninf;
-        }
-        s[nt][e] = x;
-        mx[e / 2] = x > mx[e / 2] ? x : mx[e / 2];
-      }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-      mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-      float const alpha = st[r].rescale(mx[r]);
-      m_log2[r] = st[r].m * log2e;
-#pragma unroll
-      for (int nt = 0; nt < NT_O; ++nt) {
-        oacc[nt][2 * r] *= alpha;
-        oacc[nt][2 * r + 1] *= alpha;
-      }
-    }
-#pragma unroll
-    for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float const p = weight(s[nt][e], m_log2[e / 2]);  // st.weight's semantics
-        st[e / 2].l += p;
-        s[nt][e] = p;
-      }
+    online_softmax(s, oacc, st, scale, cs, mask, i0, std::int64_t(j) * block_k, row0, t);
 
 #pragma unroll
     for (int kk = 0; kk < block_k / 16; ++kk) {
@@ -248,21 +299,132 @@ __global__ void __launch_bounds__(fwd_threads)
     __syncthreads();  // the next iteration's prefetch overwrites this buffer
   }
 
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 1);
-    st[r].l += __shfl_xor_sync(0xffffffffu, st[r].l, 2);
-    std::int64_t const row = row0 + r * 8;
-    if (row >= cs.sq) continue;
-    float const inv = st[r].inv_sum();
-    O* const orow = o.data + cs.b * o.sb + (cs.q0 + row) * o.ss + h * o.sh;
-#pragma unroll
-    for (int nt = 0; nt < NT_O; ++nt) {
-      orow[nt * 8 + 2 * t] = to_out<O>(oacc[nt][2 * r] * inv);
-      orow[nt * 8 + 2 * t + 1] = to_out<O>(oacc[nt][2 * r + 1] * inv);
-    }
-    if (t == 0) lse.data[cs.b * lse.sb + h * lse.sh + (cs.q0 + row) * lse.ss] = st[r].lse();
+  store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
+}
+
+//! The Hopper forward (flash_forward_kernel::wgmma): the forward kernel's tiling and row math with
+//! the two products on warpgroup MMA. 8 warps = 2 warpgroups of 64 query rows (a warp's rows are
+//! those of forward_kernel's warp, so online_softmax and store_forward_rows serve both); key tiles
+//! of wg_block_k keys, double-buffered by cp.async in the 128-byte swizzle of wgmma.cuh; Q stays
+//! in registers as the A operand of S = Q Kᵀ (m64n{wg_block_k}k16, K read K-major), and the
+//! probabilities, packed to 16 bits in registers, are the A operand of O += P V (m64n{D}k16, V
+//! read MN-major). Each product is issued, committed and waited for within the iteration.
+template <class T, class O, int D>
+__global__ void __launch_bounds__(fwd_threads, 1)
+    forward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
+                         bhs<float> lse, mask_rule mask_in, float scale, seq_layout lay) {
+  constexpr int P = pitch<D>;
+  constexpr int BK = wg_block_k;
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = BK / 8;
+  constexpr int NT_O = D / 8;
+  constexpr std::uint32_t kv_tile_bytes = std::uint32_t(BK) * D * 2;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // K and V buffers first, on a 1024-byte boundary (the swizzle atom); Q (padded, for ldmatrix)
+  // after them.
+  std::uint32_t const raw = mma::smem_addr(smem_raw);
+  std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
+  std::uint32_t const sk_base = raw + pad;                    // [2][BK x D] swizzled
+  std::uint32_t const sv_base = sk_base + 2 * kv_tile_bytes;  // [2][BK x D] swizzled
+  T* const sq_tile = reinterpret_cast<T*>(smem_raw + pad + 4 * kv_tile_bytes);
+
+  cta_seq const cs = locate(lay, q.s, k.s, mask_in);
+  mask_rule const mask = cs.mask;
+  std::int64_t const i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * fwd_block_q;
+  if (i0 >= cs.sq) return;
+  int const h = static_cast<int>(blockIdx.y);
+  std::int64_t const hk = h / (q.h / k.h);
+  int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int const g = lane / 4, t = lane % 4;
+
+  T const* const qb = q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh;
+  T const* const kb = k.data + cs.b * k.sb + cs.k0 * k.ss + hk * k.sh;
+  T const* const vb = v.data + cs.b * v.sb + cs.k0 * v.ss + hk * v.sh;
+  std::int64_t const rows = cs.sq - i0 < fwd_block_q ? cs.sq - i0 : fwd_block_q;
+  std::int64_t const k_end = mask.key_end(i0 + rows - 1, cs.sk);
+  int const ntiles = static_cast<int>((k_end + BK - 1) / BK);
+
+  mma::load_tile_async<fwd_block_q, D, P, fwd_threads>(sq_tile, qb, q.ss, rows, q.data);
+  if (ntiles > 0) {
+    wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base, kb, k.ss, cs.sk, k.data);
+    wgmma::load_tile_sw128<BK, D, fwd_threads>(sv_base, vb, v.ss, cs.sk, v.data);
   }
+  mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  __syncthreads();
+
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    mma::ldmatrix_x4(
+        qf[kk], mma::smem_addr(sq_tile + (warp * 16 + lane % 16) * P + kk * 16 + (lane / 16) * 8));
+
+  float oacc[NT_O][4];
+  for (auto& x : oacc) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  softmax_row_state<float> st[2];
+  std::int64_t const row0 = i0 + warp * 16 + g;
+
+  for (int j = 0; j < ntiles; ++j) {
+    if (j + 1 < ntiles) {
+      std::int64_t const jn = std::int64_t(j + 1) * BK;
+      std::uint32_t const off = ((j + 1) & 1) * kv_tile_bytes;
+      wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base + off, kb + jn * k.ss, k.ss, cs.sk - jn,
+                                                 k.data);
+      wgmma::load_tile_sw128<BK, D, fwd_threads>(sv_base + off, vb + jn * v.ss, v.ss, cs.sk - jn,
+                                                 v.data);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    std::uint32_t const ck = sk_base + (j & 1) * kv_tile_bytes;
+    std::uint32_t const cv = sv_base + (j & 1) * kv_tile_bytes;
+
+    // S = Q Kᵀ: K-major B, k16 steps along D (4 per 64-column block, 32 bytes apart).
+    float s[NT_S][4];
+    for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_rs<BF, 0>(
+          s, qf[kk],
+          wgmma::sw128_desc(ck + std::uint32_t(kk / 4) * BK * 128 + std::uint32_t(kk % 4) * 32, 0,
+                            1024),
+          kk > 0 ? 1 : 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+
+    online_softmax(s, oacc, st, scale, cs, mask, i0, std::int64_t(j) * BK, row0, t);
+
+    // O += P V: MN-major B, k16 steps along the keys (16 rows = 2048 bytes), 64-column blocks of
+    // D BK·128 bytes apart.
+    // The A fragments are packed before the fence: a register written between two wgmma makes
+    // ptxas serialise them (it injects warpgroup.arrive).
+    std::uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      pa[kk][0] = mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = mma::pack2<BF>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    wgmma::fence_operands(oacc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      wgmma::mma_rs<BF, 1>(oacc, pa[kk],
+                           wgmma::sw128_desc(cv + std::uint32_t(kk) * 16 * 128, BK * 128, 1024), 1);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(oacc);
+    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+  }
+
+  store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
 }
 
 //! D[b, h, s] = sum_c dout[b, s, h, c] · o[b, s, h, c] in f32, one warp per row; `dsum` is
@@ -536,6 +698,60 @@ void launch(K kernel, dim3 grid, int block, std::size_t smem, cudaStream_t strea
   WEFT_CUDA_TRY(cudaGetLastError());
 }
 
+//! Reports whether this device's code of the program has the wgmma instructions (an sm_90a
+//! build running on a compute capability 9.0 device).
+template <int = 0>
+__global__ void wgmma_probe_kernel(int* out) {
+  *out = WEFT_WGMMA_DEVICE;
+}
+
+//! Whether the wgmma forward runs on the current device: probed once per device (a launch and a
+//! synchronous copy, on the first call for that device), then cached.
+inline bool wgmma_usable() {
+  int dev = 0;
+  WEFT_CUDA_TRY(cudaGetDevice(&dev));
+  static std::atomic<int> cache[64] = {};  // 0 unknown, 1 usable, 2 not
+  if (dev >= 0 && dev < 64) {
+    int const c = cache[dev].load(std::memory_order_acquire);
+    if (c != 0) return c == 1;
+  }
+  int major = 0, minor = 0;
+  WEFT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  bool ok = false;
+  if (major == 9 && minor == 0) {
+    int* d = nullptr;
+    WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(int)));
+    int h = 0;
+    wgmma_probe_kernel<><<<1, 1>>>(d);
+    cudaError_t const e = cudaGetLastError();
+    if (e == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess)
+      ok = h == 1;
+    cudaFree(d);
+  }
+  if (dev >= 0 && dev < 64) cache[dev].store(ok ? 1 : 2, std::memory_order_release);
+  return ok;
+}
+
+//! The process-wide forward kernel choice (see set_flash_forward_kernel).
+inline std::atomic<flash_forward_kernel>& forward_kernel_choice() {
+  static std::atomic<flash_forward_kernel> choice{flash_forward_kernel::mma_sync};
+  return choice;
+}
+
+inline void check_wgmma_usable() {
+  if (wgmma_usable()) return;
+  int dev = 0, major = 0, minor = 0;
+  WEFT_CUDA_TRY(cudaGetDevice(&dev));
+  WEFT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  WEFT_EXPECTS(
+      false, "flash_forward_kernel::wgmma",
+      "a compute capability 9.0 device and a program built for CUDA architecture 90a",
+      ::weft::detail::concat("device ", dev, " of compute capability ", major, ".", minor,
+                             major == 9 && minor == 0 ? ", code built without sm_90a" : ""));
+}
+
 template <class T, class O>
 void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<T const> v,
                     bshd<O> o, bhs<float> lse, mask_rule mask, float scale, seq_layout lay,
@@ -545,6 +761,16 @@ void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   dim3 const grid(static_cast<unsigned>((max_sq + fwd_block_q - 1) / fwd_block_q),
                   static_cast<unsigned>(q.h), static_cast<unsigned>(z));
+  if (forward_kernel_choice().load(std::memory_order_relaxed) == flash_forward_kernel::wgmma) {
+    check_wgmma_usable();
+    if (q.d == 64)
+      launch(forward_kernel_wgmma<T, O, 64>, grid, fwd_threads, forward_wgmma_smem<64>, stream, q,
+             k, v, o, lse, mask, scale, lay);
+    else
+      launch(forward_kernel_wgmma<T, O, 128>, grid, fwd_threads, forward_wgmma_smem<128>, stream, q,
+             k, v, o, lse, mask, scale, lay);
+    return;
+  }
   if (q.d == 64)
     launch(forward_kernel<T, O, 64>, grid, fwd_threads, forward_smem<64>, stream, q, k, v, o, lse,
            mask, scale, lay);

@@ -1,0 +1,203 @@
+// weft/attention/cuda/detail/wgmma.cuh — the Hopper (sm_90a) warpgroup tensor-core pieces of the
+// wgmma flash forward: shared-memory matrix descriptors for 128-byte-swizzled tiles, the cp.async
+// load that writes that swizzle, and wgmma.mma_async m64nNk16 (N 64 or 128) with A in registers
+// and B in shared memory, f32 accumulation on bf16 or f16 operands.
+//
+// Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+// - A in registers (per warp w of the warpgroup, rows 16w..16w+15): the m16n8k16 mma.sync A
+//   fragment of mma.cuh, so the ldmatrix'd Q and the packed probabilities feed wgmma unchanged.
+// - D (f32): d[j][e] is row 16w + g + 8·(e ≥ 2), column 8j + 2t + (e & 1), g = lane / 4,
+//   t = lane % 4: per warp, the C fragments of n8 tiles j = 0..N/8-1 of mma.cuh.
+// - B in shared memory, 128-byte swizzle: a tile of R rows and C = 64·c columns of 16-bit
+//   elements is stored as c column blocks of R rows x 128 bytes (block b at b·R·128 bytes), and
+//   the 16-byte chunk k of row r at chunk k ^ (r % 8) (TMA's SWIZZLE_128B; the base 1024-byte
+//   aligned). Read K-major (rows = N, the contiguous columns = K: K of S = Q Kᵀ), the descriptor's
+//   stride byte offset (SBO) is the 1024 bytes between 8-row groups, the leading byte offset
+//   (LBO) is unused (0), and the k16 step adds 32 bytes to the start address within a block; read
+//   MN-major (rows = K, columns = N: V of O += P V, imm-trans-b = 1), SBO is the 1024 bytes between
+//   groups of 8 K rows and the leading byte offset (LBO) the R·128 bytes between 64-column blocks
+//   along N.
+//
+// Only an sm_90a build (CMake architecture 90a) has these instructions; elsewhere the wrappers
+// compile to a trap and the host never selects the kernel (flash_detail::wgmma_usable).
+// The mma_rs bodies are generated (one operand per accumulator register), not hand-typed.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error \
+    "weft/attention/cuda/detail/wgmma.cuh holds CUDA device code: include it only from .cu files compiled by nvcc"
+#endif
+
+#include <cstdint>
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define WEFT_WGMMA_DEVICE 1
+#else
+#define WEFT_WGMMA_DEVICE 0
+#endif
+
+namespace weft::attention::kernels::wgmma {
+
+//! Byte offset of element (r, c) of a 16-bit R-row tile in the 128-byte swizzled layout.
+template <int R>
+__host__ __device__ constexpr std::uint32_t sw128_offset(int r, int c) {
+  return std::uint32_t((c / 64) * R * 128 + r * 128 + ((((c % 64) / 8) ^ (r % 8)) << 4) +
+                       (c % 8) * 2);
+}
+
+//! A 128-byte-swizzle shared-memory matrix descriptor: start address (shared window, 1024-byte
+//! aligned atoms), LBO and SBO in bytes.
+__device__ __forceinline__ std::uint64_t sw128_desc(std::uint32_t smem_byte_addr, std::uint32_t lbo,
+                                                    std::uint32_t sbo) {
+  return std::uint64_t((smem_byte_addr & 0x3FFFFu) >> 4) |
+         (std::uint64_t((lbo & 0x3FFFFu) >> 4) << 16) |
+         (std::uint64_t((sbo & 0x3FFFFu) >> 4) << 32) | (std::uint64_t(1) << 62);
+}
+
+//! Rows [0, R) x [0, C) of a tile into the swizzled layout at `dst` (shared byte address) by
+//! 16-byte cp.async chunks; rows at or past `valid` are zero-filled (as mma::load_tile_async).
+template <int R, int C, int NT, class T>
+__device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, T const* base, std::int64_t ld,
+                                                std::int64_t valid, T const* fallback) {
+  constexpr int chunks_per_row = C / 8;
+  for (int i = static_cast<int>(threadIdx.x); i < R * chunks_per_row; i += NT) {
+    int const r = i / chunks_per_row, c = (i % chunks_per_row) * 8;
+    bool const ok = r < valid;
+    T const* src = ok ? base + r * ld + c : fallback;
+    int const n = ok ? 16 : 0;
+    asm volatile(
+        "cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst + sw128_offset<R>(r, c)),
+        "l"(src), "r"(n)
+        : "memory");
+  }
+}
+
+//! Makes this thread's generic-proxy writes to shared memory (cp.async included) visible to the
+//! async proxy that wgmma reads through; before the barrier that publishes them.
+__device__ __forceinline__ void fence_proxy_async() {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void fence() {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void commit() {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void wait() {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
+//! Pins accumulator registers across the asynchronous MMA (the compiler must neither move nor
+//! reuse them between the issue and the wait).
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
+}
+
+#if WEFT_WGMMA_DEVICE
+// d (+)= a · B: m64nNk16, A (bf16 or f16) from registers, B by descriptor (TransB 0: K-major,
+// 1: MN-major), f32 accumulators; scale_d 0 overwrites d.
+template <bool BF16, int TransB>
+__device__ __forceinline__ void mma_rs(float (&d)[8][4], std::uint32_t const (&a)[4],
+                                       std::uint64_t b_desc, int scale_d) {
+  if constexpr (BF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TransB));
+  }
+}
+
+template <bool BF16, int TransB>
+__device__ __forceinline__ void mma_rs(float (&d)[16][4], std::uint32_t const (&a)[4],
+                                       std::uint64_t b_desc, int scale_d) {
+  if constexpr (BF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
+          "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
+          "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
+          "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
+          "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"
+        "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"
+        "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+        "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3]), "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]),
+          "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]), "+f"(d[10][0]),
+          "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]),
+          "+f"(d[11][2]), "+f"(d[11][3]), "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]),
+          "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+          "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]),
+          "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TransB));
+  }
+}
+
+#else
+template <bool BF16, int TransB, int N>
+__device__ __forceinline__ void mma_rs(float (&)[N][4], std::uint32_t const (&)[4], std::uint64_t,
+                                       int) {
+  __trap();
+}
+#endif
+
+}  // namespace weft::attention::kernels::wgmma
