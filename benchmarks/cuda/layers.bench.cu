@@ -1,7 +1,9 @@
 // benchmarks/cuda/layers.bench.cu — weft's CUDA layer kernels: fused AdamW and the grad-norm
 // reduction (GB/s over 100M f32 parameters), RMSNorm/LayerNorm forward and backward-input (GB/s at
-// 16384 x 4096 bf16), and the cuBLAS linear forward (TFLOP/s at 8192^3 bf16) against a plain
-// cublasGemmEx of the same shape, the baseline. Timed with CUDA events (manual time).
+// 16384 x 4096 bf16), the parameter gradients' column sums (norm weights, linear bias; same shape,
+// against the one-thread-per-column design they replaced), and the cuBLAS linear forward (TFLOP/s
+// at 8192^3 bf16) against a plain cublasGemmEx of the same shape, the baseline. Timed with CUDA
+// events (manual time).
 #include <weft/nn/cuda/linear.cuh>
 #include <weft/nn/cuda/norm.cuh>
 #include <weft/optim/cuda/adamw.cuh>
@@ -142,6 +144,73 @@ void BM_layer_norm_backward_input_bf16(benchmark::State& state) {
   rate(state, "GB/s", 6.0 * static_cast<double>(e) * 1e-9);
 }
 BENCHMARK(BM_layer_norm_backward_input_bf16)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// ---- parameter gradients: column sums over the rows (16384 x 4096 bf16) ------------------------
+
+void BM_rms_norm_backward_weight_bf16(benchmark::State& state) {
+  auto const e = static_cast<std::size_t>(norm_rows * norm_cols);
+  dev<bf16> x(e, -1.0f), dy(e, 0.1f), dw(norm_cols);
+  dev<float> rstd(norm_rows, 1.0f);
+  timed(state, [&] {
+    weft::nn::kernels::rms_norm_backward_weight<bf16>(nullptr, dy.p, x.p, rstd.p, dw.p, norm_rows,
+                                                      norm_cols);
+  });
+  rate(state, "GB/s", 4.0 * static_cast<double>(e) * 1e-9);  // read dy, x
+}
+BENCHMARK(BM_rms_norm_backward_weight_bf16)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+void BM_layer_norm_backward_weight_bf16(benchmark::State& state) {
+  auto const e = static_cast<std::size_t>(norm_rows * norm_cols);
+  dev<bf16> x(e, -1.0f), dy(e, 0.1f), dw(norm_cols), db(norm_cols);
+  dev<float> mean(norm_rows), rstd(norm_rows, 1.0f);
+  timed(state, [&] {
+    weft::nn::kernels::layer_norm_backward_weight<bf16>(nullptr, dy.p, x.p, mean.p, rstd.p, dw.p,
+                                                        db.p, norm_rows, norm_cols);
+  });
+  rate(state, "GB/s", 4.0 * static_cast<double>(e) * 1e-9);  // read dy, x
+}
+BENCHMARK(BM_layer_norm_backward_weight_bf16)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// The linear's bias gradient alone (in = 0 skips the weight GEMM): dbias += column sums of dy.
+void BM_linear_bias_grad_bf16(benchmark::State& state) {
+  auto const e = static_cast<std::size_t>(norm_rows * norm_cols);
+  dev<bf16> dy(e, 0.1f), db(norm_cols);
+  cublasHandle_t h = nullptr;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) {
+    state.SkipWithError("cublasCreate failed");
+    return;
+  }
+  timed(state, [&] {
+    weft::nn::kernels::linear_backward_weight<bf16>(h, nullptr, dy.p, nullptr, nullptr, db.p,
+                                                    norm_rows, 0, norm_cols);
+  });
+  cublasDestroy(h);
+  rate(state, "GB/s", 2.0 * static_cast<double>(e) * 1e-9);  // read dy
+}
+BENCHMARK(BM_linear_bias_grad_bf16)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+// Baseline for the three above: the design they replaced, one thread per column walking every
+// row (16 blocks at 4096 columns), on the same dy.
+__global__ void column_sum_per_thread(bf16 const* __restrict__ dy, bf16* __restrict__ db,
+                                      std::int64_t rows, std::int64_t cols) {
+  std::int64_t const j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= cols) return;
+  float acc = static_cast<float>(db[j]);
+  for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<float>(dy[r * cols + j]);
+  db[j] = bf16(acc);
+}
+void BM_column_sum_one_thread_per_column_baseline(benchmark::State& state) {
+  auto const e = static_cast<std::size_t>(norm_rows * norm_cols);
+  dev<bf16> dy(e, 0.1f), db(norm_cols);
+  timed(state, [&] {
+    column_sum_per_thread<<<static_cast<unsigned>((norm_cols + 255) / 256), 256>>>(
+        dy.p, db.p, norm_rows, norm_cols);
+  });
+  rate(state, "GB/s", 2.0 * static_cast<double>(e) * 1e-9);
+}
+BENCHMARK(BM_column_sum_one_thread_per_column_baseline)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 // ---- linear (cuBLAS, bf16 8192^3) --------------------------------------------------------------
 

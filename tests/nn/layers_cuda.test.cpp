@@ -200,7 +200,9 @@ TEST_CASE("nn/cuda: LayerNorm and RMSNorm kernels give the CPU path's results (f
     bool degenerate;
   };
   for (shp s : {shp{5, 96, false}, shp{3, 8, true}, shp{3, 24, true}, shp{1, 1, false},
-                shp{7, 257, false}, shp{33, 4099, false}, shp{0, 8, false}, shp{4, 0, false}}) {
+                shp{7, 257, false}, shp{33, 4099, false}, shp{0, 8, false}, shp{4, 0, false},
+                // more rows than one chunk of the weight gradients' column sums
+                shp{1000, 300, false}, shp{4099, 33, true}}) {
     CAPTURE(s.n);
     CAPTURE(s.c);
     norms_against_cpu<float>(s.n, s.c, 1e-5, s.degenerate);
@@ -382,7 +384,9 @@ TEST_CASE("nn/cuda: cuBLAS linear forward/backward gives the CPU path's results 
     index_t n, in, out;
   };
   for (shp s : {shp{5, 7, 3}, shp{1, 1, 1}, shp{17, 33, 9}, shp{64, 300, 130}, shp{3, 0, 4},
-                shp{0, 5, 4}, shp{4, 5, 0}, shp{129, 257, 63}}) {
+                shp{0, 5, 4}, shp{4, 5, 0}, shp{129, 257, 63},
+                // more rows than one chunk of the bias gradient's column sum
+                shp{1000, 40, 70}, shp{3000, 8, 300}}) {
     for (bool bias : {true, false}) {
       CAPTURE(s.n);
       CAPTURE(s.in);
@@ -393,6 +397,28 @@ TEST_CASE("nn/cuda: cuBLAS linear forward/backward gives the CPU path's results 
     }
   }
   cublasDestroy(h);
+}
+
+// Host side, no device needed: the row split of the parameter gradients' column sums covers
+// every row exactly once with no empty chunk, keeps at least 32 rows a chunk, and stays inside
+// the grid's y limit.
+TEST_CASE("nn/cuda: the column sums' row split covers the rows with non-empty chunks") {
+  namespace cd = weft::nn::kernels::column_detail;
+  for (std::int64_t rows : {1, 2, 31, 32, 33, 63, 64, 65, 1000, 4099, 16384, 1 << 20, 100000007})
+    for (std::int64_t cols : {1, 33, 256, 257, 4096, 65536, 1 << 22}) {
+      CAPTURE(rows);
+      CAPTURE(cols);
+      cd::row_split const s = cd::split_rows(rows, cols);
+      CHECK(s.chunks >= 1);
+      CHECK(s.chunks <= 65535);
+      CHECK(s.chunk_rows >= 1);
+      CHECK(s.chunks * s.chunk_rows >= rows);       // every row in a chunk
+      CHECK((s.chunks - 1) * s.chunk_rows < rows);  // the last chunk is not empty
+      if (s.chunks > 1) CHECK(s.chunk_rows >= cd::min_rows);
+      std::int64_t const col_blocks = (cols + cd::block - 1) / cd::block;
+      if (s.chunks > 1) CHECK(s.chunks * col_blocks <= 2 * cd::target_blocks);
+      if (rows >= 64 * cd::min_rows && col_blocks <= 16) CHECK(s.chunks > 1);  // the point of it
+    }
 }
 
 }  // namespace

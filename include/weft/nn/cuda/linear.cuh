@@ -1,7 +1,8 @@
 // weft/nn/cuda/linear.cuh — the affine layer y = x·wᵀ + b (w [out, in], torch layout) on the GPU
 // through cublasGemmEx, with nn/linear.hpp's semantics: the input gradient overwrites dx, the
-// weight and bias gradients ACCUMULATE. f32 and f64 in their own precision; bf16/f16 storage with
-// f32 accumulation (CUBLAS_COMPUTE_32F), each output rounded once, as the CPU path.
+// weight and bias gradients ACCUMULATE (dbias by a chunked column sum: detail/column_sums.cuh). f32
+// and f64 in their own precision; bf16/f16 storage with f32 accumulation (CUBLAS_COMPUTE_32F), each
+// output rounded once, as the CPU path.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -12,6 +13,7 @@
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/math.hpp>  // compute_t
+#include <weft/nn/cuda/detail/column_sums.cuh>
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -108,17 +110,15 @@ __global__ void linear_bias_fill_kernel(T const* __restrict__ bias, T* __restric
     y[i] = bias != nullptr ? bias[i % out] : T(0.0f);
 }
 
-//! dbias[j] += Σ_rows dy[r, j], rows in order in the compute type, one rounding per column.
+//! dbias[j] += Σ_rows dy[r, j]: the term of column_detail::column_sums.
 template <class T>
-__global__ void linear_bias_grad_kernel(T const* __restrict__ dy, T* __restrict__ dbias,
-                                        std::int64_t rows, std::int64_t out) {
-  using C = compute_t<T>;
-  std::int64_t const j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= out) return;
-  C acc = static_cast<C>(dbias[j]);
-  for (std::int64_t r = 0; r < rows; ++r) acc += static_cast<C>(dy[r * out + j]);
-  dbias[j] = static_cast<T>(acc);
-}
+struct linear_bias_grad_term {
+  T const* dy;
+  std::int64_t out;
+  __device__ void operator()(std::int64_t r, std::int64_t j, compute_t<T> (&acc)[1]) const {
+    acc[0] += static_cast<compute_t<T>>(dy[r * out + j]);
+  }
+};
 
 // ---- launches: device pointers, rows contiguous; `handle` is bound to `stream` for the call ----
 
@@ -173,11 +173,9 @@ void linear_backward_weight(cublasHandle_t handle, cudaStream_t stream, T const*
   if (in > 0)  // column-major dwᵀ [in, out] += xᵀ [in, n] · dy [n, out]
     linear_detail::gemm<T>(handle, stream, CUBLAS_OP_N, CUBLAS_OP_T, in, out, n, x, in, dy, out,
                            1.0, dw, in);
-  if (dbias != nullptr) {
-    linear_bias_grad_kernel<T>
-        <<<static_cast<unsigned>((out + 255) / 256), 256, 0, stream>>>(dy, dbias, n, out);
-    WEFT_CUDA_TRY(cudaGetLastError());
-  }
+  if (dbias != nullptr)
+    column_detail::column_sums<1, T>(stream, linear_bias_grad_term<T>{dy, out},
+                                     column_detail::outputs<T, 1>{{dbias}}, n, out);
 }
 
 }  // namespace weft::nn::kernels

@@ -1,7 +1,7 @@
 // weft/nn/cuda/norm.cuh — CUDA kernels for LayerNorm and RMSNorm over contiguous rows x [N, C]:
 // one block per row reduces the row's sums with CUB (two-pass statistics, as the CPU path), then
 // every element goes through the CPU path's WEFT_HD pieces (nn::norm_elem). The weight gradients
-// ACCUMULATE, one thread per column summing the rows in order, like the CPU loops.
+// ACCUMULATE, by chunked column sums over the rows (detail/column_sums.cuh).
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -11,6 +11,7 @@
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
+#include <weft/nn/cuda/detail/column_sums.cuh>
 #include <weft/nn/norm.hpp>
 
 #include <cub/block/block_reduce.cuh>
@@ -44,10 +45,6 @@ inline void check_rows(std::int64_t rows, std::int64_t cols) {
   WEFT_EXPECTS(rows >= 0, "rows", ">= 0", rows);
   WEFT_EXPECTS(cols >= 0, "cols", ">= 0", cols);
   WEFT_EXPECTS(rows <= std::int64_t{0x7fffffff}, "rows", "<= 2^31 - 1 (one block per row)", rows);
-}
-
-inline unsigned column_blocks(std::int64_t cols) {
-  return static_cast<unsigned>((cols + norm_block - 1) / norm_block);
 }
 
 }  // namespace norm_detail
@@ -116,26 +113,21 @@ __global__ void __launch_bounds__(Block)
   }
 }
 
-//! LayerNorm weight/bias gradients: one thread per column, rows summed in order (ACCUMULATE).
+//! LayerNorm's weight and bias gradient terms of row r, column j (column_detail::column_sums).
 template <class T>
-__global__ void layer_norm_backward_weight_kernel(T const* __restrict__ dy, T const* __restrict__ x,
-                                                  compute_t<T> const* mean,
-                                                  compute_t<T> const* rstd, T* __restrict__ dw,
-                                                  T* __restrict__ db, std::int64_t rows,
-                                                  std::int64_t cols) {
-  using C = compute_t<T>;
-  std::int64_t const j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
-  C aw = static_cast<C>(dw[j]);
-  C ab = db != nullptr ? static_cast<C>(db[j]) : C(0);
-  for (std::int64_t i = 0; i < rows; ++i) {
-    C const g = static_cast<C>(dy[i * cols + j]);
-    aw += norm_elem<C>::ln_dw(g, static_cast<C>(x[i * cols + j]), mean[i], rstd[i]);
-    ab += g;
+struct layer_norm_weight_terms {
+  T const* dy;
+  T const* x;
+  compute_t<T> const* mean;
+  compute_t<T> const* rstd;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t r, std::int64_t j, compute_t<T> (&acc)[2]) const {
+    using C = compute_t<T>;
+    C const g = static_cast<C>(dy[r * cols + j]);
+    acc[0] += norm_elem<C>::ln_dw(g, static_cast<C>(x[r * cols + j]), mean[r], rstd[r]);
+    acc[1] += g;
   }
-  dw[j] = static_cast<T>(aw);
-  if (db != nullptr) db[j] = static_cast<T>(ab);
-}
+};
 
 //! RMSNorm forward, one block per row: y = x·rstd·w, saves rstd.
 template <int Block, class T>
@@ -184,20 +176,19 @@ __global__ void __launch_bounds__(Block)
         E::rms_dx(static_cast<C>(w[j]), static_cast<C>(gr[j]), static_cast<C>(xr[j]), rs, m));
 }
 
-//! RMSNorm weight gradient: one thread per column, rows summed in order (ACCUMULATES).
+//! RMSNorm's weight gradient term of row r, column j (column_detail::column_sums).
 template <class T>
-__global__ void rms_norm_backward_weight_kernel(T const* __restrict__ dy, T const* __restrict__ x,
-                                                compute_t<T> const* rstd, T* __restrict__ dw,
-                                                std::int64_t rows, std::int64_t cols) {
-  using C = compute_t<T>;
-  std::int64_t const j = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (j >= cols) return;
-  C aw = static_cast<C>(dw[j]);
-  for (std::int64_t i = 0; i < rows; ++i)
-    aw += norm_elem<C>::rms_dw(static_cast<C>(dy[i * cols + j]), static_cast<C>(x[i * cols + j]),
-                               rstd[i]);
-  dw[j] = static_cast<T>(aw);
-}
+struct rms_norm_weight_term {
+  T const* dy;
+  T const* x;
+  compute_t<T> const* rstd;
+  std::int64_t cols;
+  __device__ void operator()(std::int64_t r, std::int64_t j, compute_t<T> (&acc)[1]) const {
+    using C = compute_t<T>;
+    acc[0] += norm_elem<C>::rms_dw(static_cast<C>(dy[r * cols + j]),
+                                   static_cast<C>(x[r * cols + j]), rstd[r]);
+  }
+};
 
 // ---- launches (asynchronous on `stream`; every pointer is device memory, rows contiguous) ------
 
@@ -234,10 +225,8 @@ void layer_norm_backward_weight(cudaStream_t stream, T const* dy, T const* x,
                                 compute_t<T> const* mean, compute_t<T> const* rstd, T* dweight,
                                 T* dbias, std::int64_t rows, std::int64_t cols) {
   norm_detail::check_rows(rows, cols);
-  if (cols == 0) return;
-  layer_norm_backward_weight_kernel<T><<<norm_detail::column_blocks(cols), norm_block, 0, stream>>>(
-      dy, x, mean, rstd, dweight, dbias, rows, cols);
-  WEFT_CUDA_TRY(cudaGetLastError());
+  column_detail::column_sums<2, T>(stream, layer_norm_weight_terms<T>{dy, x, mean, rstd, cols},
+                                   column_detail::outputs<T, 2>{{dweight, dbias}}, rows, cols);
 }
 
 //! RMSNorm forward of x [rows, cols]: y [rows, cols], rstd [rows] (compute type). eps > 0.
@@ -270,10 +259,8 @@ void rms_norm_backward_weight(cudaStream_t stream, T const* dy, T const* x,
                               compute_t<T> const* rstd, T* dweight, std::int64_t rows,
                               std::int64_t cols) {
   norm_detail::check_rows(rows, cols);
-  if (cols == 0) return;
-  rms_norm_backward_weight_kernel<T><<<norm_detail::column_blocks(cols), norm_block, 0, stream>>>(
-      dy, x, rstd, dweight, rows, cols);
-  WEFT_CUDA_TRY(cudaGetLastError());
+  column_detail::column_sums<1, T>(stream, rms_norm_weight_term<T>{dy, x, rstd, cols},
+                                   column_detail::outputs<T, 1>{{dweight}}, rows, cols);
 }
 
 }  // namespace weft::nn::kernels

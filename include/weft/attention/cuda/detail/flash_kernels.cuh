@@ -386,6 +386,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     float s[NT_S][4];
     for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
     wgmma::fence_operands(s);
+    wgmma::fence_operands(qf);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
@@ -397,6 +398,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(s);
+    wgmma::fence_operands(qf);
 
     online_softmax(s, oacc, st, scale, cs, mask, i0, std::int64_t(j) * BK, row0, t);
 
@@ -413,6 +415,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
       pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
     wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
@@ -421,6 +424,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
     __syncthreads();  // the next iteration's prefetch overwrites this buffer
   }
 
@@ -720,14 +724,23 @@ inline bool wgmma_usable() {
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   bool ok = false;
   if (major == 9 && minor == 0) {
+    // An error pending from earlier work is the caller's, not the probe's: surface it rather than
+    // absorb it (and cache a wrong answer).
+    WEFT_CUDA_TRY(cudaPeekAtLastError());
     int* d = nullptr;
     WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&d), sizeof(int)));
     int h = 0;
     wgmma_probe_kernel<><<<1, 1>>>(d);
-    cudaError_t const e = cudaGetLastError();
-    if (e == cudaSuccess && cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess)
-      ok = h == 1;
+    cudaError_t const launched = cudaGetLastError();
+    cudaError_t const copied = launched == cudaSuccess
+                                   ? cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost)
+                                   : cudaSuccess;
     cudaFree(d);
+    // No code for this device in the program: not usable. Any other failure is an error.
+    if (launched != cudaErrorNoKernelImageForDevice && launched != cudaErrorInvalidDeviceFunction)
+      WEFT_CUDA_TRY(launched);
+    WEFT_CUDA_TRY(copied);
+    ok = launched == cudaSuccess && h == 1;
   }
   if (dev >= 0 && dev < 64) cache[dev].store(ok ? 1 : 2, std::memory_order_release);
   return ok;

@@ -105,6 +105,15 @@ __device__ __forceinline__ void fence_operands(float (&d)[N][4]) {
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[j][e])::"memory");
 }
 
+//! The same for register A operands (the packed fragments must be final before wgmma.fence).
+template <int N>
+__device__ __forceinline__ void fence_operands(std::uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
+
 #if WEFT_WGMMA_DEVICE
 // d (+)= a · B: m64nNk16, A (bf16 or f16) from registers, B by descriptor (TransB 0: K-major,
 // 1: MN-major), f32 accumulators; scale_d 0 overwrites d.
