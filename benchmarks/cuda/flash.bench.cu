@@ -2,8 +2,8 @@
 // on bf16: forward and backward at B = 4, S = 4096, H = 16, d = 128 and d = 64, causal and not.
 // Timed with CUDA events around each call (manual time). Counters: TFLOP/s with the usual
 // convention, forward 4·B·H·S²·d (halved for causal), backward 2.5x the forward; the backward
-// time includes its D = rowsum(dO∘O) pre-pass. The forward runs on either kernel (wgmma = 1: the
-// Hopper kernel, flash_forward_kernel::wgmma; skipped with the reason where it cannot run).
+// time includes its D = rowsum(dO∘O) pre-pass. Either kernel family runs (wgmma = 1: the Hopper
+// kernels, flash_kernel::wgmma; skipped with the reason where they cannot run).
 #include <weft/attention/cuda/flash.cuh>
 
 #include <benchmark/benchmark.h>
@@ -41,15 +41,14 @@ bf16* device_random(std::size_t n, std::uint64_t seed) {
   return p;
 }
 
-// Args: batch, seq, heads, head dim, causal (0/1), backward (0/1), forward kernel (0 mma.sync,
-// 1 wgmma: skipped with an error where it cannot run).
+// Args: batch, seq, heads, head dim, causal (0/1), backward (0/1), kernels (0 mma.sync, 1 wgmma:
+// skipped with an error where they cannot run).
 void BM_flash(benchmark::State& state) {
   std::int64_t const b = state.range(0), s = state.range(1), h = state.range(2), d = state.range(3);
   bool const causal = state.range(4) != 0, backward = state.range(5) != 0;
-  auto const kernel =
-      state.range(6) != 0 ? wk::flash_forward_kernel::wgmma : wk::flash_forward_kernel::mma_sync;
+  auto const kernel = state.range(6) != 0 ? wk::flash_kernel::wgmma : wk::flash_kernel::mma_sync;
   try {
-    wk::set_flash_forward_kernel(kernel);
+    wk::set_flash_kernel(kernel);
   } catch (std::exception const& e) {
     state.SkipWithError(e.what());
     return;
@@ -119,7 +118,7 @@ void BM_flash(benchmark::State& state) {
                   static_cast<void*>(g), static_cast<void*>(o), static_cast<void*>(lse),
                   static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv)})
     WEFT_CUDA_TRY(cudaFree(p));
-  wk::set_flash_forward_kernel(wk::flash_forward_kernel::mma_sync);
+  wk::set_flash_kernel(wk::flash_kernel::mma_sync);
 }
 
 }  // namespace
@@ -138,6 +137,10 @@ BENCHMARK(BM_flash)
     ->Args({4, 4096, 16, 128, 0, 0, 1})
     ->Args({4, 4096, 16, 64, 1, 0, 1})
     ->Args({4, 4096, 16, 64, 0, 0, 1})
+    ->Args({4, 4096, 16, 128, 1, 1, 1})
+    ->Args({4, 4096, 16, 128, 0, 1, 1})
+    ->Args({4, 4096, 16, 64, 1, 1, 1})
+    ->Args({4, 4096, 16, 64, 0, 1, 1})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3);

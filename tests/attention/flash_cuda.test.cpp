@@ -3,8 +3,9 @@
 // inputs: forward o and lse, backward dq/dk/dv, over causal none/top_left/bottom_right and ring
 // offsets, Sq != Sk both ways, lengths off the 64-row tiles, MHA/GQA/MQA, d 64 and 128, batch > 1;
 // packed cu_seqlens against the CPU varlen entry points; fully masked rows; the accumulate
-// semantics; the exec::cuda entry points; argument errors; all of the forward checks again with
-// the Hopper wgmma forward (flash_forward_kernel::wgmma) on a compute capability 9.0 device. The
+// semantics; the exec::cuda entry points; argument errors; the grid, ring offsets and packed
+// documents again with the Hopper wgmma kernels (flash_kernel::wgmma) on a compute capability
+// 9.0 device. The
 // CUDA part is compiled only by nvcc (weft.test.attention.cuda); the host build sees an empty file.
 #include <doctest/doctest.h>
 
@@ -554,7 +555,7 @@ TEST_CASE("CUDA flash: exec::cuda entry points on cuda_space views") {
   }
   CHECK(threw);
 }
-TEST_CASE("CUDA flash forward on wgmma (Hopper, sm_90a) matches the CPU kernel") {
+TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
   if (!have_device()) {
     MESSAGE("no CUDA device: skipped");
     return;
@@ -563,28 +564,28 @@ TEST_CASE("CUDA flash forward on wgmma (Hopper, sm_90a) matches the CPU kernel")
   WEFT_CUDA_TRY(cudaGetDevice(&dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  REQUIRE(wk::get_flash_forward_kernel() == wk::flash_forward_kernel::mma_sync);  // the default
+  REQUIRE(wk::get_flash_kernel() == wk::flash_kernel::mma_sync);  // the default
   if (major != 9 || minor != 0) {
     // Elsewhere the choice is refused, naming it and the device, and the default stays.
     std::string msg;
     try {
-      wk::set_flash_forward_kernel(wk::flash_forward_kernel::wgmma);
+      wk::set_flash_kernel(wk::flash_kernel::wgmma);
     } catch (weft::invalid_argument_error const& e) {
       msg = e.what();
     }
     CAPTURE(msg);
-    CHECK(msg.find("flash_forward_kernel::wgmma") != std::string::npos);
+    CHECK(msg.find("flash_kernel::wgmma") != std::string::npos);
     CHECK(msg.find("compute capability") != std::string::npos);
-    CHECK(wk::get_flash_forward_kernel() == wk::flash_forward_kernel::mma_sync);
+    CHECK(wk::get_flash_kernel() == wk::flash_kernel::mma_sync);
     MESSAGE("compute capability ", major, ".", minor, ": the wgmma kernel is not run here");
     return;
   }
   // weft's own build targets 90a (WEFT_CUDA_ARCHITECTURES), so on a 9.0 device it must run.
-  wk::set_flash_forward_kernel(wk::flash_forward_kernel::wgmma);
+  wk::set_flash_kernel(wk::flash_kernel::wgmma);
   struct restore {
-    ~restore() { wk::set_flash_forward_kernel(wk::flash_forward_kernel::mma_sync); }
+    ~restore() { wk::set_flash_kernel(wk::flash_kernel::mma_sync); }
   } const guard;
-  CHECK(wk::get_flash_forward_kernel() == wk::flash_forward_kernel::wgmma);
+  CHECK(wk::get_flash_kernel() == wk::flash_kernel::wgmma);
   run_grid<bf16>();
   run_grid<f16>();
   check_ring_offsets();

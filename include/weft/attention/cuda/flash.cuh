@@ -13,11 +13,11 @@
 // batch or document) loops over the group's query heads and the query tiles that see its keys,
 // recomputes P = exp(S − L), and accumulates dV += Pᵀ dO, dK += τ dSᵀ Q in registers (each warp
 // owns 16 keys; GQA needs no atomics for dk/dv) and dQ += τ dS K by float atomicAdd.
-// Hopper (opt-in, set_flash_forward_kernel(flash_forward_kernel::wgmma); compute capability 9.0
-// and an sm_90a build): the forward with S = Q Kᵀ and O += P V on warpgroup MMA (wgmma m64nNk16,
-// Q and P as register operands, K and V from 128-byte-swizzled shared memory, 128-key tiles),
-// the same online softmax code. Compiled in CI but not yet run on a GPU: the default stays
-// mma.sync until the gpu label has passed with it.
+// Hopper (opt-in, set_flash_kernel(flash_kernel::wgmma); compute capability 9.0 and an sm_90a
+// build): the same two designs with their products on warpgroup MMA (wgmma m64nNk16, operands in
+// 128-byte-swizzled shared memory or, for Q and the probabilities, in registers): the forward on
+// 128-key tiles, the backward's five products per 64 x 64 tile, and the same row math. Compiled in
+// CI but not yet run on a GPU: the default stays mma.sync until the gpu label has passed with it.
 // The kernels and their launches are in detail/flash_kernels.cuh; this header holds the entry
 // points (raw views on a stream, and exec::cuda with tensor views).
 #pragma once
@@ -54,19 +54,19 @@ namespace weft::attention::kernels {
 using ::weft::attention::detail::bhs;
 using ::weft::attention::detail::bshd;
 
-//! Selects the kernel of every later flash forward launch in this process (the choice is global,
-//! as torch.backends.cuda's SDPA switches are; launches already queued keep theirs). wgmma is
-//! checked here on the current device, and again at each launch on the launching device: where it
-//! cannot run (not compute capability 9.0, or code built without sm_90a) the call throws
-//! invalid_argument_error naming the device. The first check on a device probes it with one tiny
-//! launch and a synchronous copy (not inside a CUDA graph capture).
-inline void set_flash_forward_kernel(flash_forward_kernel choice) {
-  if (choice == flash_forward_kernel::wgmma) flash_detail::check_wgmma_usable();
-  flash_detail::forward_kernel_choice().store(choice, std::memory_order_relaxed);
+//! Selects the kernels of every later flash launch, forward and backward, in this process (the
+//! choice is global, as torch.backends.cuda's SDPA switches are; launches already queued keep
+//! theirs). wgmma is checked here on the current device, and again at each launch on the launching
+//! device: where it cannot run (not compute capability 9.0, or code built without sm_90a) the call
+//! throws invalid_argument_error naming the device. The first check on a device probes it with one
+//! tiny launch and a synchronous copy (not inside a CUDA graph capture).
+inline void set_flash_kernel(flash_kernel choice) {
+  if (choice == flash_kernel::wgmma) flash_detail::check_wgmma_usable();
+  flash_detail::kernel_choice().store(choice, std::memory_order_relaxed);
 }
-//! The kernel flash forward launches use now.
-inline flash_forward_kernel get_flash_forward_kernel() {
-  return flash_detail::forward_kernel_choice().load(std::memory_order_relaxed);
+//! The kernels flash launches use now.
+inline flash_kernel get_flash_kernel() {
+  return flash_detail::kernel_choice().load(std::memory_order_relaxed);
 }
 
 //! Flash attention forward on `stream` (asynchronous). q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] of

@@ -35,11 +35,12 @@ namespace weft::attention::kernels {
 using ::weft::attention::detail::bhs;
 using ::weft::attention::detail::bshd;
 
-//! Which kernel the flash forward entry points launch. mma_sync: the FlashAttention-2-shaped
-//! kernel on m16n8k16 mma.sync (sm_80 and up; the default, run and tested on an H200). wgmma:
-//! the Hopper kernel on warpgroup MMA (compute capability 9.0 with an sm_90a build): compiled in
-//! CI, NOT yet run on a GPU, so opt-in until a GPU run of the gpu label validates it.
-enum class flash_forward_kernel { mma_sync, wgmma };
+//! Which kernels the flash entry points launch (forward and backward). mma_sync: the
+//! FlashAttention-2-shaped kernels on m16n8k16 mma.sync (sm_80 and up; the default, run and tested
+//! on an H200). wgmma: the Hopper kernels on warpgroup MMA (compute capability 9.0 with an sm_90a
+//! build): compiled in CI, NOT yet run on a GPU, so opt-in until a GPU run of the gpu label
+//! validates them.
+enum class flash_kernel { mma_sync, wgmma };
 
 namespace flash_detail {
 
@@ -87,6 +88,12 @@ inline constexpr std::size_t forward_smem = std::size_t(fwd_block_q + 4 * block_
 template <int D>
 inline constexpr std::size_t forward_wgmma_smem =
     std::size_t(4 * wg_block_k) * D * 2 + std::size_t(fwd_block_q) * pitch<D> * 2 + 1024;
+
+//! The wgmma backward: swizzled K, V, Q, dO tiles of 64 rows, the 64 x 64 dSᵀ tile, L and D of
+//! the query tile, and the alignment slack.
+template <int D>
+inline constexpr std::size_t backward_wgmma_smem =
+    std::size_t(4 * 64) * D * 2 + std::size_t(64) * 128 + 2 * 64 * sizeof(float) + 1024;
 
 template <int D>
 inline constexpr std::size_t backward_smem = std::size_t(2 * block_k + 2 * block_q) * pitch<D> * 2 +
@@ -302,7 +309,7 @@ __global__ void __launch_bounds__(fwd_threads)
   store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
 }
 
-//! The Hopper forward (flash_forward_kernel::wgmma): the forward kernel's tiling and row math with
+//! The Hopper forward (flash_kernel::wgmma): the forward kernel's tiling and row math with
 //! the two products on warpgroup MMA. 8 warps = 2 warpgroups of 64 query rows (a warp's rows are
 //! those of forward_kernel's warp, so online_softmax and store_forward_rows serve both); key tiles
 //! of wg_block_k keys, double-buffered by cp.async in the 128-byte swizzle of wgmma.cuh; Q stays
@@ -451,6 +458,70 @@ __global__ void __launch_bounds__(128)
   if (lane == 0) dsum[(b * dout.h + h) * dout.s + s] = acc;
 }
 
+//! The row statistics of a backward query tile into shared memory: L·log2 e (-inf past the rows)
+//! and D = rowsum(dO ∘ O) (0 past the rows), for rows i0.. of head h.
+__device__ __forceinline__ void load_row_stats(float* s_lse, float* s_d, bhs<float const> lse,
+                                               float const* __restrict__ dsum, cta_seq const& cs,
+                                               std::int64_t qh, std::int64_t qs, int h,
+                                               std::int64_t i0, std::int64_t rows) {
+  if (threadIdx.x < block_q) {
+    int const r = static_cast<int>(threadIdx.x);
+    bool const ok = r < rows;
+    std::int64_t const qi = cs.q0 + i0 + r;
+    s_lse[r] = ok ? lse.data[cs.b * lse.sb + h * lse.sh + qi * lse.ss] * log2e : empty_lse<float>();
+    s_d[r] = ok ? dsum[(cs.b * qh + h) * qs + qi] : 0.0f;
+  }
+}
+
+//! Pᵀ = exp(Sᵀ − L) in place of sacc (recompute_probability's rule: 0 for masked scores and empty
+//! rows) and dSᵀ = Pᵀ ∘ (dPᵀ − D) in place of pacc, for this thread's keys key0 and key0 + 8 (the
+//! C-fragment rows) and the tile's queries i0 + 8·nt + 2t + (e & 1). Only a tile that crosses the
+//! end of the keys or the causal boundary is masked.
+template <int NS>
+__device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], float (&pacc)[NS][4],
+                                                       float const* s_lse, float const* s_d,
+                                                       float scale, cta_seq const& cs,
+                                                       mask_rule const& mask, std::int64_t j0,
+                                                       std::int64_t i0, std::int64_t key0, int t) {
+  float const ninf = empty_lse<float>();
+  bool const need_mask =
+      j0 + block_k > cs.sk || (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
+      std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
+      float x = sacc[nt][e] * scale;
+      if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
+      float const p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
+      sacc[nt][e] = p;
+      pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
+    }
+}
+
+//! The backward's end: adds τ·dK and dV of this thread's keys key0, key0 + 8 into dk, dv.
+template <int ND>
+__device__ __forceinline__ void store_key_grads(float const (&dk_acc)[ND][4],
+                                                float const (&dv_acc)[ND][4], bshd<float> dk,
+                                                bshd<float> dv, cta_seq const& cs, int hk,
+                                                std::int64_t key0, int t, float scale) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    std::int64_t const key = key0 + r * 8;
+    if (key >= cs.sk) continue;
+    float* const kr = dk.data + cs.b * dk.sb + (cs.k0 + key) * dk.ss + hk * dk.sh;
+    float* const vr = dv.data + cs.b * dv.sb + (cs.k0 + key) * dv.ss + hk * dv.sh;
+#pragma unroll
+    for (int nt = 0; nt < ND; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        kr[nt * 8 + 2 * t + e] += dk_acc[nt][2 * r + e] * scale;
+        vr[nt * 8 + 2 * t + e] += dv_acc[nt][2 * r + e];
+      }
+  }
+}
+
 //! The backward kernel (see the file comment). Adds into dq (atomically), dk and dv (each CTA
 //! owns its key rows of one KV head).
 template <class T, int D>
@@ -499,7 +570,6 @@ __global__ void __launch_bounds__(threads)
   std::int64_t i_first = 0;
   if (mask.causal) i_first = j0 - mask.offset > 0 ? j0 - mask.offset : 0;
   std::int64_t const it0 = (i_first / block_q) * block_q;
-  float const ninf = empty_lse<float>();
 
   for (int hg = 0; hg < group; ++hg) {
     int const h = hk * group + hg;
@@ -512,13 +582,7 @@ __global__ void __launch_bounds__(threads)
           s_g, dout.data + cs.b * dout.sb + (cs.q0 + i0) * dout.ss + h * dout.sh, dout.ss, rows,
           dout.data);
       mma::cp_async_commit();
-      if (threadIdx.x < block_q) {
-        int const r = static_cast<int>(threadIdx.x);
-        bool const ok = r < rows;
-        std::int64_t const qi = cs.q0 + i0 + r;
-        s_lse[r] = ok ? lse.data[cs.b * lse.sb + h * lse.sh + qi * lse.ss] * log2e : ninf;
-        s_d[r] = ok ? dsum[(cs.b * q.h + h) * q.s + qi] : 0.0f;
-      }
+      load_row_stats(s_lse, s_d, lse, dsum, cs, q.h, q.s, h, i0, rows);
       mma::cp_async_wait<0>();
       __syncthreads();
 
@@ -547,22 +611,7 @@ __global__ void __launch_bounds__(threads)
           mma::mma16816<BF>(pacc[2 * nn + 1], av, r[2], r[3]);
         }
       }
-      // Pᵀ = exp(Sᵀ − L) (recompute_probability's rule: 0 for masked scores and empty rows), and
-      // dSᵀ = Pᵀ ∘ (dPᵀ − D).
-      bool const need_mask =
-          j0 + block_k > cs.sk || (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
-#pragma unroll
-      for (int nt = 0; nt < NT_S; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
-          std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
-          float x = sacc[nt][e] * scale;
-          if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
-          float const p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
-          sacc[nt][e] = p;
-          pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
-        }
+      backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, j0, i0, key0, t);
 // dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end), B operands by transposed ldmatrix.
 #pragma unroll
       for (int kk = 0; kk < block_q / 16; ++kk) {
@@ -631,21 +680,186 @@ __global__ void __launch_bounds__(threads)
     }
   }
   mma::cp_async_wait<0>();  // nothing left in flight when no query tile ran
+  store_key_grads(dk_acc, dv_acc, dk, dv, cs, hk, key0, t, scale);
+}
 
+//! The Hopper backward (flash_kernel::wgmma): backward_kernel's tiling (one warpgroup per 64-key
+//! tile of a KV head, looping over the group's heads and the 64-query tiles that see its keys)
+//! with the five products on warpgroup MMA, K, V, Q, dO and dSᵀ in 128-byte-swizzled shared
+//! memory (wgmma.cuh): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (both operands K-major), dV += Pᵀ dO and
+//! dK += dSᵀ Q (Pᵀ and dSᵀ packed in registers, dO and Q read MN-major), dQ = dS K (dS read from
+//! dSᵀ MN-major, K MN-major; 64 columns of D at a time) added by float atomics.
+template <class T, int D>
+__global__ void __launch_bounds__(threads)
+    backward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bhs<float const> lse,
+                          float const* __restrict__ dsum, bshd<T const> dout, bshd<float> dq,
+                          bshd<float> dk, bshd<float> dv, mask_rule mask_in, float scale,
+                          seq_layout lay) {
+  static_assert(block_k == 64 && block_q == 64 && threads == 128,
+                "one warpgroup, 64-row tiles: the m64 of wgmma");
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = block_q / 8;
+  constexpr int NT_D = D / 8;
+  constexpr std::uint32_t tile_bytes = 64u * D * 2;  // K, V, Q, dO: 64 rows x D, swizzled
+  constexpr std::uint32_t block_bytes = 64u * 128;   // one 64-column block of such a tile
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  std::uint32_t const raw = mma::smem_addr(smem_raw);
+  std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
+  std::uint32_t const s_k = raw + pad, s_v = s_k + tile_bytes, s_q = s_v + tile_bytes,
+                      s_g = s_q + tile_bytes, s_ds = s_g + tile_bytes;  // dSᵀ: 64 keys x 64
+  unsigned char* const ds_ptr = smem_raw + pad + 4 * tile_bytes;
+  float* const s_lse = reinterpret_cast<float*>(ds_ptr + block_bytes);
+  float* const s_d = s_lse + block_q;
+
+  cta_seq const cs = locate(lay, q.s, k.s, mask_in);
+  mask_rule const mask = cs.mask;
+  std::int64_t const j0 = std::int64_t(blockIdx.x) * block_k;
+  if (j0 >= cs.sk) return;
+  int const hk = static_cast<int>(blockIdx.y);
+  int const group = static_cast<int>(q.h / k.h);
+  int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int const g = lane / 4, t = lane % 4;
+  std::int64_t const key0 = j0 + warp * 16 + g;
+
+  wgmma::load_tile_sw128<block_k, D, threads>(
+      s_k, k.data + cs.b * k.sb + (cs.k0 + j0) * k.ss + hk * k.sh, k.ss, cs.sk - j0, k.data);
+  wgmma::load_tile_sw128<block_k, D, threads>(
+      s_v, v.data + cs.b * v.sb + (cs.k0 + j0) * v.ss + hk * v.sh, v.ss, cs.sk - j0, v.data);
+  mma::cp_async_commit();
+
+  float dk_acc[NT_D][4], dv_acc[NT_D][4];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    std::int64_t const key = key0 + r * 8;
-    if (key >= cs.sk) continue;
-    float* const kr = dk.data + cs.b * dk.sb + (cs.k0 + key) * dk.ss + hk * dk.sh;
-    float* const vr = dv.data + cs.b * dv.sb + (cs.k0 + key) * dv.ss + hk * dv.sh;
+  for (int i = 0; i < NT_D; ++i)
 #pragma unroll
-    for (int nt = 0; nt < NT_D; ++nt)
+    for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
+
+  std::int64_t i_first = 0;
+  if (mask.causal) i_first = j0 - mask.offset > 0 ? j0 - mask.offset : 0;
+  std::int64_t const it0 = (i_first / block_q) * block_q;
+  // K-major k16 step kk of a 64-row tile at `base`: 4 steps of 32 bytes per column block.
+  auto const kmajor = [](std::uint32_t base, int kk) {
+    return wgmma::sw128_desc(
+        base + std::uint32_t(kk / 4) * block_bytes + std::uint32_t(kk % 4) * 32, 0, 1024);
+  };
+  // MN-major k16 step kk (16 rows of the tile = 2048 bytes), column blocks block_bytes apart.
+  auto const mnmajor = [](std::uint32_t base, int kk) {
+    return wgmma::sw128_desc(base + std::uint32_t(kk) * 2048, block_bytes, 1024);
+  };
+
+  for (int hg = 0; hg < group; ++hg) {
+    int const h = hk * group + hg;
+    for (std::int64_t i0 = it0; i0 < cs.sq; i0 += block_q) {
+      std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
+      __syncthreads();  // the previous tile's readers of s_q, s_g, s_ds, s_lse, s_d are done
+      wgmma::load_tile_sw128<block_q, D, threads>(
+          s_q, q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh, q.ss, rows, q.data);
+      wgmma::load_tile_sw128<block_q, D, threads>(
+          s_g, dout.data + cs.b * dout.sb + (cs.q0 + i0) * dout.ss + h * dout.sh, dout.ss, rows,
+          dout.data);
+      mma::cp_async_commit();
+      load_row_stats(s_lse, s_d, lse, dsum, cs, q.h, q.s, h, i0, rows);
+      mma::cp_async_wait<0>();
+      wgmma::fence_proxy_async();
+      __syncthreads();
+
+      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries each).
+      float sacc[NT_S][4], pacc[NT_S][4];
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        kr[nt * 8 + 2 * t + e] += dk_acc[nt][2 * r + e] * scale;
-        vr[nt * 8 + 2 * t + e] += dv_acc[nt][2 * r + e];
+      for (int i = 0; i < NT_S; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[i][e] = pacc[i][e] = 0.0f;
+      wgmma::fence_operands(sacc);
+      wgmma::fence_operands(pacc);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wgmma::mma_ss<BF, 0, 0>(sacc, kmajor(s_k, kk), kmajor(s_q, kk), kk > 0 ? 1 : 0);
+        wgmma::mma_ss<BF, 0, 0>(pacc, kmajor(s_v, kk), kmajor(s_g, kk), kk > 0 ? 1 : 0);
       }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(sacc);
+      wgmma::fence_operands(pacc);
+
+      backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, j0, i0, key0, t);
+
+      // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
+      std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
+#pragma unroll
+      for (int kk = 0; kk < block_q / 16; ++kk) {
+        ap[kk][0] = mma::pack2<BF>(sacc[2 * kk][0], sacc[2 * kk][1]);
+        ap[kk][1] = mma::pack2<BF>(sacc[2 * kk][2], sacc[2 * kk][3]);
+        ap[kk][2] = mma::pack2<BF>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+        ap[kk][3] = mma::pack2<BF>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+        ads[kk][0] = mma::pack2<BF>(pacc[2 * kk][0], pacc[2 * kk][1]);
+        ads[kk][1] = mma::pack2<BF>(pacc[2 * kk][2], pacc[2 * kk][3]);
+        ads[kk][2] = mma::pack2<BF>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
+        ads[kk][3] = mma::pack2<BF>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+        int const r0 = warp * 16 + g, c0 = kk * 16 + 2 * t;
+        auto const put = [&](int r, int c, std::uint32_t x) {
+          *reinterpret_cast<std::uint32_t*>(ds_ptr + wgmma::sw128_offset<block_k>(r, c)) = x;
+        };
+        put(r0, c0, ads[kk][0]);
+        put(r0 + 8, c0, ads[kk][1]);
+        put(r0, c0 + 8, ads[kk][2]);
+        put(r0 + 8, c0 + 8, ads[kk][3]);
+      }
+      wgmma::fence_proxy_async();  // dSᵀ: generic stores, read by wgmma below
+
+      // dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end): k16 steps along the queries.
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence_operands(dk_acc);
+      wgmma::fence_operands(ap);
+      wgmma::fence_operands(ads);
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < block_q / 16; ++kk) {
+        wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], mnmajor(s_g, kk), 1);
+        wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], mnmajor(s_q, kk), 1);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(dv_acc);
+      wgmma::fence_operands(dk_acc);
+      wgmma::fence_operands(ap);
+      wgmma::fence_operands(ads);
+      __syncthreads();  // dSᵀ complete from every warp
+
+      // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
+      // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
+#pragma unroll
+      for (int half = 0; half < D / 64; ++half) {
+        float qacc[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) qacc[i][0] = qacc[i][1] = qacc[i][2] = qacc[i][3] = 0.0f;
+        wgmma::fence_operands(qacc);
+        __syncwarp();  // reconverge after the previous half's row-bounded stores
+        wgmma::fence();
+#pragma unroll
+        for (int kk = 0; kk < block_k / 16; ++kk)
+          wgmma::mma_ss<BF, 1, 1>(qacc, mnmajor(s_ds, kk),
+                                  mnmajor(s_k + std::uint32_t(half) * block_bytes, kk),
+                                  kk > 0 ? 1 : 0);
+        wgmma::commit();
+        wgmma::wait<0>();
+        wgmma::fence_operands(qacc);
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          std::int64_t const qr = warp * 16 + g + r * 8;
+          if (qr >= rows) continue;
+          float* const dst =
+              dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
+#pragma unroll
+          for (int nt = 0; nt < 8; ++nt) {
+            atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
+            atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
+          }
+        }
+      }
+    }
   }
+  mma::cp_async_wait<0>();  // nothing left in flight when no query tile ran
+  store_key_grads(dk_acc, dv_acc, dk, dv, cs, hk, key0, t, scale);
 }
 
 //! dst <- src (a contiguous float [B, S, H, D] scratch), converted to dst's element type.
@@ -746,9 +960,9 @@ inline bool wgmma_usable() {
   return ok;
 }
 
-//! The process-wide forward kernel choice (see set_flash_forward_kernel).
-inline std::atomic<flash_forward_kernel>& forward_kernel_choice() {
-  static std::atomic<flash_forward_kernel> choice{flash_forward_kernel::mma_sync};
+//! The process-wide kernel choice (see set_flash_kernel).
+inline std::atomic<flash_kernel>& kernel_choice() {
+  static std::atomic<flash_kernel> choice{flash_kernel::mma_sync};
   return choice;
 }
 
@@ -759,7 +973,7 @@ inline void check_wgmma_usable() {
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   WEFT_EXPECTS(
-      false, "flash_forward_kernel::wgmma",
+      false, "flash_kernel::wgmma",
       "a compute capability 9.0 device and a program built for CUDA architecture 90a",
       ::weft::detail::concat("device ", dev, " of compute capability ", major, ".", minor,
                              major == 9 && minor == 0 ? ", code built without sm_90a" : ""));
@@ -774,7 +988,7 @@ void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   dim3 const grid(static_cast<unsigned>((max_sq + fwd_block_q - 1) / fwd_block_q),
                   static_cast<unsigned>(q.h), static_cast<unsigned>(z));
-  if (forward_kernel_choice().load(std::memory_order_relaxed) == flash_forward_kernel::wgmma) {
+  if (kernel_choice().load(std::memory_order_relaxed) == flash_kernel::wgmma) {
     check_wgmma_usable();
     if (q.d == 64)
       launch(forward_kernel_wgmma<T, O, 64>, grid, fwd_threads, forward_wgmma_smem<64>, stream, q,
@@ -800,6 +1014,9 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
   if (z == 0 || max_sk == 0 || q.s == 0) return;
   WEFT_EXPECTS(z <= 65535, lay.cu_q ? "cu_seqlens_q" : "q",
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
+  // Checked before the scratch is allocated, so that a refusal leaks nothing.
+  bool const wgmma = kernel_choice().load(std::memory_order_relaxed) == flash_kernel::wgmma;
+  if (wgmma) check_wgmma_usable();
   std::int64_t const rows = q.b * q.s * q.h;
   float* dsum = nullptr;
   WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&dsum),
@@ -808,6 +1025,16 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
   WEFT_CUDA_TRY(cudaGetLastError());
   dim3 const grid(static_cast<unsigned>((max_sk + block_k - 1) / block_k),
                   static_cast<unsigned>(k.h), static_cast<unsigned>(z));
+  if (wgmma) {
+    if (q.d == 64)
+      launch(backward_kernel_wgmma<T, 64>, grid, threads, backward_wgmma_smem<64>, stream, q, k, v,
+             lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+    else
+      launch(backward_kernel_wgmma<T, 128>, grid, threads, backward_wgmma_smem<128>, stream, q, k,
+             v, lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+    WEFT_CUDA_TRY(cudaFreeAsync(dsum, stream));
+    return;
+  }
   if (q.d == 64)
     launch(backward_kernel<T, 64>, grid, threads, backward_smem<64>, stream, q, k, v, lse,
            static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);

@@ -1,7 +1,7 @@
 // weft/attention/cuda/detail/wgmma.cuh — the Hopper (sm_90a) warpgroup tensor-core pieces of the
 // wgmma flash forward: shared-memory matrix descriptors for 128-byte-swizzled tiles, the cp.async
 // load that writes that swizzle, and wgmma.mma_async m64nNk16 (N 64 or 128) with A in registers
-// and B in shared memory, f32 accumulation on bf16 or f16 operands.
+// or shared memory and B in shared memory, f32 accumulation on bf16 or f16 operands.
 //
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 // - A in registers (per warp w of the warpgroup, rows 16w..16w+15): the m16n8k16 mma.sync A
@@ -201,7 +201,45 @@ __device__ __forceinline__ void mma_rs(float (&d)[16][4], std::uint32_t const (&
   }
 }
 
+// d (+)= A · B: m64n64k16, A and B by descriptor (TransA / TransB 0: K-major, 1: MN-major).
+template <bool BF16, int TransA, int TransB>
+__device__ __forceinline__ void mma_ss(float (&d)[8][4], std::uint64_t a_desc, std::uint64_t b_desc,
+                                       int scale_d) {
+  if constexpr (BF16) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(TransA), "n"(TransB));
+  } else {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"
+        "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+        "%32, %33, p, 1, 1, %35, %36;\n}\n"
+        : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),
+          "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]),
+          "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]),
+          "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+          "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]),
+          "+f"(d[7][2]), "+f"(d[7][3])
+        : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(TransA), "n"(TransB));
+  }
+}
 #else
+template <bool BF16, int TransA, int TransB>
+__device__ __forceinline__ void mma_ss(float (&)[8][4], std::uint64_t, std::uint64_t, int) {
+  __trap();
+}
 template <bool BF16, int TransB, int N>
 __device__ __forceinline__ void mma_rs(float (&)[N][4], std::uint32_t const (&)[4], std::uint64_t,
                                        int) {
