@@ -17,6 +17,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -555,6 +556,103 @@ TEST_CASE("CUDA flash: exec::cuda entry points on cuda_space views") {
   }
   CHECK(threw);
 }
+// Host side, no device needed: every wgmma operand descriptor the Hopper kernels build, read the
+// way the PTX ISA defines the canonical 128-byte-swizzle layouts (K-major: row r of M or N at
+// (r / 8)·SBO + (r % 8)·128, K contiguous; MN-major: 64-element atoms along M or N at LBO, K rows
+// at (k / 8)·SBO + (k % 8)·128; then bits 4-6 of the byte address XOR bits 7-9), must find each
+// operand element where the cp.async loader (or the dSᵀ store) put it.
+namespace wgmma_layout {
+namespace ww = weft::attention::kernels::wgmma;
+struct fields {
+  std::uint32_t start, lbo, sbo;
+  unsigned layout;
+};
+fields decode(std::uint64_t d) {
+  return {std::uint32_t(d & 0x3FFF) << 4, std::uint32_t((d >> 16) & 0x3FFF) << 4,
+          std::uint32_t((d >> 32) & 0x3FFF) << 4, unsigned(d >> 62)};
+}
+std::uint32_t swizzle(std::uint32_t a) { return a ^ (((a >> 7) & 7u) << 4); }
+// Element (row of M or N, k) of a K-major operand; element (m or n, k) of an MN-major one.
+std::uint32_t k_major(fields f, int row, int k) {
+  return swizzle(f.start + std::uint32_t(row / 8) * f.sbo + std::uint32_t(row % 8) * 128 +
+                 std::uint32_t(k) * 2);
+}
+std::uint32_t mn_major(fields f, int mn, int k) {
+  return swizzle(f.start + std::uint32_t(mn / 64) * f.lbo + std::uint32_t(k / 8) * f.sbo +
+                 std::uint32_t(k % 8) * 128 + std::uint32_t(mn % 64) * 2);
+}
+// Where the loader put element (r, c) of an R-row tile at `base`.
+template <int R>
+std::uint32_t stored(std::uint32_t base, int r, int c) {
+  return base + ww::sw128_offset<R>(r, c);
+}
+// Counts the elements of `rows` x 16 (one k16 step) an operand reads from the wrong address.
+template <class Read, class Want>
+int misplaced(int rows, Read read, Want want) {
+  int bad = 0;
+  for (int i = 0; i < rows; ++i)
+    for (int k = 0; k < 16; ++k) bad += read(i, k) != want(i, k);
+  return bad;
+}
+}  // namespace wgmma_layout
+
+TEST_CASE("CUDA flash wgmma descriptors address the elements the loaders stored (host)") {
+  using namespace wgmma_layout;
+  constexpr std::uint32_t base = 0x8000;  // any 1024-byte aligned shared address
+  for (int D : {64, 128}) {
+    CAPTURE(D);
+    // Forward, 128-key tiles: S = Q Kᵀ reads K [key][d] K-major (N = keys, K = d).
+    constexpr int BK = 128;
+    for (int kk = 0; kk < D / 16; ++kk) {
+      fields const f = decode(ww::kmajor_step<BK>(base, kk));
+      CHECK(f.layout == 1u);
+      CHECK(misplaced(
+                BK, [&](int n, int k) { return k_major(f, n, k); },
+                [&](int n, int k) { return stored<BK>(base, n, kk * 16 + k); }) == 0);
+    }
+    // Forward: O += P V reads V [key][d] MN-major (K = keys, N = d).
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      fields const f = decode(ww::mnmajor_step<BK>(base, kk));
+      CHECK(misplaced(
+                D, [&](int n, int k) { return mn_major(f, n, k); },
+                [&](int n, int k) { return stored<BK>(base, kk * 16 + k, n); }) == 0);
+    }
+    // Backward, 64-row tiles. Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: both operands K-major ([row][d]).
+    for (int kk = 0; kk < D / 16; ++kk) {
+      fields const f = decode(ww::kmajor_step<64>(base, kk));
+      CHECK(misplaced(
+                64, [&](int r, int k) { return k_major(f, r, k); },
+                [&](int r, int k) { return stored<64>(base, r, kk * 16 + k); }) == 0);
+    }
+    // dV += Pᵀ dO and dK += dSᵀ Q: dO and Q [query][d] MN-major (K = queries, N = d).
+    for (int kk = 0; kk < 4; ++kk) {
+      fields const f = decode(ww::mnmajor_step<64>(base, kk));
+      CHECK(misplaced(
+                D, [&](int n, int k) { return mn_major(f, n, k); },
+                [&](int n, int k) { return stored<64>(base, kk * 16 + k, n); }) == 0);
+    }
+    // dQ = dS K, 64 columns of D at a time: A = dS from dSᵀ [key][query] MN-major (M = queries,
+    // K = keys); B = K [key][d] MN-major (K = keys, N = the half's 64 columns).
+    for (int kk = 0; kk < 4; ++kk) {
+      fields const a = decode(ww::mnmajor_step<64>(base, kk));
+      CHECK(misplaced(
+                64, [&](int m, int k) { return mn_major(a, m, k); },
+                [&](int m, int k) { return stored<64>(base, kk * 16 + k, m); }) == 0);
+      for (int half = 0; half < D / 64; ++half) {
+        fields const b = decode(ww::mnmajor_step<64>(base + std::uint32_t(half) * 64 * 128, kk));
+        CHECK(misplaced(
+                  64, [&](int n, int k) { return mn_major(b, n, k); },
+                  [&](int n, int k) { return stored<64>(base, kk * 16 + k, half * 64 + n); }) == 0);
+      }
+    }
+  }
+  // The swizzled store is a permutation of the tile: no two elements share an address.
+  std::vector<int> seen(64 * 128 * 2, 0);
+  for (int r = 0; r < 64; ++r)
+    for (int c = 0; c < 128; ++c) ++seen[ww::sw128_offset<64>(r, c) / 2];
+  CHECK(std::count(seen.begin(), seen.end(), 1) == 64 * 128);
+}
+
 TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
   if (!have_device()) {
     MESSAGE("no CUDA device: skipped");

@@ -397,11 +397,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma::mma_rs<BF, 0>(
-          s, qf[kk],
-          wgmma::sw128_desc(ck + std::uint32_t(kk / 4) * BK * 128 + std::uint32_t(kk % 4) * 32, 0,
-                            1024),
-          kk > 0 ? 1 : 0);
+      wgmma::mma_rs<BF, 0>(s, qf[kk], wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(s);
@@ -426,8 +422,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk)
-      wgmma::mma_rs<BF, 1>(oacc, pa[kk],
-                           wgmma::sw128_desc(cv + std::uint32_t(kk) * 16 * 128, BK * 128, 1024), 1);
+      wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(oacc);
@@ -736,16 +731,6 @@ __global__ void __launch_bounds__(threads)
   std::int64_t i_first = 0;
   if (mask.causal) i_first = j0 - mask.offset > 0 ? j0 - mask.offset : 0;
   std::int64_t const it0 = (i_first / block_q) * block_q;
-  // K-major k16 step kk of a 64-row tile at `base`: 4 steps of 32 bytes per column block.
-  auto const kmajor = [](std::uint32_t base, int kk) {
-    return wgmma::sw128_desc(
-        base + std::uint32_t(kk / 4) * block_bytes + std::uint32_t(kk % 4) * 32, 0, 1024);
-  };
-  // MN-major k16 step kk (16 rows of the tile = 2048 bytes), column blocks block_bytes apart.
-  auto const mnmajor = [](std::uint32_t base, int kk) {
-    return wgmma::sw128_desc(base + std::uint32_t(kk) * 2048, block_bytes, 1024);
-  };
-
   for (int hg = 0; hg < group; ++hg) {
     int const h = hk * group + hg;
     for (std::int64_t i0 = it0; i0 < cs.sq; i0 += block_q) {
@@ -773,8 +758,10 @@ __global__ void __launch_bounds__(threads)
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma::mma_ss<BF, 0, 0>(sacc, kmajor(s_k, kk), kmajor(s_q, kk), kk > 0 ? 1 : 0);
-        wgmma::mma_ss<BF, 0, 0>(pacc, kmajor(s_v, kk), kmajor(s_g, kk), kk > 0 ? 1 : 0);
+        wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
+                                wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
+        wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
+                                wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
       }
       wgmma::commit();
       wgmma::wait<0>();
@@ -814,8 +801,8 @@ __global__ void __launch_bounds__(threads)
       wgmma::fence();
 #pragma unroll
       for (int kk = 0; kk < block_q / 16; ++kk) {
-        wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], mnmajor(s_g, kk), 1);
-        wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], mnmajor(s_q, kk), 1);
+        wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], wgmma::mnmajor_step<64>(s_g, kk), 1);
+        wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], wgmma::mnmajor_step<64>(s_q, kk), 1);
       }
       wgmma::commit();
       wgmma::wait<0>();
@@ -837,9 +824,9 @@ __global__ void __launch_bounds__(threads)
         wgmma::fence();
 #pragma unroll
         for (int kk = 0; kk < block_k / 16; ++kk)
-          wgmma::mma_ss<BF, 1, 1>(qacc, mnmajor(s_ds, kk),
-                                  mnmajor(s_k + std::uint32_t(half) * block_bytes, kk),
-                                  kk > 0 ? 1 : 0);
+          wgmma::mma_ss<BF, 1, 1>(
+              qacc, wgmma::mnmajor_step<64>(s_ds, kk),
+              wgmma::mnmajor_step<64>(s_k + std::uint32_t(half) * block_bytes, kk), kk > 0 ? 1 : 0);
         wgmma::commit();
         wgmma::wait<0>();
         wgmma::fence_operands(qacc);

@@ -47,11 +47,25 @@ __host__ __device__ constexpr std::uint32_t sw128_offset(int r, int c) {
 
 //! A 128-byte-swizzle shared-memory matrix descriptor: start address (shared window, 1024-byte
 //! aligned atoms), LBO and SBO in bytes.
-__device__ __forceinline__ std::uint64_t sw128_desc(std::uint32_t smem_byte_addr, std::uint32_t lbo,
-                                                    std::uint32_t sbo) {
+__host__ __device__ constexpr std::uint64_t sw128_desc(std::uint32_t smem_byte_addr,
+                                                       std::uint32_t lbo, std::uint32_t sbo) {
   return std::uint64_t((smem_byte_addr & 0x3FFFFu) >> 4) |
          (std::uint64_t((lbo & 0x3FFFFu) >> 4) << 16) |
          (std::uint64_t((sbo & 0x3FFFFu) >> 4) << 32) | (std::uint64_t(1) << 62);
+}
+
+//! k16 step kk of a swizzled R-row tile at `base` read K-major (its rows are M or N, its columns
+//! K): 4 steps of 32 bytes in a 64-column block, the blocks R·128 bytes apart.
+template <int R>
+__host__ __device__ constexpr std::uint64_t kmajor_step(std::uint32_t base, int kk) {
+  return sw128_desc(base + std::uint32_t(kk / 4) * R * 128 + std::uint32_t(kk % 4) * 32, 0, 1024);
+}
+
+//! k16 step kk of a swizzled R-row tile at `base` read MN-major (its rows are K, its columns M or
+//! N): 16 rows (2048 bytes) a step, the 64-column blocks along M or N R·128 bytes apart (LBO).
+template <int R>
+__host__ __device__ constexpr std::uint64_t mnmajor_step(std::uint32_t base, int kk) {
+  return sw128_desc(base + std::uint32_t(kk) * 2048, R * 128, 1024);
 }
 
 //! Rows [0, R) x [0, C) of a tile into the swizzled layout at `dst` (shared byte address) by
