@@ -127,6 +127,37 @@ __device__ __forceinline__ O to_out(float x) {
     return O(x);
 }
 
+//! A forward CTA's place: its query tile (the highest first: under a causal mask the last tiles
+//! see the most keys, and starting them first shortens the tail of the grid), its rows, the keys
+//! its last row sees (the most of any of its rows), its head and the pointers to its q rows and
+//! its KV head's keys and values. A CTA past the sequence has i0 >= cs.sq and returns.
+template <class T>
+struct forward_tile {
+  cta_seq cs;
+  std::int64_t i0, rows, k_end;
+  int h;
+  T const *qb, *kb, *vb;
+};
+
+template <class T>
+__device__ __forceinline__ forward_tile<T> locate_forward(bshd<T const> const& q,
+                                                          bshd<T const> const& k,
+                                                          bshd<T const> const& v, mask_rule mask_in,
+                                                          seq_layout const& lay) {
+  forward_tile<T> f;
+  f.cs = locate(lay, q.s, k.s, mask_in);
+  cta_seq const& cs = f.cs;
+  f.i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * fwd_block_q;
+  f.h = static_cast<int>(blockIdx.y);
+  std::int64_t const hk = f.h / (q.h / k.h);
+  f.qb = q.data + cs.b * q.sb + (cs.q0 + f.i0) * q.ss + f.h * q.sh;
+  f.kb = k.data + cs.b * k.sb + cs.k0 * k.ss + hk * k.sh;
+  f.vb = v.data + cs.b * v.sb + cs.k0 * v.ss + hk * v.sh;
+  f.rows = cs.sq - f.i0 < fwd_block_q ? cs.sq - f.i0 : fwd_block_q;
+  f.k_end = cs.mask.key_end(f.i0 + f.rows - 1, cs.sk);
+  return f;
+}
+
 //! One key tile of the forward's online softmax, for this thread's rows row0 and row0 + 8 (the
 //! C-fragment rows of an m16n8k16 / m64nNk16 tile; its columns jb + 8·nt + 2t + (e & 1)): scales
 //! the scores of s, masks keys past sk or past the causal boundary (only in a tile that crosses
@@ -217,23 +248,17 @@ __global__ void __launch_bounds__(fwd_threads)
   T* const sk_tile = sq_tile + fwd_block_q * P;  // [2][block_k][P]
   T* const sv_tile = sk_tile + 2 * block_k * P;
 
-  cta_seq const cs = locate(lay, q.s, k.s, mask_in);
+  forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
+  cta_seq const& cs = ft.cs;
   mask_rule const mask = cs.mask;
-  // Highest query tile first: under a causal mask the last tiles see the most keys, and starting
-  // them first shortens the tail of the grid.
-  std::int64_t const i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * fwd_block_q;
+  std::int64_t const i0 = ft.i0;
   if (i0 >= cs.sq) return;
-  int const h = static_cast<int>(blockIdx.y);
-  std::int64_t const hk = h / (q.h / k.h);
+  int const h = ft.h;
   int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   int const g = lane / 4, t = lane % 4;
-
-  T const* const qb = q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh;
-  T const* const kb = k.data + cs.b * k.sb + cs.k0 * k.ss + hk * k.sh;
-  T const* const vb = v.data + cs.b * v.sb + cs.k0 * v.ss + hk * v.sh;
-  std::int64_t const rows = cs.sq - i0 < fwd_block_q ? cs.sq - i0 : fwd_block_q;
-  std::int64_t const k_end = mask.key_end(i0 + rows - 1, cs.sk);  // the last row sees the most
-  int const ntiles = static_cast<int>((k_end + block_k - 1) / block_k);
+  T const *const qb = ft.qb, *const kb = ft.kb, *const vb = ft.vb;
+  std::int64_t const rows = ft.rows;
+  int const ntiles = static_cast<int>((ft.k_end + block_k - 1) / block_k);
 
   mma::load_tile_async<fwd_block_q, D, P, fwd_threads>(sq_tile, qb, q.ss, rows, q.data);
   if (ntiles > 0) {
@@ -335,21 +360,17 @@ __global__ void __launch_bounds__(fwd_threads, 1)
   std::uint32_t const sv_base = sk_base + 2 * kv_tile_bytes;  // [2][BK x D] swizzled
   T* const sq_tile = reinterpret_cast<T*>(smem_raw + pad + 4 * kv_tile_bytes);
 
-  cta_seq const cs = locate(lay, q.s, k.s, mask_in);
+  forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
+  cta_seq const& cs = ft.cs;
   mask_rule const mask = cs.mask;
-  std::int64_t const i0 = std::int64_t(gridDim.x - 1 - blockIdx.x) * fwd_block_q;
+  std::int64_t const i0 = ft.i0;
   if (i0 >= cs.sq) return;
-  int const h = static_cast<int>(blockIdx.y);
-  std::int64_t const hk = h / (q.h / k.h);
+  int const h = ft.h;
   int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   int const g = lane / 4, t = lane % 4;
-
-  T const* const qb = q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh;
-  T const* const kb = k.data + cs.b * k.sb + cs.k0 * k.ss + hk * k.sh;
-  T const* const vb = v.data + cs.b * v.sb + cs.k0 * v.ss + hk * v.sh;
-  std::int64_t const rows = cs.sq - i0 < fwd_block_q ? cs.sq - i0 : fwd_block_q;
-  std::int64_t const k_end = mask.key_end(i0 + rows - 1, cs.sk);
-  int const ntiles = static_cast<int>((k_end + BK - 1) / BK);
+  T const *const qb = ft.qb, *const kb = ft.kb, *const vb = ft.vb;
+  std::int64_t const rows = ft.rows;
+  int const ntiles = static_cast<int>((ft.k_end + BK - 1) / BK);
 
   mma::load_tile_async<fwd_block_q, D, P, fwd_threads>(sq_tile, qb, q.ss, rows, q.data);
   if (ntiles > 0) {

@@ -107,19 +107,28 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   return u;
 }
 
-//! Copies rows [0, Rows) x [0, D) of a tile into shared memory of row pitch Pitch elements by
-//! 16-byte cp.async chunks; rows at or past `valid` are zero-filled. `base` points at row 0 (any
-//! valid address when valid = 0), `ld` is the row stride in elements. NT threads cooperate.
-template <int Rows, int D, int Pitch, int NT, class T>
-__device__ __forceinline__ void load_tile_async(T* smem, T const* base, std::int64_t ld,
+//! Copies rows [0, Rows) x [0, D) of a tile into shared memory by 16-byte cp.async chunks, chunk
+//! (r, col) to the shared byte address dst(r, col); rows at or past `valid` are zero-filled.
+//! `base` points at row 0 (any valid address when valid = 0), `ld` is the row stride in elements.
+//! NT threads cooperate.
+template <int Rows, int D, int NT, class T, class Dst>
+__device__ __forceinline__ void load_rows_async(Dst const& dst, T const* base, std::int64_t ld,
                                                 std::int64_t valid, T const* fallback) {
   constexpr int chunks_per_row = D / 8;
   for (int c = static_cast<int>(threadIdx.x); c < Rows * chunks_per_row; c += NT) {
     int const r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
     bool const ok = r < valid;
     T const* src = ok ? base + r * ld + col : fallback;
-    cp_async16(smem_addr(smem + r * Pitch + col), src, ok);
+    cp_async16(dst(r, col), src, ok);
   }
+}
+
+//! load_rows_async into a plain tile of row pitch Pitch elements.
+template <int Rows, int D, int Pitch, int NT, class T>
+__device__ __forceinline__ void load_tile_async(T* smem, T const* base, std::int64_t ld,
+                                                std::int64_t valid, T const* fallback) {
+  load_rows_async<Rows, D, NT>([smem](int r, int col) { return smem_addr(smem + r * Pitch + col); },
+                               base, ld, valid, fallback);
 }
 
 }  // namespace weft::attention::kernels::mma
