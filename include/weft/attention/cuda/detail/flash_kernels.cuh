@@ -89,11 +89,11 @@ template <int D>
 inline constexpr std::size_t forward_wgmma_smem =
     std::size_t(4 * wg_block_k) * D * 2 + std::size_t(fwd_block_q) * pitch<D> * 2 + 1024;
 
-//! The wgmma backward: swizzled K, V, Q, dO tiles of 64 rows, the 64 x 64 dSᵀ tile, L and D of
-//! the query tile, and the alignment slack.
+//! The wgmma backward: swizzled K and V tiles of 64 rows, Q and dO twice, the 64 x 64 dSᵀ tile,
+//! L and D of the query tile, and the alignment slack.
 template <int D>
 inline constexpr std::size_t backward_wgmma_smem =
-    std::size_t(4 * 64) * D * 2 + std::size_t(64) * 128 + 2 * 64 * sizeof(float) + 1024;
+    std::size_t(6 * 64) * D * 2 + std::size_t(64) * 128 + 2 * 64 * sizeof(float) + 1024;
 
 template <int D>
 inline constexpr std::size_t backward_smem = std::size_t(2 * block_k + 2 * block_q) * pitch<D> * 2 +
@@ -721,9 +721,10 @@ __global__ void __launch_bounds__(threads)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   std::uint32_t const raw = mma::smem_addr(smem_raw);
   std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
-  std::uint32_t const s_k = raw + pad, s_v = s_k + tile_bytes, s_q = s_v + tile_bytes,
-                      s_g = s_q + tile_bytes, s_ds = s_g + tile_bytes;  // dSᵀ: 64 keys x 64
-  unsigned char* const ds_ptr = smem_raw + pad + 4 * tile_bytes;
+  // K, V; then Q and dO twice (the next query tile loads while this one computes); then dSᵀ.
+  std::uint32_t const s_k = raw + pad, s_v = s_k + tile_bytes, s_q2 = s_v + tile_bytes,
+                      s_g2 = s_q2 + 2 * tile_bytes, s_ds = s_g2 + 2 * tile_bytes;
+  unsigned char* const ds_ptr = smem_raw + pad + 6 * tile_bytes;
   float* const s_lse = reinterpret_cast<float*>(ds_ptr + block_bytes);
   float* const s_d = s_lse + block_q;
 
@@ -752,119 +753,140 @@ __global__ void __launch_bounds__(threads)
   std::int64_t i_first = 0;
   if (mask.causal) i_first = j0 - mask.offset > 0 ? j0 - mask.offset : 0;
   std::int64_t const it0 = (i_first / block_q) * block_q;
-  for (int hg = 0; hg < group; ++hg) {
+  // The (head of the group, query tile) pairs in order, each step starting the next one's Q and
+  // dO loads into the other buffer.
+  auto const load_q_do = [&](int h, std::int64_t i0, int buf) {
+    std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
+    wgmma::load_tile_sw128<block_q, D, threads>(
+        s_q2 + buf * tile_bytes, q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh, q.ss, rows,
+        q.data);
+    wgmma::load_tile_sw128<block_q, D, threads>(
+        s_g2 + buf * tile_bytes, dout.data + cs.b * dout.sb + (cs.q0 + i0) * dout.ss + h * dout.sh,
+        dout.ss, rows, dout.data);
+    mma::cp_async_commit();
+  };
+  int hg = 0, buf = 0;
+  std::int64_t i0 = it0;
+  if (i0 < cs.sq) load_q_do(hk * group, i0, 0);
+  for (; i0 < cs.sq && hg < group; buf ^= 1) {
     int const h = hk * group + hg;
-    for (std::int64_t i0 = it0; i0 < cs.sq; i0 += block_q) {
-      std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
-      __syncthreads();  // the previous tile's readers of s_q, s_g, s_ds, s_lse, s_d are done
-      wgmma::load_tile_sw128<block_q, D, threads>(
-          s_q, q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh, q.ss, rows, q.data);
-      wgmma::load_tile_sw128<block_q, D, threads>(
-          s_g, dout.data + cs.b * dout.sb + (cs.q0 + i0) * dout.ss + h * dout.sh, dout.ss, rows,
-          dout.data);
-      mma::cp_async_commit();
-      load_row_stats(s_lse, s_d, lse, dsum, cs, q.h, q.s, h, i0, rows);
+    std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
+    std::int64_t next_i0 = i0 + block_q;
+    int next_hg = hg;
+    if (next_i0 >= cs.sq) {
+      next_i0 = it0;
+      ++next_hg;
+    }
+    bool const more = next_hg < group;
+    std::uint32_t const s_q = s_q2 + buf * tile_bytes, s_g = s_g2 + buf * tile_bytes;
+    __syncthreads();  // the previous step's readers of the other buffers, s_ds, s_lse, s_d are done
+    if (more) load_q_do(hk * group + next_hg, next_i0, buf ^ 1);
+    load_row_stats(s_lse, s_d, lse, dsum, cs, q.h, q.s, h, i0, rows);
+    if (more)
+      mma::cp_async_wait<1>();  // K, V and this step's tiles landed; the next step's in flight
+    else
       mma::cp_async_wait<0>();
-      wgmma::fence_proxy_async();
-      __syncthreads();
+    wgmma::fence_proxy_async();
+    __syncthreads();
 
-      // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries each).
-      float sacc[NT_S][4], pacc[NT_S][4];
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries each).
+    float sacc[NT_S][4], pacc[NT_S][4];
 #pragma unroll
-      for (int i = 0; i < NT_S; ++i)
+    for (int i = 0; i < NT_S; ++i)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) sacc[i][e] = pacc[i][e] = 0.0f;
-      wgmma::fence_operands(sacc);
-      wgmma::fence_operands(pacc);
+      for (int e = 0; e < 4; ++e) sacc[i][e] = pacc[i][e] = 0.0f;
+    wgmma::fence_operands(sacc);
+    wgmma::fence_operands(pacc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
+                              wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
+      wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
+                              wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(sacc);
+    wgmma::fence_operands(pacc);
+
+    backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, j0, i0, key0, t);
+
+    // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
+    std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < block_q / 16; ++kk) {
+      ap[kk][0] = mma::pack2<BF>(sacc[2 * kk][0], sacc[2 * kk][1]);
+      ap[kk][1] = mma::pack2<BF>(sacc[2 * kk][2], sacc[2 * kk][3]);
+      ap[kk][2] = mma::pack2<BF>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+      ap[kk][3] = mma::pack2<BF>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+      ads[kk][0] = mma::pack2<BF>(pacc[2 * kk][0], pacc[2 * kk][1]);
+      ads[kk][1] = mma::pack2<BF>(pacc[2 * kk][2], pacc[2 * kk][3]);
+      ads[kk][2] = mma::pack2<BF>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
+      ads[kk][3] = mma::pack2<BF>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+      int const r0 = warp * 16 + g, c0 = kk * 16 + 2 * t;
+      auto const put = [&](int r, int c, std::uint32_t x) {
+        *reinterpret_cast<std::uint32_t*>(ds_ptr + wgmma::sw128_offset<block_k>(r, c)) = x;
+      };
+      put(r0, c0, ads[kk][0]);
+      put(r0 + 8, c0, ads[kk][1]);
+      put(r0, c0 + 8, ads[kk][2]);
+      put(r0 + 8, c0 + 8, ads[kk][3]);
+    }
+    wgmma::fence_proxy_async();  // dSᵀ: generic stores, read by wgmma below
+
+    // dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end): k16 steps along the queries.
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ads);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < block_q / 16; ++kk) {
+      wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], wgmma::mnmajor_step<64>(s_g, kk), 1);
+      wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], wgmma::mnmajor_step<64>(s_q, kk), 1);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ads);
+    __syncthreads();  // dSᵀ complete from every warp
+
+    // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
+    // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half) {
+      float qacc[8][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qacc[i][0] = qacc[i][1] = qacc[i][2] = qacc[i][3] = 0.0f;
+      wgmma::fence_operands(qacc);
+      __syncwarp();  // reconverge after the previous half's row-bounded stores
       wgmma::fence();
 #pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
-                                wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
-        wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
-                                wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
-      }
+      for (int kk = 0; kk < block_k / 16; ++kk)
+        wgmma::mma_ss<BF, 1, 1>(
+            qacc, wgmma::mnmajor_step<64>(s_ds, kk),
+            wgmma::mnmajor_step<64>(s_k + std::uint32_t(half) * block_bytes, kk), kk > 0 ? 1 : 0);
       wgmma::commit();
       wgmma::wait<0>();
-      wgmma::fence_operands(sacc);
-      wgmma::fence_operands(pacc);
-
-      backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, j0, i0, key0, t);
-
-      // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
-      std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
+      wgmma::fence_operands(qacc);
 #pragma unroll
-      for (int kk = 0; kk < block_q / 16; ++kk) {
-        ap[kk][0] = mma::pack2<BF>(sacc[2 * kk][0], sacc[2 * kk][1]);
-        ap[kk][1] = mma::pack2<BF>(sacc[2 * kk][2], sacc[2 * kk][3]);
-        ap[kk][2] = mma::pack2<BF>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-        ap[kk][3] = mma::pack2<BF>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-        ads[kk][0] = mma::pack2<BF>(pacc[2 * kk][0], pacc[2 * kk][1]);
-        ads[kk][1] = mma::pack2<BF>(pacc[2 * kk][2], pacc[2 * kk][3]);
-        ads[kk][2] = mma::pack2<BF>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
-        ads[kk][3] = mma::pack2<BF>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
-        int const r0 = warp * 16 + g, c0 = kk * 16 + 2 * t;
-        auto const put = [&](int r, int c, std::uint32_t x) {
-          *reinterpret_cast<std::uint32_t*>(ds_ptr + wgmma::sw128_offset<block_k>(r, c)) = x;
-        };
-        put(r0, c0, ads[kk][0]);
-        put(r0 + 8, c0, ads[kk][1]);
-        put(r0, c0 + 8, ads[kk][2]);
-        put(r0 + 8, c0 + 8, ads[kk][3]);
-      }
-      wgmma::fence_proxy_async();  // dSᵀ: generic stores, read by wgmma below
-
-      // dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end): k16 steps along the queries.
-      wgmma::fence_operands(dv_acc);
-      wgmma::fence_operands(dk_acc);
-      wgmma::fence_operands(ap);
-      wgmma::fence_operands(ads);
-      wgmma::fence();
+      for (int r = 0; r < 2; ++r) {
+        std::int64_t const qr = warp * 16 + g + r * 8;
+        if (qr >= rows) continue;
+        float* const dst =
+            dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
 #pragma unroll
-      for (int kk = 0; kk < block_q / 16; ++kk) {
-        wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], wgmma::mnmajor_step<64>(s_g, kk), 1);
-        wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], wgmma::mnmajor_step<64>(s_q, kk), 1);
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operands(dv_acc);
-      wgmma::fence_operands(dk_acc);
-      wgmma::fence_operands(ap);
-      wgmma::fence_operands(ads);
-      __syncthreads();  // dSᵀ complete from every warp
-
-      // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
-      // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
-#pragma unroll
-      for (int half = 0; half < D / 64; ++half) {
-        float qacc[8][4];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) qacc[i][0] = qacc[i][1] = qacc[i][2] = qacc[i][3] = 0.0f;
-        wgmma::fence_operands(qacc);
-        __syncwarp();  // reconverge after the previous half's row-bounded stores
-        wgmma::fence();
-#pragma unroll
-        for (int kk = 0; kk < block_k / 16; ++kk)
-          wgmma::mma_ss<BF, 1, 1>(
-              qacc, wgmma::mnmajor_step<64>(s_ds, kk),
-              wgmma::mnmajor_step<64>(s_k + std::uint32_t(half) * block_bytes, kk), kk > 0 ? 1 : 0);
-        wgmma::commit();
-        wgmma::wait<0>();
-        wgmma::fence_operands(qacc);
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          std::int64_t const qr = warp * 16 + g + r * 8;
-          if (qr >= rows) continue;
-          float* const dst =
-              dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
-            atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
-          }
+        for (int nt = 0; nt < 8; ++nt) {
+          atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
+          atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
         }
       }
     }
+    i0 = next_i0;
+    hg = next_hg;
   }
   mma::cp_async_wait<0>();  // nothing left in flight when no query tile ran
   store_key_grads(dk_acc, dv_acc, dk, dv, cs, hk, key0, t, scale);
