@@ -1051,26 +1051,28 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
   float* dsum = nullptr;
   WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&dsum),
                                 static_cast<std::size_t>(rows) * sizeof(float), stream));
-  dsum_kernel<T, O><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(dout, o, dsum);
-  WEFT_CUDA_TRY(cudaGetLastError());
-  dim3 const grid(static_cast<unsigned>((max_sk + block_k - 1) / block_k),
-                  static_cast<unsigned>(k.h), static_cast<unsigned>(z));
-  if (wgmma) {
-    if (q.d == 64)
+  // The scratch is freed (stream-ordered) whether the launches succeed or throw.
+  try {
+    dsum_kernel<T, O><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(dout, o, dsum);
+    WEFT_CUDA_TRY(cudaGetLastError());
+    dim3 const grid(static_cast<unsigned>((max_sk + block_k - 1) / block_k),
+                    static_cast<unsigned>(k.h), static_cast<unsigned>(z));
+    if (wgmma && q.d == 64)
       launch(backward_kernel_wgmma<T, 64>, grid, threads, backward_wgmma_smem<64>, stream, q, k, v,
              lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
-    else
+    else if (wgmma)
       launch(backward_kernel_wgmma<T, 128>, grid, threads, backward_wgmma_smem<128>, stream, q, k,
              v, lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
-    WEFT_CUDA_TRY(cudaFreeAsync(dsum, stream));
-    return;
+    else if (q.d == 64)
+      launch(backward_kernel<T, 64>, grid, threads, backward_smem<64>, stream, q, k, v, lse,
+             static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+    else
+      launch(backward_kernel<T, 128>, grid, threads, backward_smem<128>, stream, q, k, v, lse,
+             static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+  } catch (...) {
+    cudaFreeAsync(dsum, stream);
+    throw;
   }
-  if (q.d == 64)
-    launch(backward_kernel<T, 64>, grid, threads, backward_smem<64>, stream, q, k, v, lse,
-           static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
-  else
-    launch(backward_kernel<T, 128>, grid, threads, backward_smem<128>, stream, q, k, v, lse,
-           static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
   WEFT_CUDA_TRY(cudaFreeAsync(dsum, stream));
 }
 

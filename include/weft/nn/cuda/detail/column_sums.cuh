@@ -9,7 +9,7 @@
 // reads 32 adjacent columns of a row), writes the partial sums in the compute type, and a second
 // pass adds, per column, the gradient's old value and the chunks' sums in chunk order. The chunks
 // depend only on (rows, cols), so the result is deterministic. A batch that fits in one chunk
-// (fewer than 64 rows, or as many column blocks as the grid's target) is summed
+// (fewer than 64 rows, or more than half the target grid's blocks in columns alone) is summed
 // in one pass exactly as the CPU loops do: the old value first, then the rows in order.
 #pragma once
 
