@@ -18,8 +18,9 @@
 // 128-byte-swizzled shared memory or, for Q and the probabilities, in registers): the forward on
 // 128-key tiles, the backward's five products per 64 x 64 tile, and the same row math. Compiled in
 // CI but not yet run on a GPU: the default stays mma.sync until the gpu label has passed with it.
-// The kernels and their launches are in detail/flash_kernels.cuh; this header holds the entry
-// points (raw views on a stream, and exec::cuda with tensor views).
+// The kernels are in detail/: flash_kernels.cuh (the mma.sync kernels and every launch),
+// flash_wgmma_kernels.cuh (the Hopper kernels) and flash_rows.cuh (the row code both share). This
+// header holds the entry points (raw views on a stream, and exec::cuda with tensor views).
 #pragma once
 
 #if !defined(__CUDACC__)

@@ -1,0 +1,358 @@
+// weft/attention/cuda/detail/flash_wgmma_kernels.cuh — the Hopper flash kernels
+// (flash_kernel::wgmma): the mma.sync kernels' tiling and row math (flash_rows.cuh) with the
+// products on warpgroup MMA (wgmma.cuh). Launched by flash_kernels.cuh.
+#pragma once
+
+#if !defined(__CUDACC__)
+#error \
+    "weft/attention/cuda/detail/flash_wgmma_kernels.cuh holds CUDA kernels: include it only from .cu files compiled by nvcc"
+#endif
+
+#include <weft/attention/common.hpp>
+#include <weft/attention/cuda/detail/flash_rows.cuh>
+#include <weft/attention/cuda/detail/mma.cuh>
+#include <weft/attention/cuda/detail/wgmma.cuh>
+#include <weft/attention/softmax_state.hpp>
+
+#include <cstddef>
+#include <cstdint>
+
+// Kernels live in weft::attention::kernels, not weft::attention::cuda (a namespace named `cuda`
+// would hide CCCL's ::cuda for every header parsed after this one).
+namespace weft::attention::kernels {
+
+using ::weft::attention::detail::bhs;
+using ::weft::attention::detail::bshd;
+
+namespace flash_detail {
+
+inline constexpr int wg_block_k = 128;  // wgmma forward: keys per tile
+
+//! The wgmma forward: double-buffered swizzled K and V tiles, the padded Q tile, and up to 1023
+//! bytes to put the swizzled tiles on a 1024-byte boundary.
+template <int D>
+inline constexpr std::size_t forward_wgmma_smem =
+    std::size_t(4 * wg_block_k) * D * 2 + std::size_t(fwd_block_q) * pitch<D> * 2 + 1024;
+
+//! The wgmma backward: swizzled K and V tiles of 64 rows, Q and dO twice, the 64 x 64 dSᵀ tile,
+//! L and D of the query tile, and the alignment slack.
+template <int D>
+inline constexpr std::size_t backward_wgmma_smem =
+    std::size_t(6 * 64) * D * 2 + std::size_t(64) * 128 + 2 * 64 * sizeof(float) + 1024;
+
+//! The Hopper forward (flash_kernel::wgmma): the forward kernel's tiling and row math with
+//! the two products on warpgroup MMA. 8 warps = 2 warpgroups of 64 query rows (a warp's rows are
+//! those of forward_kernel's warp, so online_softmax and store_forward_rows serve both); key tiles
+//! of wg_block_k keys, double-buffered by cp.async in the 128-byte swizzle of wgmma.cuh; Q stays
+//! in registers as the A operand of S = Q Kᵀ (m64n{wg_block_k}k16, K read K-major), and the
+//! probabilities, packed to 16 bits in registers, are the A operand of O += P V (m64n{D}k16, V
+//! read MN-major). Each product is issued, committed and waited for within the iteration.
+template <class T, class O, int D>
+__global__ void __launch_bounds__(fwd_threads, 1)
+    forward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
+                         bhs<float> lse, mask_rule mask_in, float scale, seq_layout lay) {
+  constexpr int P = pitch<D>;
+  constexpr int BK = wg_block_k;
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = BK / 8;
+  constexpr int NT_O = D / 8;
+  constexpr std::uint32_t kv_tile_bytes = std::uint32_t(BK) * D * 2;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  // K and V buffers first, on a 1024-byte boundary (the swizzle atom); Q (padded, for ldmatrix)
+  // after them.
+  std::uint32_t const raw = mma::smem_addr(smem_raw);
+  std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
+  std::uint32_t const sk_base = raw + pad;                    // [2][BK x D] swizzled
+  std::uint32_t const sv_base = sk_base + 2 * kv_tile_bytes;  // [2][BK x D] swizzled
+  T* const sq_tile = reinterpret_cast<T*>(smem_raw + pad + 4 * kv_tile_bytes);
+
+  forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
+  cta_seq const& cs = ft.cs;
+  mask_rule const mask = cs.mask;
+  std::int64_t const i0 = ft.i0;
+  if (i0 >= cs.sq) return;
+  int const h = ft.h;
+  int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int const g = lane / 4, t = lane % 4;
+  T const *const qb = ft.qb, *const kb = ft.kb, *const vb = ft.vb;
+  std::int64_t const rows = ft.rows;
+  int const ntiles = static_cast<int>((ft.k_end + BK - 1) / BK);
+
+  mma::load_tile_async<fwd_block_q, D, P, fwd_threads>(sq_tile, qb, q.ss, rows, q.data);
+  if (ntiles > 0) {
+    wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base, kb, k.ss, cs.sk, k.data);
+    wgmma::load_tile_sw128<BK, D, fwd_threads>(sv_base, vb, v.ss, cs.sk, v.data);
+  }
+  mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  __syncthreads();
+
+  std::uint32_t qf[D / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    mma::ldmatrix_x4(
+        qf[kk], mma::smem_addr(sq_tile + (warp * 16 + lane % 16) * P + kk * 16 + (lane / 16) * 8));
+
+  float oacc[NT_O][4];
+  for (auto& x : oacc) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  softmax_row_state<float> st[2];
+  std::int64_t const row0 = i0 + warp * 16 + g;
+
+  for (int j = 0; j < ntiles; ++j) {
+    if (j + 1 < ntiles) {
+      std::int64_t const jn = std::int64_t(j + 1) * BK;
+      std::uint32_t const off = ((j + 1) & 1) * kv_tile_bytes;
+      wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base + off, kb + jn * k.ss, k.ss, cs.sk - jn,
+                                                 k.data);
+      wgmma::load_tile_sw128<BK, D, fwd_threads>(sv_base + off, vb + jn * v.ss, v.ss, cs.sk - jn,
+                                                 v.data);
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+    } else {
+      mma::cp_async_wait<0>();
+    }
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    std::uint32_t const ck = sk_base + (j & 1) * kv_tile_bytes;
+    std::uint32_t const cv = sv_base + (j & 1) * kv_tile_bytes;
+
+    // S = Q Kᵀ: K-major B, k16 steps along D (4 per 64-column block, 32 bytes apart).
+    float s[NT_S][4];
+    for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(qf);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_rs<BF, 0>(s, qf[kk], wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(qf);
+
+    online_softmax(s, oacc, st, scale, cs, mask, i0, std::int64_t(j) * BK, row0, t);
+
+    // O += P V: MN-major B, k16 steps along the keys (16 rows = 2048 bytes), 64-column blocks of
+    // D BK·128 bytes apart.
+    // The A fragments are packed before the fence: a register written between two wgmma makes
+    // ptxas serialise them (it injects warpgroup.arrive).
+    std::uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      pa[kk][0] = mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = mma::pack2<BF>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
+    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+  }
+
+  store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
+}
+
+//! The Hopper backward (flash_kernel::wgmma): backward_kernel's tiling (one warpgroup per 64-key
+//! tile of a KV head, looping over the group's heads and the 64-query tiles that see its keys)
+//! with the five products on warpgroup MMA, K, V, Q, dO and dSᵀ in 128-byte-swizzled shared
+//! memory (wgmma.cuh): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (both operands K-major), dV += Pᵀ dO and
+//! dK += dSᵀ Q (Pᵀ and dSᵀ packed in registers, dO and Q read MN-major), dQ = dS K (dS read from
+//! dSᵀ MN-major, K MN-major; 64 columns of D at a time) added by float atomics.
+template <class T, int D>
+__global__ void __launch_bounds__(threads)
+    backward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bhs<float const> lse,
+                          float const* __restrict__ dsum, bshd<T const> dout, bshd<float> dq,
+                          bshd<float> dk, bshd<float> dv, mask_rule mask_in, float scale,
+                          seq_layout lay) {
+  static_assert(block_k == 64 && block_q == 64 && threads == 128,
+                "one warpgroup, 64-row tiles: the m64 of wgmma");
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = block_q / 8;
+  constexpr int NT_D = D / 8;
+  constexpr std::uint32_t tile_bytes = 64u * D * 2;  // K, V, Q, dO: 64 rows x D, swizzled
+  constexpr std::uint32_t block_bytes = 64u * 128;   // one 64-column block of such a tile
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  std::uint32_t const raw = mma::smem_addr(smem_raw);
+  std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
+  // K, V; then Q and dO twice (the next query tile loads while this one computes); then dSᵀ.
+  std::uint32_t const s_k = raw + pad, s_v = s_k + tile_bytes, s_q2 = s_v + tile_bytes,
+                      s_g2 = s_q2 + 2 * tile_bytes, s_ds = s_g2 + 2 * tile_bytes;
+  unsigned char* const ds_ptr = smem_raw + pad + 6 * tile_bytes;
+  float* const s_lse = reinterpret_cast<float*>(ds_ptr + block_bytes);
+  float* const s_d = s_lse + block_q;
+
+  cta_seq const cs = locate(lay, q.s, k.s, mask_in);
+  mask_rule const mask = cs.mask;
+  std::int64_t const j0 = std::int64_t(blockIdx.x) * block_k;
+  if (j0 >= cs.sk) return;
+  int const hk = static_cast<int>(blockIdx.y);
+  int const group = static_cast<int>(q.h / k.h);
+  int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int const g = lane / 4, t = lane % 4;
+  std::int64_t const key0 = j0 + warp * 16 + g;
+
+  wgmma::load_tile_sw128<block_k, D, threads>(
+      s_k, k.data + cs.b * k.sb + (cs.k0 + j0) * k.ss + hk * k.sh, k.ss, cs.sk - j0, k.data);
+  wgmma::load_tile_sw128<block_k, D, threads>(
+      s_v, v.data + cs.b * v.sb + (cs.k0 + j0) * v.ss + hk * v.sh, v.ss, cs.sk - j0, v.data);
+  mma::cp_async_commit();
+
+  float dk_acc[NT_D][4], dv_acc[NT_D][4];
+#pragma unroll
+  for (int i = 0; i < NT_D; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk_acc[i][e] = dv_acc[i][e] = 0.0f;
+
+  std::int64_t i_first = 0;
+  if (mask.causal) i_first = j0 - mask.offset > 0 ? j0 - mask.offset : 0;
+  std::int64_t const it0 = (i_first / block_q) * block_q;
+  // The (head of the group, query tile) pairs in order, each step starting the next one's Q and
+  // dO loads into the other buffer.
+  auto const load_q_do = [&](int h, std::int64_t i0, int buf) {
+    std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
+    wgmma::load_tile_sw128<block_q, D, threads>(
+        s_q2 + buf * tile_bytes, q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh, q.ss, rows,
+        q.data);
+    wgmma::load_tile_sw128<block_q, D, threads>(
+        s_g2 + buf * tile_bytes, dout.data + cs.b * dout.sb + (cs.q0 + i0) * dout.ss + h * dout.sh,
+        dout.ss, rows, dout.data);
+    mma::cp_async_commit();
+  };
+  int hg = 0, buf = 0;
+  std::int64_t i0 = it0;
+  if (i0 < cs.sq) load_q_do(hk * group, i0, 0);
+  for (; i0 < cs.sq && hg < group; buf ^= 1) {
+    int const h = hk * group + hg;
+    std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
+    std::int64_t next_i0 = i0 + block_q;
+    int next_hg = hg;
+    if (next_i0 >= cs.sq) {
+      next_i0 = it0;
+      ++next_hg;
+    }
+    bool const more = next_hg < group;
+    std::uint32_t const s_q = s_q2 + buf * tile_bytes, s_g = s_g2 + buf * tile_bytes;
+    __syncthreads();  // the previous step's readers of the other buffers, s_ds, s_lse, s_d are done
+    if (more) load_q_do(hk * group + next_hg, next_i0, buf ^ 1);
+    load_row_stats(s_lse, s_d, lse, dsum, cs, q.h, q.s, h, i0, rows);
+    if (more)
+      mma::cp_async_wait<1>();  // K, V and this step's tiles landed; the next step's in flight
+    else
+      mma::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+
+    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries each).
+    float sacc[NT_S][4], pacc[NT_S][4];
+#pragma unroll
+    for (int i = 0; i < NT_S; ++i)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) sacc[i][e] = pacc[i][e] = 0.0f;
+    wgmma::fence_operands(sacc);
+    wgmma::fence_operands(pacc);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
+                              wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
+      wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
+                              wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(sacc);
+    wgmma::fence_operands(pacc);
+
+    backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, j0, i0, key0, t);
+
+    // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
+    std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < block_q / 16; ++kk) {
+      ap[kk][0] = mma::pack2<BF>(sacc[2 * kk][0], sacc[2 * kk][1]);
+      ap[kk][1] = mma::pack2<BF>(sacc[2 * kk][2], sacc[2 * kk][3]);
+      ap[kk][2] = mma::pack2<BF>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+      ap[kk][3] = mma::pack2<BF>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+      ads[kk][0] = mma::pack2<BF>(pacc[2 * kk][0], pacc[2 * kk][1]);
+      ads[kk][1] = mma::pack2<BF>(pacc[2 * kk][2], pacc[2 * kk][3]);
+      ads[kk][2] = mma::pack2<BF>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
+      ads[kk][3] = mma::pack2<BF>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+      int const r0 = warp * 16 + g, c0 = kk * 16 + 2 * t;
+      auto const put = [&](int r, int c, std::uint32_t x) {
+        *reinterpret_cast<std::uint32_t*>(ds_ptr + wgmma::sw128_offset<block_k>(r, c)) = x;
+      };
+      put(r0, c0, ads[kk][0]);
+      put(r0 + 8, c0, ads[kk][1]);
+      put(r0, c0 + 8, ads[kk][2]);
+      put(r0 + 8, c0 + 8, ads[kk][3]);
+    }
+    wgmma::fence_proxy_async();  // dSᵀ: generic stores, read by wgmma below
+
+    // dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end): k16 steps along the queries.
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ads);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < block_q / 16; ++kk) {
+      wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], wgmma::mnmajor_step<64>(s_g, kk), 1);
+      wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], wgmma::mnmajor_step<64>(s_q, kk), 1);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(dv_acc);
+    wgmma::fence_operands(dk_acc);
+    wgmma::fence_operands(ap);
+    wgmma::fence_operands(ads);
+    __syncthreads();  // dSᵀ complete from every warp
+
+    // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
+    // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
+#pragma unroll
+    for (int half = 0; half < D / 64; ++half) {
+      float qacc[8][4];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) qacc[i][0] = qacc[i][1] = qacc[i][2] = qacc[i][3] = 0.0f;
+      wgmma::fence_operands(qacc);
+      __syncwarp();  // reconverge after the previous half's row-bounded stores
+      wgmma::fence();
+#pragma unroll
+      for (int kk = 0; kk < block_k / 16; ++kk)
+        wgmma::mma_ss<BF, 1, 1>(
+            qacc, wgmma::mnmajor_step<64>(s_ds, kk),
+            wgmma::mnmajor_step<64>(s_k + std::uint32_t(half) * block_bytes, kk), kk > 0 ? 1 : 0);
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(qacc);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        std::int64_t const qr = warp * 16 + g + r * 8;
+        if (qr >= rows) continue;
+        float* const dst =
+            dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
+          atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
+        }
+      }
+    }
+    i0 = next_i0;
+    hg = next_hg;
+  }
+  mma::cp_async_wait<0>();  // nothing left in flight when no query tile ran
+  store_key_grads(dk_acc, dv_acc, dk, dv, cs, hk, key0, t, scale);
+}
+
+}  // namespace flash_detail
+
+}  // namespace weft::attention::kernels
