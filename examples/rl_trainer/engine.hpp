@@ -9,8 +9,14 @@
 //               bit the one-rank run: the test of the plumbing --device cuda shares)
 //   cuda        make_cuda_engine<T> (engine_cuda.cu, compiled by nvcc into rl_trainer_cuda):
 //               nn::cuda_gpt<T>, the fused AdamW and the CUB gradient norm of optim/cuda/adamw.cuh
+//
+// Generation runs where the model does: make_decoder() returns a key/value-cache decoder over the
+// engine's own parameters (nn::gpt_decoder on the CPU, nn::cuda_gpt_decoder on the GPU), which
+// the trainer drives through model_decoder, the interface its host decoder has too.
 #pragma once
 
+#include <weft/core/tensor.hpp>
+#include <weft/nn/decode.hpp>
 #include <weft/nn/gpt.hpp>
 #include <weft/nn/params.hpp>
 #include <weft/optim/adamw.hpp>
@@ -23,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace weft::examples::rl_trainer {
@@ -31,6 +38,39 @@ namespace weft::examples::rl_trainer {
 //! (n · seq_len + position), their log-probs, d loss / d logp out; returns the loss.
 using token_loss_fn = std::function<double(std::span<std::int64_t const> rows,
                                            std::span<double const> logp, std::span<double> dlogp)>;
+
+//! Incremental decoding with a key/value cache: nn::gpt_decoder's calls (see weft/nn/decode.hpp),
+//! behind which the trainer's generation runs on the host or on an engine's device.
+template <class T>
+class model_decoder {
+ public:
+  model_decoder() = default;
+  model_decoder(model_decoder const&) = delete;
+  model_decoder& operator=(model_decoder const&) = delete;
+  virtual ~model_decoder() = default;
+  //! Empties the cache for a batch of `rows` rows.
+  virtual void reset(index_t rows) = 0;
+  //! A new batch whose row r continues current row sources[r].
+  virtual void fork(std::span<index_t const> sources) = 0;
+  //! Feeds tokens[r] to row r and writes every row's next-token logits to host `logits`.
+  virtual void step(std::span<std::int32_t const> tokens, tensor_view<T, 2> logits) = 0;
+};
+
+//! A model_decoder over a decoder D with those calls (nn::gpt_decoder<T>, nn::cuda_gpt_decoder<T>).
+template <class T, class D>
+class decoder_of final : public model_decoder<T> {
+ public:
+  template <class... A>
+  explicit decoder_of(A&&... args) : d_(std::forward<A>(args)...) {}
+  void reset(index_t rows) override { d_.reset(rows); }
+  void fork(std::span<index_t const> sources) override { d_.fork(sources); }
+  void step(std::span<std::int32_t const> tokens, tensor_view<T, 2> logits) override {
+    d_.step(tokens, logits);
+  }
+
+ private:
+  D d_;
+};
 
 //! A model step on one device. Parameters, gradients and AdamW's moments are laid out by
 //! nn::gpt_layout(config) (parallel::gpt_shard_layout of one rank: the same order).
@@ -68,6 +108,10 @@ class model_engine {
   virtual double clip_grad_norm(double max_norm) = 0;
   //! One AdamW step at `lr` (invalid_argument_error before set_optimizer).
   virtual void adamw_step(double lr) = 0;
+  //! A decoder of up to max_rows rows × max_len positions over the engine's parameters, read at
+  //! every step (the engine must outlive it).
+  [[nodiscard]] virtual std::unique_ptr<model_decoder<T>> make_decoder(index_t max_rows,
+                                                                       index_t max_len) = 0;
 };
 
 //! The engine on the CPU: the trainer's one-rank calls behind the engine interface. tp, cp and
@@ -77,7 +121,7 @@ class cpu_engine final : public model_engine<T> {
  public:
   cpu_engine(nn::gpt_config const& c, parallel::gpt_parallelism const& p, Comm& tp, Comm& cp,
              Comm& model_group)
-      : store_(parallel::gpt_shard_layout(c, p)), model_group_(&model_group) {
+      : c_(c), store_(parallel::gpt_shard_layout(c, p)), model_group_(&model_group) {
     WEFT_EXPECTS(tp.size() == 1 && cp.size() == 1 && model_group.size() == 1, "layout",
                  "one rank (dp = pp = tp = cp = 1)",
                  ::weft::detail::concat("tp ", tp.size(), ", cp ", cp.size(), ", pp x tp ",
@@ -137,6 +181,9 @@ class cpu_engine final : public model_engine<T> {
     WEFT_EXPECTS(opt_.has_value(), "optimizer", "set_optimizer() first", "none");
     opt_->step(store_.params(), store_.grads(), lr);
   }
+  std::unique_ptr<model_decoder<T>> make_decoder(index_t max_rows, index_t max_len) override {
+    return std::make_unique<decoder_of<T, nn::gpt_decoder<T>>>(c_, store_, max_rows, max_len);
+  }
 
  private:
   void check_size(char const* what, std::size_t n) const {
@@ -145,6 +192,7 @@ class cpu_engine final : public model_engine<T> {
                        n);
   }
 
+  nn::gpt_config c_;
   nn::param_store<T> store_;
   Comm* model_group_;
   std::optional<parallel::gpt<T, Comm, Comm>> model_;

@@ -1,9 +1,11 @@
 // examples/rl_trainer/engine_cuda.cu — rl_trainer's model step on a GPU (--device cuda): the
 // model_engine of engine.hpp over nn::cuda_gpt<T> (forward, the policy loss's seed, backward),
 // the fused AdamW and the CUB gradient norm of optim/cuda/adamw.cuh, all on one stream of CUDA
-// device 0. The host sees the parameters once per optimizer step (generation runs on the CPU's
-// key/value-cache decoder) and each microbatch's log-probs (the policy loss is computed on the
-// host, as on every other layout).
+// device `rank` mod the device count; generation through nn::cuda_gpt_decoder over the same
+// device parameters. The host sees the parameters once per optimizer step (for checkpoints and
+// the run's result), each microbatch's log-probs (the policy loss is computed on the host, as on
+// every other layout) and each decoding step's logits (sampling stays on the host, keyed as on
+// every layout).
 #include "rl_trainer/engine.hpp"
 
 #include "common/cli.hpp"
@@ -12,6 +14,7 @@
 #include <weft/core/exec.hpp>
 #include <weft/core/memory.hpp>
 #include <weft/core/tensor.hpp>
+#include <weft/nn/cuda/decode.cuh>
 #include <weft/nn/cuda/gpt.cuh>
 #include <weft/optim/cuda/adamw.cuh>
 
@@ -135,6 +138,9 @@ class cuda_engine final : public model_engine<T> {
                                gpt_.params(), static_cast<T const*>(gpt_.grads()), m_.data(),
                                v_.data(), options_, steps_ + 1, lr);
     ++steps_;  // after the launch: a refused step leaves the count as it was
+  }
+  std::unique_ptr<model_decoder<T>> make_decoder(index_t max_rows, index_t max_len) override {
+    return std::make_unique<decoder_of<T, nn::cuda_gpt_decoder<T>>>(gpt_, max_rows, max_len);
   }
 
  private:

@@ -16,8 +16,9 @@
 //              [--device cpu|cpu-engine|cuda]
 //
 // --device cuda (rl_trainer_cuda, built with WEFT_ENABLE_CUDA) runs the model step on a GPU:
-// forward, backward, clipping and AdamW through nn::cuda_gpt and optim/cuda (engine.hpp,
-// engine_cuda.cu); generation and the policy loss stay on the host.
+// forward, backward, clipping and AdamW through nn::cuda_gpt and optim/cuda, and generation
+// through nn::cuda_gpt_decoder (engine.hpp, engine_cuda.cu); sampling from the logits and the
+// policy loss stay on the host.
 //
 // See --help and docs/trainer.md. Exit status: 0 on success (with --check: the layout followed
 // the one-rank run), 1 when a check fails, 2 on a bad command line.
@@ -390,7 +391,7 @@ sample unpack(double const* w) {
 //! temperature 1, or greedy; row r's coin at position t is gen.uniform_double(keys[r] * 4 + t).
 //! Each prompt is prefilled once, in one row, and forked into its `per` rows.
 template <class T>
-void generate(nn::gpt_decoder<T>& dec, std::span<problem const> prompts, index_t per,
+void generate(rlt::model_decoder<T>& dec, std::span<problem const> prompts, index_t per,
               std::span<std::uint64_t const> keys, weft::rng gen, bool greedy,
               std::span<sample> out) {
   auto const n = static_cast<index_t>(prompts.size());
@@ -529,8 +530,6 @@ class trainer {
         p_{tp_->size(), tp_->rank(), o.sp, cp_->size(), cp_->rank(), pp_->size(), pp_->rank()},
         store_(par::gpt_shard_layout(c_, p_)),
         replica_(nn::gpt_layout(c_)),
-        decoder_(c_, replica_, std::max<index_t>(kGenGroups * o.group, kEvalChunk),
-                 kPrompt + kMaxNew),
         dp_rank_(mesh_.local_rank("dp")),
         seq_len_(round_up(kPrompt + kMaxNew, 2 * o.cp)) {
     par::gpt_init_shard(store_, c_, p_, o.seed);
@@ -544,6 +543,14 @@ class trainer {
     if (o.device == "cuda") engine_ = rlt::make_cuda_engine<T>(c_, world.rank());
 #endif
     if (engine_) say("model step on %s\n", engine_->where().c_str());
+    // Generation where the model is: the engine's decoder over its parameters, or the host's
+    // over the replica.
+    index_t const rows = std::max<index_t>(kGenGroups * o.group, kEvalChunk);
+    if (engine_)
+      decoder_ = engine_->make_decoder(rows, kPrompt + kMaxNew);
+    else
+      decoder_ = std::make_unique<rlt::decoder_of<T, nn::gpt_decoder<T>>>(c_, replica_, rows,
+                                                                          kPrompt + kMaxNew);
   }
 
   run_result run() {
@@ -733,6 +740,16 @@ class trainer {
     return {step_loss(loss_sum), norm};
   }
 
+  //! The decoder, reading the current parameters: an engine that does not hold store_'s yet (none
+  //! stepped since the start or a resume) takes them first.
+  rlt::model_decoder<T>& decoder() {
+    if (engine_ && !engine_params_) {
+      engine_->set_params(store_.params());
+      engine_params_ = true;
+    }
+    return *decoder_;
+  }
+
   //! The engine's optimizer state back into `opt` where the engine holds it (a checkpoint reads
   //! the host optimizer).
   void sync_engine_optimizer(optim::adamw<T>& opt) {
@@ -790,7 +807,7 @@ class trainer {
       std::vector<sample> out(static_cast<std::size_t>(k));
       std::vector<std::uint64_t> keys(static_cast<std::size_t>(k));
       std::iota(keys.begin(), keys.end(), key0 + static_cast<std::uint64_t>(at));
-      generate(decoder_, std::span(probs).subspan(static_cast<std::size_t>(at), k), 1, keys, gen,
+      generate(decoder(), std::span(probs).subspan(static_cast<std::size_t>(at), k), 1, keys, gen,
                greedy, out);
       for (auto const& s : out) correct += s.correct ? 1 : 0;
     }
@@ -866,7 +883,7 @@ class trainer {
         for (std::size_t s = 0; s < g; ++s) keys.push_back(uid * g + s);
       }
       std::vector<sample> out(keys.size());
-      generate(decoder_, probs, static_cast<index_t>(g), keys, gen, false, out);
+      generate(decoder(), probs, static_cast<index_t>(g), keys, gen, false, out);
       for (std::size_t i = 0; i < out.size(); ++i)
         pack(out[i], words.data() + (static_cast<std::size_t>(k0) * g + i) * kSampleWords);
     }
@@ -1235,15 +1252,15 @@ class trainer {
   Comm *tp_, *cp_, *pp_, *data_, *model_group_;
   par::gpt_parallelism p_;
   nn::param_store<T> store_, replica_;
-  nn::gpt_decoder<T> decoder_;
   int dp_rank_;
   index_t seq_len_;
   std::optional<par::gpt<T, Comm, Comm>> model_;
   std::optional<optim::adamw<T>> rl_opt_;
-  std::unique_ptr<rlt::model_engine<T>> engine_;  // --device cpu-engine | cuda
-  optim::adamw<T> const* engine_opt_ = nullptr;   // whose state the engine holds
-  bool engine_params_ = false;                    // the engine holds store_'s parameters
-  std::vector<T> engine_grads_;                   // host staging of the dp all-reduce
+  std::unique_ptr<rlt::model_engine<T>> engine_;    // --device cpu-engine | cuda
+  std::unique_ptr<rlt::model_decoder<T>> decoder_;  // the engine's, or the host's over replica_
+  optim::adamw<T> const* engine_opt_ = nullptr;     // whose state the engine holds
+  bool engine_params_ = false;                      // the engine holds store_'s parameters
+  std::vector<T> engine_grads_;                     // host staging of the dp all-reduce
   std::uint64_t next_uid_ = 0;
   double generated_total_ = 0;
   int first_step_ = 0;

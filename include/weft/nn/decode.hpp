@@ -11,6 +11,7 @@
 #include <weft/core/math.hpp>
 #include <weft/core/tensor.hpp>
 #include <weft/nn/activation.hpp>
+#include <weft/nn/detail/decode_attention.hpp>
 #include <weft/nn/embedding.hpp>
 #include <weft/nn/gpt.hpp>
 #include <weft/nn/linear.hpp>
@@ -21,7 +22,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -169,45 +169,22 @@ class gpt_decoder {
     residual_forward(rows_of(mid_, d), rows_of(o_, d), rows_of(x_, d));
   }
 
-  // Softmax attention of each row's new query over its cached positions [0, len_].
+  // Softmax attention of each row's new query over its cached positions [0, len_]
+  // (detail::decode_attention_head, the code nn::cuda_gpt_decoder's kernel runs).
   void attend(index_t l) {
     index_t const hd = c_.head_dim(), heads = c_.heads, group = c_.heads / c_.kv();
-    index_t const kvd = c_.kv() * hd, n = len_ + 1;
+    index_t const kvd = c_.kv() * hd;
     C const scale = C(1) / std::sqrt(static_cast<C>(hd));
-    scores_.resize(static_cast<std::size_t>(n));
+    scores_.resize(static_cast<std::size_t>(len_ + 1));
     acc_.resize(static_cast<std::size_t>(hd));
-    for (index_t r = 0; r < rows_; ++r) {
-      T const* keys = cache_k_.data() + slot(l, r, 0);
-      T const* values = cache_v_.data() + slot(l, r, 0);
+    for (index_t r = 0; r < rows_; ++r)
       for (index_t hh = 0; hh < heads; ++hh) {
-        T const* q = q_.data() + r * c_.d_model + hh * hd;
         index_t const g = hh / group;
-        C mx = -std::numeric_limits<C>::infinity();
-        for (index_t j = 0; j < n; ++j) {
-          T const* k = keys + j * kvd + g * hd;
-          C s = 0;
-          for (index_t e = 0; e < hd; ++e) s += static_cast<C>(q[e]) * static_cast<C>(k[e]);
-          s *= scale;
-          scores_[static_cast<std::size_t>(j)] = s;
-          mx = std::max(mx, s);
-        }
-        C sum = 0;
-        for (auto& s : scores_) {
-          s = std::exp(s - mx);
-          sum += s;
-        }
-        std::fill(acc_.begin(), acc_.end(), C(0));
-        for (index_t j = 0; j < n; ++j) {
-          C const p = scores_[static_cast<std::size_t>(j)];
-          T const* v = values + j * kvd + g * hd;
-          for (index_t e = 0; e < hd; ++e)
-            acc_[static_cast<std::size_t>(e)] += p * static_cast<C>(v[e]);
-        }
-        T* o = att_.data() + r * c_.d_model + hh * hd;
-        for (index_t e = 0; e < hd; ++e)
-          o[e] = static_cast<T>(acc_[static_cast<std::size_t>(e)] / sum);
+        detail::decode_attention_head(
+            q_.data() + r * c_.d_model + hh * hd, cache_k_.data() + slot(l, r, 0) + g * hd,
+            cache_v_.data() + slot(l, r, 0) + g * hd, len_ + 1, kvd, hd, scale, scores_.data(),
+            acc_.data(), att_.data() + r * c_.d_model + hh * hd);
       }
-    }
   }
 
   template <class U>
