@@ -4,11 +4,13 @@
 // device-to-device cudaMemcpy in the same run (BM_memcpy_d2d). Counter GB/s: the bytes each kernel
 // must move (read plus written; the copy's likewise) over its time, so kernel GB/s over the copy's
 // is the fraction of the attainable bandwidth. Timed with CUDA events (manual time).
-// Also GAE (weft/rl/cuda/returns.cuh: a thread per row) over padded [rows, cols] f32 batches, with
-// and without whitening, and masked whitening alone; their GB/s count the bytes a fused kernel
-// must move (GAE: rewards, values and the byte mask read, advantages and returns written, 17 bytes
-// a token; whitening: values and mask read, out written, 9 bytes), so the ratio to the copy also
-// shows what the thread-per-row recurrence and the extra passes cost.
+// Also GAE (weft/rl/cuda/returns.cuh: a block-wide reverse scan per row) over padded [rows, cols]
+// f32 batches, with and without whitening, and masked whitening alone; their GB/s count the bytes
+// a fused kernel must move (GAE: rewards, values and the byte mask read, advantages and returns
+// written, 17 bytes a token; whitening: values and mask read, out written, 9 bytes), so the ratio
+// to the copy also shows what the scans and the extra passes cost. BM_gae_thread_per_row is the
+// design the scans replaced (rl::detail::gae_row on one thread per row), the baseline of the same
+// run: few long rows are where it starves the GPU.
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/random.hpp>
@@ -218,6 +220,39 @@ void BM_gae(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The replaced design: one thread per row runs rl::detail::gae_row (no whitening).
+__global__ void gae_thread_per_row(wk::device_rows rows, float const* rewards, float const* values,
+                                   std::uint8_t const* mask, double gamma, double lambda,
+                                   float* adv, float* ret) {
+  std::int64_t const i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows.rows) return;
+  weft::rl::detail::gae_row(rows.begin(i), rows.end(i), rewards, values, mask, gamma, lambda, adv,
+                            ret);
+}
+
+void BM_gae_thread_per_row(benchmark::State& state) {
+  std::int64_t const rows = state.range(0), cols = state.range(1);
+  token_data d(rows, cols);
+  auto const layout = wk::device_rows::padded(rows, cols);
+  auto const blocks = static_cast<unsigned>((rows + 255) / 256);
+  auto const run = [&] {
+    gae_thread_per_row<<<blocks, 256>>>(layout, d.rewards, d.values, d.mask, 0.99, 0.95, d.adv,
+                                        d.ret);
+  };
+  run();  // warm-up
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  events ev;
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    run();
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  WEFT_CUDA_TRY(cudaGetLastError());
+  state.counters["GB/s"] = benchmark::Counter(17.0 * static_cast<double>(d.n) * 1e-9,
+                                              benchmark::Counter::kIsIterationInvariantRate);
+}
+
 void BM_masked_whiten(benchmark::State& state) {
   std::int64_t const rows = state.range(0), cols = state.range(1);
   token_data d(rows, cols);
@@ -259,12 +294,22 @@ BENCHMARK(BM_log_prob_backward<float>)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
-// [rows, cols]: 1024 responses of 4096 tokens, 8192 of 512; whitening off / on.
+// [rows, cols]: 1024 responses of 4096 tokens, 8192 of 512, 8 of 32768 and one of 262144;
+// whitening off / on; the thread-per-row baseline at the same shapes.
 BENCHMARK(BM_gae)
     ->Args({1024, 4096, 0})
     ->Args({1024, 4096, 1})
     ->Args({8192, 512, 0})
     ->Args({8192, 512, 1})
+    ->Args({8, 32768, 0})
+    ->Args({1, 262144, 0})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_gae_thread_per_row)
+    ->Args({1024, 4096})
+    ->Args({8192, 512})
+    ->Args({8, 32768})
+    ->Args({1, 262144})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_masked_whiten)

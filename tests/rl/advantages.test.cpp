@@ -6,9 +6,13 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -307,4 +311,131 @@ TEST_CASE(
   CHECK(weft::rl::entropy_bonus(0.01, cs(H), cs(mh), cs(wh), ms(dh)) == doctest::Approx(-0.005));
   CHECK(dh[0] == doctest::Approx(-0.005));
   CHECK(dh[1] == 0.0);
+}
+
+// ---- the scan form of the row recurrences (rl/cuda/returns.cuh runs it) ----------------------
+
+namespace {
+namespace rd = weft::rl::detail;
+
+// The CUDA kernels' decomposition on the host: a row's elements in reverse token order (scan
+// order) in tiles of `tile`, each tile scanned by recursive doubling (a grouping unlike the
+// sequential one, as a block scan's), then composed after the carry of the later tiles.
+template <class E, class Op>
+std::vector<E> reverse_tiled_scan(std::vector<E> const& elems, std::size_t tile, bool exclusive,
+                                  Op op) {
+  std::vector<E> out(elems.size());
+  E carry{};
+  for (std::size_t at = 0; at < elems.size(); at += tile) {
+    std::size_t const n = std::min(tile, elems.size() - at);
+    std::vector<E> s(elems.begin() + static_cast<std::ptrdiff_t>(at),
+                     elems.begin() + static_cast<std::ptrdiff_t>(at + n));
+    for (std::size_t d = 1; d < n; d *= 2) {
+      std::vector<E> next = s;
+      for (std::size_t k = d; k < n; ++k) next[k] = op(s[k - d], s[k]);
+      s = next;
+    }
+    E const aggregate = s[n - 1];
+    for (std::size_t k = 0; k < n; ++k)
+      out[at + k] = op(carry, exclusive ? (k == 0 ? E{} : s[k - 1]) : s[k]);
+    carry = op(carry, aggregate);
+  }
+  return out;
+}
+
+// Rows as the GPU test makes them: lengths, a padded tail, an observation gap in every third
+// row, an all-masked row; NaN values and rewards of 5 at masked tokens.
+struct scan_rows {
+  std::vector<std::int64_t> offsets{0};
+  std::vector<double> rewards, values, baselines;
+  std::vector<u8> mask;
+  explicit scan_rows(std::vector<std::int64_t> const& lengths) {
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<double> u(-1.0, 2.0);
+    for (std::size_t i = 0; i < lengths.size(); ++i) {
+      auto const len = lengths[i], valid_len = len - len / 7;
+      for (std::int64_t t = 0; t < len; ++t) {
+        bool ok = t < valid_len && i % 5 != 3;
+        if (i % 3 == 1 && t >= valid_len / 3 && t < valid_len / 2) ok = false;
+        mask.push_back(ok ? 1 : 0);
+        rewards.push_back(ok ? (t + 1 == valid_len ? 3 * u(rng) : 0.1 * u(rng)) : 5.0);
+        values.push_back(ok ? u(rng) : std::numeric_limits<double>::quiet_NaN());
+      }
+      offsets.push_back(offsets.back() + len);
+      baselines.push_back(u(rng));
+    }
+  }
+};
+
+// max |got − want| / max(|want|, 1), NaN equal to NaN only.
+double scan_error(std::vector<double> const& got, std::vector<double> const& want) {
+  double worst = 0;
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    if (std::isnan(got[k]) || std::isnan(want[k])) {
+      if (!(std::isnan(got[k]) && std::isnan(want[k]))) return INFINITY;
+      continue;
+    }
+    worst = std::max(worst, std::abs(got[k] - want[k]) / std::max(std::abs(want[k]), 1.0));
+  }
+  return worst;
+}
+}  // namespace
+
+TEST_CASE("the reverse-scan form of GAE, discounted returns and ReMax follows the row loops") {
+  // Tiles of 1 group the scan as the loops do: bit for bit. Other tiles (the CUDA kernels' 512
+  // among them) regroup it: within 1e-12 of the largest of |value| and 1.
+  std::vector<std::int64_t> const lengths{0, 1, 5, 64, 17, 300, 2, 9, 1000, 3, 2049, 7, 513, 40};
+  scan_rows const b(lengths);
+  auto const n = b.mask.size();
+  std::vector<double> want_a(n), want_r(n), got_a(n, -9), got_r(n, -9);
+  for (std::size_t tile : {std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{512}}) {
+    CAPTURE(tile);
+    double const tol = tile == 1 ? 0.0 : 1e-12;
+    for (auto [gamma, lambda] : {std::pair{1.0, 1.0}, std::pair{0.99, 0.95}, std::pair{0.9, 0.5}}) {
+      CAPTURE(gamma);
+      CAPTURE(lambda);
+      rd::gae_scan<double, u8> const f{b.rewards.data(), b.values.data(), b.mask.data(), gamma,
+                                       lambda,           got_a.data(),    got_r.data()};
+      rd::discounted_scan<double, u8> const g{b.rewards.data(), b.mask.data(), gamma, got_r.data()};
+      for (std::size_t i = 0; i + 1 < b.offsets.size(); ++i) {
+        auto const begin = b.offsets[i], end = b.offsets[i + 1];
+        rd::gae_row(begin, end, b.rewards.data(), b.values.data(), b.mask.data(), gamma, lambda,
+                    want_a.data(), want_r.data());
+        std::vector<rd::nearest_valid> next_elems;
+        for (auto t = end; t-- > begin;) next_elems.push_back(f.value_element(t));
+        auto const next = reverse_tiled_scan(next_elems, tile, true, rd::nearer_valid{});
+        std::vector<rd::affine_map> elems;
+        for (auto t = end; t-- > begin;)
+          elems.push_back(f.element(t, next[static_cast<std::size_t>(end - 1 - t)]));
+        auto const state = reverse_tiled_scan(elems, tile, false, rd::affine_then{});
+        for (auto t = end; t-- > begin;) f.write(t, state[static_cast<std::size_t>(end - 1 - t)].b);
+      }
+      CHECK(scan_error(got_a, want_a) <= tol);
+      CHECK(scan_error(got_r, want_r) <= tol);
+      // Discounted returns (γ only).
+      for (std::size_t i = 0; i + 1 < b.offsets.size(); ++i) {
+        auto const begin = b.offsets[i], end = b.offsets[i + 1];
+        rd::discounted_returns_row(begin, end, b.rewards.data(), b.mask.data(), gamma,
+                                   want_r.data());
+        std::vector<rd::affine_map> elems;
+        for (auto t = end; t-- > begin;) elems.push_back(g.element(t));
+        auto const state = reverse_tiled_scan(elems, tile, true, rd::affine_then{});
+        for (auto t = end; t-- > begin;) g.write(t, state[static_cast<std::size_t>(end - 1 - t)].b);
+      }
+      CHECK(scan_error(got_r, want_r) <= tol);
+    }
+    rd::remax_scan<double, u8> const h{b.rewards.data(), b.mask.data(), got_a.data(), got_r.data()};
+    for (std::size_t i = 0; i + 1 < b.offsets.size(); ++i) {
+      auto const begin = b.offsets[i], end = b.offsets[i + 1];
+      rd::remax_row(begin, end, b.rewards.data(), b.baselines[i], b.mask.data(), want_a.data(),
+                    want_r.data());
+      std::vector<rd::affine_map> elems;
+      for (auto t = end; t-- > begin;) elems.push_back(h.element(t));
+      auto const state = reverse_tiled_scan(elems, tile, false, rd::affine_then{});
+      for (auto t = end; t-- > begin;)
+        h.write(t, state[static_cast<std::size_t>(end - 1 - t)].b, b.baselines[i]);
+    }
+    CHECK(scan_error(got_a, want_a) <= tol);
+    CHECK(scan_error(got_r, want_r) <= tol);
+  }
 }

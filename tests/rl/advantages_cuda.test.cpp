@@ -1,8 +1,9 @@
 // CUDA twins of the advantage and KL tests: GRPO / Dr. GRPO / RLOO over segment groups (odd
 // sizes, singletons, empty groups, constant groups) and fixed groups (weft/rl/cuda/advantages.cuh),
 // GAE, discounted returns, REINFORCE++, ReMax and masked whitening over padded and packed rows
-// (weft/rl/cuda/returns.cuh), and the KL estimators' per-token values, gradients and loss term
-// (weft/rl/cuda/kl.cuh) against the CPU path. The host build compiles nothing here.
+// (weft/rl/cuda/returns.cuh; rows up to 70001 tokens, the row scans' tile-to-tile carry), and the
+// KL estimators' per-token values, gradients and loss term (weft/rl/cuda/kl.cuh) against the CPU
+// path. The host build compiles nothing here.
 //
 // Tolerances (relative to max(|cpu|, 1)): statistics are summed in double on both sides, in a tree
 // on the GPU and serially on the CPU, so f64 outputs agree within 1e-12 and f32 outputs (one
@@ -333,6 +334,9 @@ void returns_grid() {
   returns_against_cpu(token_batch<T>(many, 0, 4), p + " packed 1000 rows");
   returns_against_cpu(token_batch<T>(many, 129, 5), p + " padded 1000 x 129");
   returns_against_cpu(token_batch<T>({}, 4, 6), p + " no rows");
+  // Rows of many 512-token tiles (the kernels' carry from tile to tile), a tile plus one token.
+  returns_against_cpu(token_batch<T>({70001, 513, 5000, 512, 1}, 0, 7), p + " packed long rows");
+  returns_against_cpu(token_batch<T>({20000, 19000, 1025}, 20000, 8), p + " padded 3 x 20000");
 }
 }  // namespace
 

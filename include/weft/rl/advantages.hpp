@@ -456,6 +456,114 @@ WEFT_HD void gae_row(index_t begin, index_t end, T const* token_rewards, T const
   }
 }
 
+// The same recurrences as reverse scans, the form rl/cuda/returns.cuh runs a row in parallel
+// with (a block per row, tiles from the row's end, each tile one block-wide scan). A row's state
+// moves right to left by x -> a·x + b (affine_map); composing the maps of later tokens first is
+// associative, so any grouping of a row's tokens gives the sequential state up to rounding (and
+// the sequential grouping gives it bit for bit: the same products and sums in the same order).
+// The scan's elements and outputs below are the row functions' arithmetic; the CPU loops above
+// stay the reference and tests/rl/advantages.test.cpp checks this form against them.
+
+//! x -> a·x + b: the state of a right-to-left recurrence before a token (the later tokens' state
+//! x) mapped to its state after it. {1, 0} is the identity.
+struct affine_map {
+  double a = 1.0;
+  double b = 0.0;
+};
+
+//! The later tokens' map, then this token's: a reverse scan's operator (associative).
+struct affine_then {
+  WEFT_HD affine_map operator()(affine_map const& later, affine_map const& here) const noexcept {
+    return {here.a * later.a, here.a * later.b + here.b};
+  }
+};
+
+//! The value of the nearest valid token (valid = 0: none yet); {0, 0} is the identity.
+struct nearest_valid {
+  int valid = 0;
+  double value = 0.0;
+};
+
+//! The later tokens' nearest valid value, unless this token is valid: a reverse scan's operator.
+struct nearer_valid {
+  WEFT_HD nearest_valid operator()(nearest_valid const& later,
+                                   nearest_valid const& here) const noexcept {
+    return here.valid != 0 ? here : later;
+  }
+};
+
+//! discounted_returns_row as a reverse scan: the state after token t is s_t = m_t·G_t (the
+//! running return, reset after a masked token), G_t = r_t + γ·s_{t+1} is written at every token.
+template <class T, class M>
+struct discounted_scan {
+  T const* token_rewards;
+  M const* mask;
+  double gamma;
+  T* out;
+  WEFT_HD affine_map element(index_t t) const noexcept {
+    return valid(mask[t]) ? affine_map{gamma, static_cast<double>(token_rewards[t])}
+                          : affine_map{0.0, 0.0};
+  }
+  //! `later`: s_{t+1} (the exclusive scan's state).
+  WEFT_HD void write(index_t t, double later) const noexcept {
+    out[t] = static_cast<T>(static_cast<double>(token_rewards[t]) + gamma * later);
+  }
+};
+
+//! remax_row as a reverse scan: the state after token t is Σ_{s >= t} r_s·m_s.
+template <class T, class M>
+struct remax_scan {
+  T const* token_rewards;
+  M const* mask;
+  T* advantages;
+  T* returns;
+  WEFT_HD affine_map element(index_t t) const noexcept {
+    return {1.0, valid(mask[t]) ? static_cast<double>(token_rewards[t]) : 0.0};
+  }
+  //! `run`: the state after t (the inclusive scan's); `b` the row's baseline.
+  WEFT_HD void write(index_t t, double run, double b) const noexcept {
+    bool const v = valid(mask[t]);
+    returns[t] = v ? static_cast<T>(run) : T(0);
+    advantages[t] = v ? static_cast<T>(run - b) : T(0);
+  }
+};
+
+//! gae_row as two reverse scans: V_next of token t is the value of the nearest valid token after
+//! it (0 if none: the exclusive nearer_valid scan), then A_t = δ_t + γλ·A_{t+1} over the valid
+//! tokens (masked ones are the identity; the inclusive affine scan).
+template <class T, class M>
+struct gae_scan {
+  T const* token_rewards;
+  T const* values;
+  M const* mask;
+  double gamma;
+  double lambda;
+  T* advantages;
+  T* returns;
+  WEFT_HD nearest_valid value_element(index_t t) const noexcept {
+    bool const v = valid(mask[t]);
+    return {v ? 1 : 0, v ? static_cast<double>(values[t]) : 0.0};  // masked values are not read
+  }
+  //! `next`: the exclusive nearer_valid scan's state at t (V_next where next.valid, else 0).
+  WEFT_HD affine_map element(index_t t, nearest_valid next) const noexcept {
+    if (!valid(mask[t])) return {};
+    double const next_value = next.valid != 0 ? next.value : 0.0;
+    double const v = static_cast<double>(values[t]);
+    double const delta = static_cast<double>(token_rewards[t]) + gamma * next_value - v;
+    return {gamma * lambda, delta};
+  }
+  //! `last`: A_t, the inclusive scan's state.
+  WEFT_HD void write(index_t t, double last) const noexcept {
+    if (!valid(mask[t])) {
+      advantages[t] = T(0);
+      returns[t] = T(0);
+      return;
+    }
+    advantages[t] = static_cast<T>(last);
+    returns[t] = static_cast<T>(last + static_cast<double>(values[t]));
+  }
+};
+
 template <class T, class M>
 void discounted_returns_impl(token_layout const& layout, std::span<T const> token_rewards,
                              std::span<M const> mask, double gamma, std::span<T> out) {

@@ -1,9 +1,14 @@
 // weft/rl/cuda/returns.cuh — the token-level advantages on the GPU: masked whitening (statistics
 // in double with cub::DeviceReduce, two passes as the CPU: count and Σv, then Σ(v − mean)²),
-// discounted returns and REINFORCE++, ReMax, and GAE with returns. The row recurrences are the
-// CPU path's WEFT_HD functions (rl::detail::discounted_returns_row, remax_row, gae_row), run one
-// thread per row; the whitening is its whiten_fn per token. Rows are a padded [rows, cols] batch
-// or packed rows given by device offsets (token_layout's two forms, as device_rows).
+// discounted returns and REINFORCE++, ReMax, and GAE with returns. The row recurrences are
+// parallel scans: a block per row, the row in tiles of 512 tokens from its end, each tile one
+// cub::BlockScan of the recurrence's affine state maps composed after the later tiles' carry, so
+// a row of any length runs on 128 threads and reads its tokens coalesced. Their elements and
+// outputs are the CPU path's WEFT_HD scan form (rl::detail::discounted_scan, remax_scan,
+// gae_scan), which tests/rl/advantages.test.cpp checks against the CPU's sequential row
+// functions; the regrouping changes only rounding. The whitening is the CPU's whiten_fn per token.
+// Rows are a padded [rows, cols] batch or packed rows given by device offsets (token_layout's two
+// forms, as device_rows).
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -16,6 +21,7 @@
 #include <weft/rl/advantages.hpp>
 #include <weft/rl/cuda/advantages.cuh>  // adv_detail::scratch, blocks_for, align_up
 
+#include <cub/block/block_scan.cuh>
 #include <cub/device/device_reduce.cuh>
 #include <cuda_runtime_api.h>
 
@@ -62,32 +68,113 @@ struct device_rows {
 
 namespace returns_detail {
 
-template <class T, class M>
-__global__ void discounted_rows_kernel(device_rows rows, T const* __restrict__ rewards,
-                                       M const* __restrict__ mask, double gamma, T* out) {
-  std::int64_t const i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows.rows) return;
-  rl::detail::discounted_returns_row(rows.begin(i), rows.end(i), rewards, mask, gamma, out);
+// The row recurrences as reverse scans (rl::detail::discounted_scan, remax_scan, gae_scan: the
+// row functions' arithmetic as scan elements and outputs): a block per row walks it in tiles of
+// scan_tile tokens from its end; each tile is one cub::BlockScan in reverse token order, composed
+// after the carry of the later tiles. Thread x holds tokens tile_end − 1 − (x·items + i).
+constexpr int scan_block = 128;
+constexpr int scan_items = 4;
+constexpr std::int64_t scan_tile = std::int64_t{scan_block} * scan_items;
+
+//! One tile's block-wide reverse scan: items become their inclusive (Exclusive: exclusive) scan
+//! composed after `carry`, and carry moves past the tile. Every thread of the block calls it.
+template <bool Exclusive, class E, class Op>
+__device__ void tile_scan(E (&items)[scan_items], E& carry, Op op,
+                          typename cub::BlockScan<E, scan_block>::TempStorage& temp) {
+  using block_scan = cub::BlockScan<E, scan_block>;
+  E aggregate;
+  if constexpr (Exclusive)
+    block_scan(temp).ExclusiveScan(items, items, E{}, op, aggregate);  // E{}: the identity
+  else
+    block_scan(temp).InclusiveScan(items, items, op, aggregate);
+  for (int i = 0; i < scan_items; ++i) items[i] = op(carry, items[i]);
+  carry = op(carry, aggregate);
+  __syncthreads();  // temp is reused by the next scan
+}
+
+//! Token i of this thread's part of the tile ending at tile_end.
+__device__ inline std::int64_t tile_token(std::int64_t tile_end, int i) {
+  return tile_end - 1 - (static_cast<std::int64_t>(threadIdx.x) * scan_items + i);
 }
 
 template <class T, class M>
-__global__ void remax_rows_kernel(device_rows rows, T const* __restrict__ rewards,
-                                  T const* __restrict__ baselines, M const* __restrict__ mask,
-                                  T* advantages, T* returns) {
-  std::int64_t const i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows.rows) return;
-  rl::detail::remax_row(rows.begin(i), rows.end(i), rewards, static_cast<double>(baselines[i]),
-                        mask, advantages, returns);
+__global__ void __launch_bounds__(scan_block)
+    discounted_scan_kernel(device_rows rows, rl::detail::discounted_scan<T, M> f) {
+  using rl::detail::affine_map;
+  __shared__ typename cub::BlockScan<affine_map, scan_block>::TempStorage temp;
+  for (std::int64_t i = blockIdx.x; i < rows.rows; i += gridDim.x) {
+    std::int64_t const begin = rows.begin(i);
+    affine_map carry{};
+    for (std::int64_t end = rows.end(i); end > begin; end -= scan_tile) {
+      affine_map items[scan_items];
+      for (int k = 0; k < scan_items; ++k) {
+        std::int64_t const t = tile_token(end, k);
+        items[k] = t >= begin ? f.element(t) : affine_map{};
+      }
+      tile_scan<true>(items, carry, rl::detail::affine_then{}, temp);
+      for (int k = 0; k < scan_items; ++k) {
+        std::int64_t const t = tile_token(end, k);
+        if (t >= begin) f.write(t, items[k].b);
+      }
+    }
+  }
 }
 
 template <class T, class M>
-__global__ void gae_rows_kernel(device_rows rows, T const* __restrict__ rewards,
-                                T const* __restrict__ values, M const* __restrict__ mask,
-                                double gamma, double lambda, T* advantages, T* returns) {
-  std::int64_t const i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= rows.rows) return;
-  rl::detail::gae_row(rows.begin(i), rows.end(i), rewards, values, mask, gamma, lambda, advantages,
-                      returns);
+__global__ void __launch_bounds__(scan_block)
+    remax_scan_kernel(device_rows rows, rl::detail::remax_scan<T, M> f,
+                      T const* __restrict__ baselines) {
+  using rl::detail::affine_map;
+  __shared__ typename cub::BlockScan<affine_map, scan_block>::TempStorage temp;
+  for (std::int64_t i = blockIdx.x; i < rows.rows; i += gridDim.x) {
+    std::int64_t const begin = rows.begin(i);
+    double const b = static_cast<double>(baselines[i]);
+    affine_map carry{};
+    for (std::int64_t end = rows.end(i); end > begin; end -= scan_tile) {
+      affine_map items[scan_items];
+      for (int k = 0; k < scan_items; ++k) {
+        std::int64_t const t = tile_token(end, k);
+        items[k] = t >= begin ? f.element(t) : affine_map{};
+      }
+      tile_scan<false>(items, carry, rl::detail::affine_then{}, temp);
+      for (int k = 0; k < scan_items; ++k) {
+        std::int64_t const t = tile_token(end, k);
+        if (t >= begin) f.write(t, items[k].b, b);
+      }
+    }
+  }
+}
+
+template <class T, class M>
+__global__ void __launch_bounds__(scan_block)
+    gae_scan_kernel(device_rows rows, rl::detail::gae_scan<T, M> f) {
+  using rl::detail::affine_map;
+  using rl::detail::nearest_valid;
+  __shared__ typename cub::BlockScan<nearest_valid, scan_block>::TempStorage next_temp;
+  __shared__ typename cub::BlockScan<affine_map, scan_block>::TempStorage temp;
+  for (std::int64_t i = blockIdx.x; i < rows.rows; i += gridDim.x) {
+    std::int64_t const begin = rows.begin(i);
+    nearest_valid next_carry{};
+    affine_map carry{};
+    for (std::int64_t end = rows.end(i); end > begin; end -= scan_tile) {
+      nearest_valid next[scan_items];
+      for (int k = 0; k < scan_items; ++k) {
+        std::int64_t const t = tile_token(end, k);
+        next[k] = t >= begin ? f.value_element(t) : nearest_valid{};
+      }
+      tile_scan<true>(next, next_carry, rl::detail::nearer_valid{}, next_temp);
+      affine_map items[scan_items];
+      for (int k = 0; k < scan_items; ++k) {
+        std::int64_t const t = tile_token(end, k);
+        items[k] = t >= begin ? f.element(t, next[k]) : affine_map{};
+      }
+      tile_scan<false>(items, carry, rl::detail::affine_then{}, temp);
+      for (int k = 0; k < scan_items; ++k) {
+        std::int64_t const t = tile_token(end, k);
+        if (t >= begin) f.write(t, items[k].b);
+      }
+    }
+  }
 }
 
 //! Σ of whiten_stats, field by field (cub's reduction operator).
@@ -149,17 +236,18 @@ constexpr int block = 256;
 inline void check_rows(device_rows const& r) {
   WEFT_EXPECTS(r.rows >= 0 && r.tokens >= 0, "rows", "a device_rows from padded() or packed()",
                ::weft::detail::concat(r.rows, " rows, ", r.tokens, " tokens"));
-  WEFT_EXPECTS(r.rows <= std::int64_t{0x7fffffff} * block, "rows", "<= 2^31 · 256", r.rows);
 }
 
 inline unsigned grid_for(std::int64_t n) { return adv_detail::blocks_for(n, block); }
 
-//! Launches a row kernel (a thread per row) over `rows`, after checking them.
+//! Launches a row-scan kernel (a block per row, the grid striding over rows) after checking them.
 template <class Kernel, class... Args>
-void launch_rows(cudaStream_t stream, device_rows const& rows, Kernel kernel, Args... args) {
+void launch_row_scans(cudaStream_t stream, device_rows const& rows, Kernel kernel, Args... args) {
   check_rows(rows);
   if (rows.rows == 0) return;
-  kernel<<<grid_for(rows.rows), block, 0, stream>>>(rows, args...);
+  constexpr std::int64_t max_blocks = std::int64_t{1} << 20;
+  auto const blocks = static_cast<unsigned>(rows.rows < max_blocks ? rows.rows : max_blocks);
+  kernel<<<blocks, scan_block, 0, stream>>>(rows, args...);
   WEFT_CUDA_TRY(cudaGetLastError());
 }
 
@@ -239,8 +327,9 @@ void masked_whiten(cudaStream_t stream, T const* values, M const* mask, std::int
 template <class T, class M>
 void discounted_returns(cudaStream_t stream, device_rows const& rows, T const* token_rewards,
                         M const* mask, double gamma, T* out) {
-  returns_detail::launch_rows(stream, rows, returns_detail::discounted_rows_kernel<T, M>,
-                              token_rewards, mask, gamma, out);
+  returns_detail::launch_row_scans(
+      stream, rows, returns_detail::discounted_scan_kernel<T, M>,
+      rl::detail::discounted_scan<T, M>{token_rewards, mask, gamma, out});
 }
 
 //! rl::reinforce_pp_advantages: the discounted returns, whitened over the batch's valid tokens.
@@ -256,8 +345,9 @@ void reinforce_pp_advantages(cudaStream_t stream, device_rows const& rows, T con
 template <class T, class M>
 void remax_advantages(cudaStream_t stream, device_rows const& rows, T const* token_rewards,
                       T const* baselines, M const* mask, T* advantages, T* returns) {
-  returns_detail::launch_rows(stream, rows, returns_detail::remax_rows_kernel<T, M>, token_rewards,
-                              baselines, mask, advantages, returns);
+  returns_detail::launch_row_scans(
+      stream, rows, returns_detail::remax_scan_kernel<T, M>,
+      rl::detail::remax_scan<T, M>{token_rewards, mask, advantages, returns}, baselines);
 }
 
 //! rl::gae_advantages: δ_t = r_t + γ·V_next − V_t, A_t = δ_t + γλ·A_next, returns = A + V, "next"
@@ -267,8 +357,10 @@ template <class T, class M>
 void gae_advantages(cudaStream_t stream, device_rows const& rows, T const* token_rewards,
                     T const* values, M const* mask, T* advantages, T* returns,
                     gae_options const& opt = {}) {
-  returns_detail::launch_rows(stream, rows, returns_detail::gae_rows_kernel<T, M>, token_rewards,
-                              values, mask, opt.gamma, opt.lambda, advantages, returns);
+  returns_detail::launch_row_scans(
+      stream, rows, returns_detail::gae_scan_kernel<T, M>,
+      rl::detail::gae_scan<T, M>{token_rewards, values, mask, opt.gamma, opt.lambda, advantages,
+                                 returns});
   if (rows.rows > 0 && opt.whiten)
     masked_whiten(stream, static_cast<T const*>(advantages), mask, rows.tokens, advantages);
 }
