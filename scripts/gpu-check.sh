@@ -59,6 +59,18 @@ case "$mode" in
       timeout 300 "$dest/weft.test.attention.cuda" --test-case='*on wgmma*'
       echo "=== weft.test.attention.cuda (wgmma) rc=$?"
     fi 2>&1 | tee -a "$out/tests.log"
+    # The GPU decoder and the row scans once more under compute-sanitizer's memcheck, where it is
+    # installed: an access past a row or a cache slot but inside an allocation changes no result.
+    if command -v compute-sanitizer >/dev/null 2>&1; then
+      for pair in "weft.test.nn.cuda|*cuda_gpt_decoder*" "weft.test.rl.cuda|*GAE, discounted*"; do
+        prog="${pair%%|*}" cases="${pair#*|}"
+        [[ -x "$dest/$prog" ]] || continue
+        echo "=== $prog memcheck ($cases)"
+        timeout 600 compute-sanitizer --tool memcheck --error-exitcode 1 "$dest/$prog" \
+          --test-case="$cases"
+        echo "=== $prog memcheck rc=$?"
+      done
+    fi 2>&1 | tee -a "$out/tests.log"
     # The reference trainer's model step on the GPU: the f64 run against the one-rank CPU run
     # (--check), then the README's smoke run in f32 (the ctest cases examples/rl_trainer/cuda_*).
     if [[ -x "$dest/rl_trainer_cuda" ]]; then

@@ -23,6 +23,7 @@
 #include <weft/optim/clip.hpp>
 #include <weft/parallel/gpt.hpp>
 
+#include <concepts>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -61,6 +62,7 @@ template <class T, class D>
 class decoder_of final : public model_decoder<T> {
  public:
   template <class... A>
+  requires std::constructible_from<D, A&&...>
   explicit decoder_of(A&&... args) : d_(std::forward<A>(args)...) {}
   void reset(index_t rows) override { d_.reset(rows); }
   void fork(std::span<index_t const> sources) override { d_.fork(sources); }

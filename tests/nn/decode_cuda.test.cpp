@@ -123,7 +123,7 @@ void check_generation(index_t heads, index_t kv_heads, index_t layers, double to
                            std::to_string(heads) + "/" + std::to_string(kv_heads) + ", layers " +
                            std::to_string(layers);
   twin<T> t(config(heads, kv_heads, layers), 4, 10);
-  // A stale batch first: reset must empty it.
+  // A stale batch first: after reset its positions are not read.
   t.reset(4);
   t.step({1, 2, 3, 4});
   t.step({5, 6, 7, 8}, true);
@@ -154,6 +154,16 @@ TEST_CASE("nn/cuda: cuda_gpt_decoder gives nn::gpt_decoder's logits at every ste
   check_generation<double>(4, 1, 1, 1e-10);
   check_generation<float>(4, 0, 2, 1e-4);
   check_generation<float>(4, 2, 1, 1e-4);
+}
+
+TEST_CASE("nn/cuda: cuda_gpt_decoder forks an empty cache into more rows") {
+  if (!have_cuda_device()) return;
+  twin<double> t(config(4, 2, 2), 3, 4);
+  t.reset(2);
+  t.fork({1, 1, 0});  // nothing cached yet: only the row count changes
+  t.step({3, 4, 5}, true);
+  t.step({6, 7, 8});
+  t.expect(1e-10, "fork before the first step");
 }
 
 TEST_CASE("nn/cuda: cuda_gpt_decoder reads the parameters at every step, refuses bad arguments") {
@@ -188,6 +198,13 @@ TEST_CASE("nn/cuda: cuda_gpt_decoder reads the parameters at every step, refuses
       [&] { nn::cuda_gpt_decoder<double>(t.c, t.device_params.p, 1, 13); }, "context");
   nn_test::expect_throw<weft::invalid_argument_error>(
       [&] { nn::cuda_gpt_decoder<double>(t.c, nullptr, 1, 4); }, "params");
+  std::vector<index_t> const none, too_many{0, 0, 0};
+  nn_test::expect_throw<weft::invalid_argument_error>([&] { dec.fork(none); }, "sources.size()");
+  nn_test::expect_throw<weft::invalid_argument_error>([&] { dec.fork(too_many); }, "max_rows");
+  {
+    nn::cuda_gpt_decoder<double> fresh(t.c, t.device_params.p, 2, 4);
+    nn_test::expect_throw<weft::invalid_argument_error>([&] { fresh.step(two, lv); }, "reset");
+  }
   // A full cache is refused.
   t.step({1, 1});
   t.step({1, 1});

@@ -107,14 +107,16 @@ struct decode_fork_op {
 }  // namespace kernels
 
 //! nn::gpt_decoder<T> on one CUDA stream. The decoder reads `params` (device memory,
-//! layout().size() elements in gpt_layout(config)'s order, e.g. cuda_gpt::params()) at every step:
-//! they must outlive it. It holds the keys and values of up to `max_rows` rows × `max_len`
-//! positions
-//! (<= context) per layer, and every activation for max_rows rows, allocated once.
+//! gpt_layout(config).size() elements in its order, e.g. cuda_gpt::params()) at every step: they
+//! must outlive it, and whatever updates them must be ordered before the step, e.g. by running on
+//! the decoder's stream (the constructor from a cuda_gpt takes the model's). It holds the keys and
+//! values of up to `max_rows` rows × `max_len` positions (<= context) per layer, and every
+//! activation for max_rows rows, allocated once.
 //!
 //! Arguments are checked on the host before any copy or launch (the CPU decoder's checks, the
 //! same messages): a refused call leaves the decoder as it was. step() with host logits waits for
-//! them; with device logits it is asynchronous on the stream. T is float or double.
+//! them; with device logits it returns once the tokens are copied (the caller may reuse their
+//! buffer) and the rest runs asynchronously on the stream. T is float or double.
 template <class T>
 class cuda_gpt_decoder {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
@@ -126,12 +128,11 @@ class cuda_gpt_decoder {
  public:
   cuda_gpt_decoder(gpt_config const& config, T const* params, index_t max_rows, index_t max_len,
                    exec::cuda ex = {})
-      : c_(config), params_(params), max_rows_(max_rows), max_len_(max_len), ex_(ex) {
-    validate(c_);
-    WEFT_EXPECTS(params != nullptr, "params", "device parameters (gpt_layout(config))", "null");
-    WEFT_EXPECTS(max_rows >= 1, "max_rows", ">= 1", max_rows);
-    WEFT_EXPECTS(max_len >= 1 && max_len <= c_.context, "max_len",
-                 ::weft::detail::concat("in [1, context = ", c_.context, "]"), max_len);
+      : c_(checked(config, params, max_rows, max_len)),
+        params_(params),
+        max_rows_(max_rows),
+        max_len_(max_len),
+        ex_(ex) {
     auto const layout = gpt_layout(c_);
     auto const at = [&](std::string const& name) { return layout.at(name).offset; };
     wte_ = at("wte");
@@ -164,7 +165,6 @@ class cuda_gpt_decoder {
     tokens_ = make<std::int32_t>(rows);
     positions_ = make<std::int32_t>(rows);
     sources_ = make<std::int64_t>(rows);
-    ex_.synchronize();
   }
 
   //! The decoder of `model`'s parameters, on its stream.
@@ -221,9 +221,7 @@ class cuda_gpt_decoder {
             kernels::decode_fork_op<T>{cache, fork_.data(), sources_.data(), rows, rows_, span,
                                        max_rows_, slot_stride, true});
       }
-      // sources (host memory) may be gone after the return; the copy above has read it (a
-      // pageable source is staged before cudaMemcpyAsync returns), but wait so that a pinned
-      // one is read too.
+      // sources (host memory, pinned or not) may change after the return: wait for the copy.
       ex_.synchronize();
     }
     rows_ = rows;
@@ -257,6 +255,17 @@ class cuda_gpt_decoder {
         proj_w, proj_b;
   };
 
+  // The constructor's checks, before any member (the cuBLAS handle, device memory) is made.
+  static gpt_config const& checked(gpt_config const& c, T const* params, index_t max_rows,
+                                   index_t max_len) {
+    validate(c);
+    WEFT_EXPECTS(params != nullptr, "params", "device parameters (gpt_layout(config))", "null");
+    WEFT_EXPECTS(max_rows >= 1, "max_rows", ">= 1", max_rows);
+    WEFT_EXPECTS(max_len >= 1 && max_len <= c.context, "max_len",
+                 ::weft::detail::concat("in [1, context = ", c.context, "]"), max_len);
+    return c;
+  }
+
   template <class U>
   static dvec<U> make(index_t n) {
     return dvec<U>(std::array<index_t, 1>{n > 0 ? n : 1});
@@ -284,7 +293,10 @@ class cuda_gpt_decoder {
   void run(std::span<std::int32_t const> tokens) {
     cudaStream_t const s = ex_.stream;
     index_t const d = c_.d_model, rows = rows_;
-    WEFT_CUDA_TRY(cudaMemcpyAsync(tokens_.data(), tokens.data(), tokens.size_bytes(),
+    // Through a pageable copy: cudaMemcpyAsync has read a pageable source when it returns, while
+    // from pinned memory it would read the caller's buffer later (the caller may refill it).
+    host_tokens_.assign(tokens.begin(), tokens.end());
+    WEFT_CUDA_TRY(cudaMemcpyAsync(tokens_.data(), host_tokens_.data(), tokens.size_bytes(),
                                   cudaMemcpyHostToDevice, s));
     ::weft::detail::launch_for_each_index(
         s, rows,
@@ -299,8 +311,6 @@ class cuda_gpt_decoder {
                                 ln_.data(), mean_.data(), rstd_.data(), rows, d, c_.ln_eps);
     kernels::linear_forward(blas_.get(), s, static_cast<T const*>(ln_.data()), p(head_),
                             static_cast<T const*>(nullptr), logits_.data(), rows, d, c_.vocab);
-    // tokens (host memory) is read by the first copy: a pageable source is staged before
-    // cudaMemcpyAsync returns; the host-logits step waits anyway.
   }
 
   void block(index_t l) {
@@ -355,6 +365,7 @@ class cuda_gpt_decoder {
   dvec<C> mean_, rstd_, scores_, acc_;
   dvec<std::int32_t> tokens_, positions_;
   dvec<std::int64_t> sources_;
+  std::vector<std::int32_t> host_tokens_;
 };
 
 }  // namespace weft::nn
