@@ -110,6 +110,15 @@ class model_engine {
   virtual double clip_grad_norm(double max_norm) = 0;
   //! One AdamW step at `lr` (invalid_argument_error before set_optimizer).
   virtual void adamw_step(double lr) = 0;
+  //! Where the gradients live when they are device memory (a data-parallel all-reduce over NCCL
+  //! sums them in place, on `stream`, a cudaStream_t); none (data null) on the CPU.
+  struct device_grads_view {
+    T* data = nullptr;
+    std::size_t count = 0;
+    int device = -1;
+    void* stream = nullptr;
+  };
+  [[nodiscard]] virtual device_grads_view device_grads() { return {}; }
   //! A decoder of up to max_rows rows × max_len positions over the engine's parameters, read at
   //! every step (the engine must outlive it).
   [[nodiscard]] virtual std::unique_ptr<model_decoder<T>> make_decoder(index_t max_rows,

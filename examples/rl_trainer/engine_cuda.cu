@@ -44,8 +44,8 @@ device_vector<T> device_zeros(std::size_t n, cudaStream_t s) {
 template <class T>
 class cuda_engine final : public model_engine<T> {
  public:
-  cuda_engine(nn::gpt_config const& c, std::string where)
-      : gpt_(c), where_(std::move(where)), n_(gpt_.size()) {
+  cuda_engine(nn::gpt_config const& c, std::string where, int device)
+      : gpt_(c), where_(std::move(where)), n_(gpt_.size()), device_(device) {
     cudaStream_t const s = gpt_.executor().stream;
     m_ = device_zeros<T>(n_, s);
     v_ = device_zeros<T>(n_, s);
@@ -139,6 +139,9 @@ class cuda_engine final : public model_engine<T> {
                                v_.data(), options_, steps_ + 1, lr);
     ++steps_;  // after the launch: a refused step leaves the count as it was
   }
+  typename model_engine<T>::device_grads_view device_grads() override {
+    return {gpt_.grads(), n_, device_, static_cast<void*>(gpt_.executor().stream)};
+  }
   std::unique_ptr<model_decoder<T>> make_decoder(index_t max_rows, index_t max_len) override {
     return std::make_unique<decoder_of<T, nn::cuda_gpt_decoder<T>>>(gpt_, max_rows, max_len);
   }
@@ -157,6 +160,7 @@ class cuda_engine final : public model_engine<T> {
   nn::cuda_gpt<T> gpt_;
   std::string where_;
   std::size_t n_;
+  int device_;
   device_vector<T> m_, v_, stash_;
   device_vector<std::byte> temp_;
   device_vector<double> norm_sq_;
@@ -187,7 +191,7 @@ std::unique_ptr<model_engine<T>> make_cuda_engine(nn::gpt_config const& config, 
   std::string where = "CUDA device " + std::to_string(device) + " of " + std::to_string(count) +
                       " (" + prop.name + ", sm_" + std::to_string(prop.major) +
                       std::to_string(prop.minor) + ")";
-  return std::make_unique<cuda_engine<T>>(config, std::move(where));
+  return std::make_unique<cuda_engine<T>>(config, std::move(where), device);
 }
 
 template std::unique_ptr<model_engine<float>> make_cuda_engine<float>(nn::gpt_config const&, int);

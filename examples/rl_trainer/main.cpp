@@ -47,6 +47,14 @@
 #include <weft/comm/mpi/communicator.hpp>
 #include <weft/comm/mpi/environment.hpp>
 #endif
+// rl_trainer_cuda with NCCL: --device cuda sums the data-parallel gradients over NCCL.
+#if WEFT_TRAINER_CUDA && WEFT_HAS_NCCL
+#include <weft/comm/nccl/communicator.hpp>
+#include <weft/comm/nccl/device_view.hpp>
+#define WEFT_TRAINER_NCCL 1
+#else
+#define WEFT_TRAINER_NCCL 0
+#endif
 
 #include <algorithm>
 #include <charconv>
@@ -551,6 +559,9 @@ class trainer {
     else
       decoder_ = std::make_unique<rlt::decoder_of<T, nn::gpt_decoder<T>>>(c_, replica_, rows,
                                                                           kPrompt + kMaxNew);
+#if WEFT_TRAINER_NCCL
+    if (engine_ && engine_->device_grads().data != nullptr && data_->size() > 1) join_nccl();
+#endif
   }
 
   run_result run() {
@@ -725,8 +736,18 @@ class trainer {
       }
       if (h == 1) e.add_stash();
     }
-    // Data parallelism: the ranks' gradients summed on the host (reduce_gpt_grads' all-reduce).
-    if (data_->size() > 1) {
+    // Data parallelism: the ranks' gradients summed in place over NCCL where the data group has
+    // one (every rank on its own GPU), else on the host (reduce_gpt_grads' all-reduce).
+#if WEFT_TRAINER_NCCL
+    if (nccl_) {
+      auto const g = e.device_grads();
+      auto const v = weft::comm::nccl::device_view(g.data, g.count, g.device);
+      weft::comm::op_options oo;
+      oo.stream = g.stream;  // the engine's: after its backward, before its clipping
+      nccl_->all_reduce(v, v, weft::comm::reduce_kind::sum, oo).wait();
+    } else
+#endif
+        if (data_->size() > 1) {
       engine_grads_.resize(store_.grads().size());
       e.get_grads(engine_grads_);
       weft::comm::all_reduce(*data_, std::span<T>(engine_grads_), weft::comm::reduce_kind::sum)
@@ -749,6 +770,22 @@ class trainer {
     }
     return *decoder_;
   }
+
+#if WEFT_TRAINER_NCCL
+  //! The data group over NCCL on the engines' GPUs (communicator::create over the host data group:
+  //! rank 0's ncclUniqueId broadcast, then every rank joins on its engine's device). NCCL refuses
+  //! two ranks on one GPU; create() then throws invalid_argument_error on every rank alike, and
+  //! the gradients are summed on the host as without NCCL.
+  void join_nccl() {
+    try {
+      nccl_ = std::make_unique<weft::comm::nccl::communicator>(
+          weft::comm::nccl::communicator::create(*data_, engine_->device_grads().device));
+      say("data-parallel gradients summed over NCCL (%d ranks)\n", data_->size());
+    } catch (weft::invalid_argument_error const& e) {
+      say("data-parallel gradients summed on the host: %s\n", e.what());
+    }
+  }
+#endif
 
   //! The engine's optimizer state back into `opt` where the engine holds it (a checkpoint reads
   //! the host optimizer).
@@ -1258,9 +1295,12 @@ class trainer {
   std::optional<optim::adamw<T>> rl_opt_;
   std::unique_ptr<rlt::model_engine<T>> engine_;    // --device cpu-engine | cuda
   std::unique_ptr<rlt::model_decoder<T>> decoder_;  // the engine's, or the host's over replica_
-  optim::adamw<T> const* engine_opt_ = nullptr;     // whose state the engine holds
-  bool engine_params_ = false;                      // the engine holds store_'s parameters
-  std::vector<T> engine_grads_;                     // host staging of the dp all-reduce
+#if WEFT_TRAINER_NCCL
+  std::unique_ptr<weft::comm::nccl::communicator> nccl_;  // the data group over NCCL (or none)
+#endif
+  optim::adamw<T> const* engine_opt_ = nullptr;  // whose state the engine holds
+  bool engine_params_ = false;                   // the engine holds store_'s parameters
+  std::vector<T> engine_grads_;                  // host staging of the dp all-reduce
   std::uint64_t next_uid_ = 0;
   double generated_total_ = 0;
   int first_step_ = 0;
