@@ -221,9 +221,10 @@ void BM_gae(benchmark::State& state) {
 }
 
 // The replaced design: one thread per row runs rl::detail::gae_row (no whitening).
-__global__ void gae_thread_per_row(wk::device_rows rows, float const* rewards, float const* values,
-                                   std::uint8_t const* mask, double gamma, double lambda,
-                                   float* adv, float* ret) {
+__global__ void gae_thread_per_row(wk::device_rows rows, float const* __restrict__ rewards,
+                                   float const* __restrict__ values,
+                                   std::uint8_t const* __restrict__ mask, double gamma,
+                                   double lambda, float* adv, float* ret) {
   std::int64_t const i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= rows.rows) return;
   weft::rl::detail::gae_row(rows.begin(i), rows.end(i), rewards, values, mask, gamma, lambda, adv,

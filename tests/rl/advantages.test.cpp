@@ -439,3 +439,39 @@ TEST_CASE("the reverse-scan form of GAE, discounted returns and ReMax follows th
     CHECK(scan_error(got_r, want_r) <= tol);
   }
 }
+
+TEST_CASE("the scan form keeps the loops' NaN for a non-finite masked reward; GAE may alias") {
+  // Discounted returns: a NaN reward at a masked token reaches every earlier token (the loop's
+  // `run *= 0`), in both forms; GAE with advantages written over the values gives the same
+  // returns as with separate buffers.
+  std::vector<double> r{0.5, 0.25, std::numeric_limits<double>::quiet_NaN(), 1.0};
+  std::vector<u8> const m{1, 1, 0, 1};
+  std::vector<double> want(4), got(4);
+  rd::discounted_returns_row(0, 4, r.data(), m.data(), 0.9, want.data());
+  rd::discounted_scan<double, u8> const g{r.data(), m.data(), 0.9, got.data()};
+  std::vector<rd::affine_map> elems;
+  for (int t = 4; t-- > 0;) elems.push_back(g.element(t));
+  auto const state = reverse_tiled_scan(elems, 2, true, rd::affine_then{});
+  for (int t = 4; t-- > 0;) g.write(t, state[static_cast<std::size_t>(3 - t)].b);
+  CHECK(std::isnan(want[0]));
+  CHECK(std::isnan(got[0]));
+  CHECK(std::isnan(got[1]));
+  CHECK(got[3] == want[3]);
+  std::vector<double> const rewards{0.1, 0.2, 0.3}, values0{0.5, -0.25, 1.0};
+  std::vector<u8> const all{1, 1, 1};
+  std::vector<double> a(3), ret(3), values = values0, ret2(3);
+  rd::gae_row(0, 3, rewards.data(), values0.data(), all.data(), 0.9, 0.8, a.data(), ret.data());
+  rd::gae_scan<double, u8> const f{rewards.data(), values.data(), all.data(), 0.9, 0.8,
+                                   values.data(),  ret2.data()};
+  std::vector<rd::nearest_valid> nexts;
+  for (int t = 3; t-- > 0;) nexts.push_back(f.value_element(t));
+  auto const next = reverse_tiled_scan(nexts, 1, true, rd::nearer_valid{});
+  std::vector<rd::affine_map> steps;
+  for (int t = 3; t-- > 0;) steps.push_back(f.element(t, next[static_cast<std::size_t>(2 - t)]));
+  auto const st = reverse_tiled_scan(steps, 1, false, rd::affine_then{});
+  for (int t = 3; t-- > 0;) f.write(t, st[static_cast<std::size_t>(2 - t)].b);
+  for (std::size_t k = 0; k < 3; ++k) {
+    CHECK(values[k] == a[k]);  // the advantages, written over the values
+    CHECK(ret2[k] == ret[k]);
+  }
+}

@@ -408,7 +408,7 @@ void masked_whiten(VR&& values, MR&& mask, OR&& out, bool shift_mean = true, dou
 
 namespace detail {
 // The per-row recurrences over tokens [begin, end), last token first: the CPU loops run them row
-// after row, the CUDA kernels (rl/cuda/returns.cuh) one thread per row.
+// after row (the CUDA kernels run their scan form below).
 
 //! discounted_returns of one row.
 template <class T, class M>
@@ -500,9 +500,11 @@ struct discounted_scan {
   M const* mask;
   double gamma;
   T* out;
+  //! A masked token's state is 0·G_t = 0·s_{t+1} + 0·r_t: NaN when either is not finite, as
+  //! the loop's `run *= 0` (so a non-finite masked reward reaches the earlier tokens in both).
   WEFT_HD affine_map element(index_t t) const noexcept {
-    return valid(mask[t]) ? affine_map{gamma, static_cast<double>(token_rewards[t])}
-                          : affine_map{0.0, 0.0};
+    double const r = static_cast<double>(token_rewards[t]);
+    return valid(mask[t]) ? affine_map{gamma, r} : affine_map{0.0, 0.0 * r};
   }
   //! `later`: s_{t+1} (the exclusive scan's state).
   WEFT_HD void write(index_t t, double later) const noexcept {
@@ -559,8 +561,9 @@ struct gae_scan {
       returns[t] = T(0);
       return;
     }
+    double const v = static_cast<double>(values[t]);  // before the stores: advantages may alias it
     advantages[t] = static_cast<T>(last);
-    returns[t] = static_cast<T>(last + static_cast<double>(values[t]));
+    returns[t] = static_cast<T>(last + v);
   }
 };
 

@@ -3,12 +3,12 @@
 // discounted returns and REINFORCE++, ReMax, and GAE with returns. The row recurrences are
 // parallel scans: a block per row, the row in tiles of 512 tokens from its end, each tile one
 // cub::BlockScan of the recurrence's affine state maps composed after the later tiles' carry, so
-// a row of any length runs on 128 threads and reads its tokens coalesced. Their elements and
-// outputs are the CPU path's WEFT_HD scan form (rl::detail::discounted_scan, remax_scan,
-// gae_scan), which tests/rl/advantages.test.cpp checks against the CPU's sequential row
-// functions; the regrouping changes only rounding. The whitening is the CPU's whiten_fn per token.
-// Rows are a padded [rows, cols] batch or packed rows given by device offsets (token_layout's two
-// forms, as device_rows).
+// a row of any length runs on 128 threads (thread x reads 4 consecutive tokens; a warp, 128).
+// Their elements and outputs are the CPU path's WEFT_HD scan form (rl::detail::discounted_scan,
+// remax_scan, gae_scan), which tests/rl/advantages.test.cpp checks against the CPU's sequential
+// row functions; the regrouping changes only rounding. The whitening is the CPU's whiten_fn per
+// token. Rows are a padded [rows, cols] batch or packed rows given by device offsets
+// (token_layout's two forms, as device_rows).
 #pragma once
 
 #if !defined(__CUDACC__)
