@@ -1,8 +1,10 @@
 // Tests of weft/nn/decode.hpp: the key/value-cache decoder's logits equal nn::gpt::forward's at
 // every position (f64 within 1e-12, f32 within 1e-5 of the largest logit) for rows of different
 // tokens in one batch, after a prompt prefilled in one row and forked into all, and with GQA;
-// a later optimizer step is seen; bad arguments are refused with the value named.
+// a later optimizer step is seen; bad arguments are refused with the value named. And the GPU
+// decoder's element functors (weft/nn/detail/decode_ops.hpp) run on the host over a flat cache.
 #include <weft/nn/decode.hpp>
+#include <weft/nn/detail/decode_ops.hpp>
 #include <weft/nn/gpt.hpp>
 
 #include <doctest/doctest.h>
@@ -10,6 +12,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -159,4 +163,113 @@ TEST_CASE("gpt_decoder: fork maps every new row to its source row, which may its
       CHECK(std::abs(l3[static_cast<std::size_t>(r * 14 + v)] -
                      want[static_cast<std::size_t>(3 * 14 + v)]) <= 1e-12 * 100);
   }
+}
+
+// ---- nn::cuda_gpt_decoder's element functors (weft/nn/detail/decode_ops.hpp) on the host -------
+
+namespace {
+// Each functor over its index range, as weft::detail::launch_for_each_index runs it.
+template <class F>
+void for_each(std::int64_t n, F const& f) {
+  for (std::int64_t i = 0; i < n; ++i) f(i);
+}
+}  // namespace
+
+TEST_CASE("cuda_gpt_decoder's cache write, fork and attention functors keep every row's history") {
+  // A model of the cache: each layer's rows as lists of (key, value) vectors, appended by a step
+  // and copied by fork; the functors run over a flat [layers, max_rows, max_len, kvd] cache as
+  // the decoder's kernels do, and the attention must equal a plain softmax over the model's list.
+  index_t const layers = 2, max_rows = 5, max_len = 7, heads = 6, kv = 2, hd = 3;
+  index_t const kvd = kv * hd, d = heads * hd, group = heads / kv, row_stride = max_len * kvd;
+  std::vector<double> cache_k(static_cast<std::size_t>(layers * max_rows * row_stride), -1e300);
+  std::vector<double> cache_v(cache_k.size(), -1e300);
+  using entry = std::pair<std::vector<double>, std::vector<double>>;
+  std::vector<std::vector<std::vector<entry>>> hist(static_cast<std::size_t>(layers));
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(-1.0, 1.0);
+  index_t rows = 3, len = 0;
+  for (auto& h : hist) h.assign(static_cast<std::size_t>(rows), {});
+  double worst = 0;
+  int checked = 0;
+  auto const step = [&] {
+    for (index_t l = 0; l < layers; ++l) {
+      std::vector<double> k(static_cast<std::size_t>(rows * kvd)), v(k.size());
+      for (auto& x : k) x = u(rng);
+      for (auto& x : v) x = u(rng);
+      double* const lk = cache_k.data() + l * max_rows * row_stride;
+      double* const lv = cache_v.data() + l * max_rows * row_stride;
+      for_each(rows * kvd, nn::kernels::decode_cache_write_op<double>{k.data(), v.data(), lk, lv,
+                                                                      kvd, row_stride, len});
+      for (index_t r = 0; r < rows; ++r)
+        hist[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)].emplace_back(
+            std::vector<double>(k.begin() + r * kvd, k.begin() + (r + 1) * kvd),
+            std::vector<double>(v.begin() + r * kvd, v.begin() + (r + 1) * kvd));
+      std::vector<double> q(static_cast<std::size_t>(rows * d)), out(q.size(), -7.0);
+      for (auto& x : q) x = u(rng);
+      std::vector<double> scores(static_cast<std::size_t>(rows * heads * max_len));
+      std::vector<double> acc(static_cast<std::size_t>(rows * heads * hd));
+      double const scale = 1.0 / std::sqrt(static_cast<double>(hd));
+      for_each(rows * heads, nn::kernels::decode_attention_op<double>{
+                                 q.data(), lk, lv, out.data(), scores.data(), acc.data(), heads,
+                                 group, hd, kvd, row_stride, max_len, len + 1, scale});
+      for (index_t r = 0; r < rows; ++r)
+        for (index_t h = 0; h < heads; ++h) {
+          auto const& past = hist[static_cast<std::size_t>(l)][static_cast<std::size_t>(r)];
+          index_t const g = h / group;
+          std::vector<double> s;
+          double mx = -INFINITY, sum = 0;
+          for (auto const& [key, val] : past) {
+            double dot = 0;
+            for (index_t e = 0; e < hd; ++e)
+              dot += q[static_cast<std::size_t>(r * d + h * hd + e)] *
+                     key[static_cast<std::size_t>(g * hd + e)];
+            s.push_back(dot * scale);
+            mx = std::max(mx, s.back());
+          }
+          for (auto& x : s) sum += (x = std::exp(x - mx));
+          for (index_t e = 0; e < hd; ++e) {
+            double want = 0;
+            for (std::size_t j = 0; j < past.size(); ++j)
+              want += s[j] * past[j].second[static_cast<std::size_t>(g * hd + e)];
+            want /= sum;
+            worst =
+                std::max(worst, std::abs(out[static_cast<std::size_t>(r * d + h * hd + e)] - want));
+            ++checked;
+          }
+        }
+    }
+    ++len;
+  };
+  auto const fork = [&](std::vector<std::int64_t> const& sources) {
+    auto const to = static_cast<index_t>(sources.size()), span = len * kvd;
+    std::vector<double> packed(static_cast<std::size_t>(layers * rows * span));
+    for (auto* cache : {&cache_k, &cache_v}) {
+      for_each(layers * rows * span,
+               nn::kernels::decode_fork_op<double>{cache->data(), packed.data(), nullptr, rows,
+                                                   rows, span, max_rows, row_stride, false});
+      for_each(layers * to * span,
+               nn::kernels::decode_fork_op<double>{cache->data(), packed.data(), sources.data(), to,
+                                                   rows, span, max_rows, row_stride, true});
+    }
+    for (auto& h : hist) {
+      auto const old = h;
+      h.clear();
+      for (auto src : sources) h.push_back(old[static_cast<std::size_t>(src)]);
+    }
+    rows = to;
+  };
+  step();
+  step();
+  fork({2, 0, 2, 1, 0});  // more rows; row 0 is a source and a destination
+  step();
+  step();
+  fork({4, 3});  // fewer rows, from the highest ones
+  step();
+  fork({1, 1, 0, 1});
+  step();
+  step();
+  CHECK(len == max_len);
+  CHECK(checked == layers * hd * heads * (3 + 3 + 5 + 5 + 2 + 4 + 4));
+  INFO("largest attention difference " << worst);
+  CHECK(worst <= 1e-14);
 }

@@ -29,6 +29,7 @@
 #include <weft/nn/cuda/linear.cuh>
 #include <weft/nn/cuda/norm.cuh>
 #include <weft/nn/detail/decode_attention.hpp>
+#include <weft/nn/detail/decode_ops.hpp>
 #include <weft/nn/gpt.hpp>
 
 #include <cuda_runtime_api.h>
@@ -43,68 +44,6 @@
 #include <vector>
 
 namespace weft::nn {
-
-namespace kernels {
-
-//! Row r's new keys and values (k, v: [rows, kvd]) into its cache slot at position `pos`
-//! (cache: [max_rows, max_len, kvd] from `base`, one layer's).
-template <class T>
-struct decode_cache_write_op {
-  T const* k;
-  T const* v;
-  T* cache_k;
-  T* cache_v;
-  index_t kvd, row_stride, pos;
-  WEFT_HD void operator()(std::int64_t i) const noexcept {
-    index_t const r = i / kvd, e = i % kvd;
-    index_t const at = r * row_stride + pos * kvd + e;
-    cache_k[at] = k[i];
-    cache_v[at] = v[i];
-  }
-};
-
-//! Thread i = (row, head): detail::decode_attention_head over the row's n cached positions.
-template <class T>
-struct decode_attention_op {
-  using C = compute_t<T>;
-  T const* q;        // [rows, heads · head_dim]
-  T const* cache_k;  // one layer's [max_rows, max_len, kvd]
-  T const* cache_v;
-  T* out;     // [rows, heads · head_dim]
-  C* scores;  // [rows · heads, max_len]
-  C* acc;     // [rows · heads, head_dim]
-  index_t heads, group, head_dim, kvd, row_stride, max_len, n;
-  C scale;
-  WEFT_HD void operator()(std::int64_t i) const noexcept {
-    index_t const r = i / heads, h = i % heads, g = h / group, d = heads * head_dim;
-    ::weft::nn::detail::decode_attention_head(
-        q + r * d + h * head_dim, cache_k + r * row_stride + g * head_dim,
-        cache_v + r * row_stride + g * head_dim, n, kvd, head_dim, scale, scores + i * max_len,
-        acc + i * head_dim, out + r * d + h * head_dim);
-  }
-};
-
-//! fork's two passes over every layer's first `span` cached elements of each row:
-//! gather (to_slots = false): packed[(l · rows + r) · span + e] = cache[l, r, e] for r < rows;
-//! scatter (to_slots = true): cache[l, r, e] = packed[(l · from_rows + sources[r]) · span + e].
-template <class T>
-struct decode_fork_op {
-  T* cache;
-  T* packed;
-  std::int64_t const* sources;  // scatter only
-  index_t rows, from_rows, span, max_rows, slot_stride;
-  bool to_slots;
-  WEFT_HD void operator()(std::int64_t i) const noexcept {
-    index_t const l = i / (rows * span), rem = i % (rows * span), r = rem / span, e = rem % span;
-    T* slot = cache + (l * max_rows + r) * slot_stride + e;
-    if (to_slots)
-      *slot = packed[(l * from_rows + sources[r]) * span + e];
-    else
-      packed[i] = *slot;
-  }
-};
-
-}  // namespace kernels
 
 //! nn::gpt_decoder<T> on one CUDA stream. The decoder reads `params` (device memory,
 //! gpt_layout(config).size() elements in its order, e.g. cuda_gpt::params()) at every step: they
