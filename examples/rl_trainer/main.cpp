@@ -43,6 +43,7 @@
 #include <weft/rl/advantages.hpp>
 #include <weft/rl/aggregation.hpp>
 #include <weft/rl/policy_loss.hpp>
+#include <weft/rl/sampling.hpp>
 #if WEFT_HAS_MPI
 #include <weft/comm/mpi/communicator.hpp>
 #include <weft/comm/mpi/environment.hpp>
@@ -428,43 +429,22 @@ void generate(rlt::model_decoder<T>& dec, std::span<problem const> prompts, inde
   weft::tensor_view<T, 2> lv(logits.data(), rows, kVocab);
   std::vector<std::int32_t> col(static_cast<std::size_t>(rows));
   std::vector<bool> done(static_cast<std::size_t>(rows), false);
+  std::vector<std::uint64_t> coins(static_cast<std::size_t>(rows));
+  std::vector<rl::token_sample> drawn(static_cast<std::size_t>(rows));
   for (index_t t = 0; t < kMaxNew; ++t) {
+    for (index_t r = 0; r < rows; ++r)
+      coins[static_cast<std::size_t>(r)] = keys[static_cast<std::size_t>(r)] * 4 + t;
+    rl::sample_tokens(logits, kVocab, gen, coins, drawn, rl::sample_options{1.0, greedy});
     for (index_t r = 0; r < rows; ++r) {
       auto& s = out[static_cast<std::size_t>(r)];
-      // log-softmax in double
-      double mx = -std::numeric_limits<double>::infinity();
-      for (index_t v = 0; v < kVocab; ++v) mx = std::max(mx, static_cast<double>(lv(r, v)));
-      double sum = 0;
-      for (index_t v = 0; v < kVocab; ++v) sum += std::exp(static_cast<double>(lv(r, v)) - mx);
-      double const lse = mx + std::log(sum);
-      std::int32_t tok = 0;
-      if (greedy) {
-        for (index_t v = 1; v < kVocab; ++v)
-          if (lv(r, v) > lv(r, tok)) tok = static_cast<std::int32_t>(v);
-      } else {
-        double const u = gen.uniform_double(keys[static_cast<std::size_t>(r)] * 4 + t) * sum;
-        double cum = 0;
-        tok = static_cast<std::int32_t>(kVocab - 1);
-        for (index_t v = 0; v < kVocab; ++v) {
-          cum += std::exp(static_cast<double>(lv(r, v)) - mx);
-          if (u < cum) {
-            tok = static_cast<std::int32_t>(v);
-            break;
-          }
-        }
-      }
-      double h = 0;
-      for (index_t v = 0; v < kVocab; ++v) {
-        double const lp = static_cast<double>(lv(r, v)) - lse;
-        h -= std::exp(lp) * lp;
-      }
-      col[static_cast<std::size_t>(r)] = tok;
+      auto const& d = drawn[static_cast<std::size_t>(r)];
+      col[static_cast<std::size_t>(r)] = d.token;
       if (done[static_cast<std::size_t>(r)]) continue;
-      s.tokens[t] = tok;
-      s.logp[t] = static_cast<double>(lv(r, tok)) - lse;
-      s.entropy[t] = h;
+      s.tokens[t] = d.token;
+      s.logp[t] = d.logp;
+      s.entropy[t] = d.entropy;
       s.length = static_cast<int>(t) + 1;
-      if (tok == kEos) done[static_cast<std::size_t>(r)] = true;
+      if (d.token == kEos) done[static_cast<std::size_t>(r)] = true;
     }
     if (t + 1 < kMaxNew) dec.step(col, lv);
   }
