@@ -10,11 +10,14 @@
 //   cuda        make_cuda_engine<T> (engine_cuda.cu, compiled by nvcc into rl_trainer_cuda):
 //               nn::cuda_gpt<T>, the fused AdamW and the CUB gradient norm of optim/cuda/adamw.cuh
 //
-// Generation runs where the model does: make_decoder() returns a key/value-cache decoder over the
-// engine's own parameters (nn::gpt_decoder on the CPU, nn::cuda_gpt_decoder on the GPU), which
-// the trainer drives through model_decoder, the interface its host decoder has too.
+// Generation runs where the model does: make_decoder() returns a key/value-cache decoder with its
+// sampler over the engine's own parameters (nn::gpt_decoder and rl::sample_tokens on the CPU,
+// nn::cuda_gpt_decoder and rl/cuda's sample_tokens on the GPU), which the trainer drives through
+// model_decoder, the interface its host decoder has too.
 #pragma once
 
+#include <weft/core/error.hpp>
+#include <weft/core/random.hpp>
 #include <weft/core/tensor.hpp>
 #include <weft/nn/decode.hpp>
 #include <weft/nn/gpt.hpp>
@@ -22,8 +25,9 @@
 #include <weft/optim/adamw.hpp>
 #include <weft/optim/clip.hpp>
 #include <weft/parallel/gpt.hpp>
+#include <weft/rl/sampling.hpp>
 
-#include <concepts>
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -40,8 +44,9 @@ namespace weft::examples::rl_trainer {
 using token_loss_fn = std::function<double(std::span<std::int64_t const> rows,
                                            std::span<double const> logp, std::span<double> dlogp)>;
 
-//! Incremental decoding with a key/value cache: nn::gpt_decoder's calls (see weft/nn/decode.hpp),
-//! behind which the trainer's generation runs on the host or on an engine's device.
+//! Incremental decoding with a key/value cache and sampling from it: the trainer's generation
+//! runs on the host or on an engine's device behind these calls (weft/nn/decode.hpp's decoder,
+//! rl::sample_tokens' draws).
 template <class T>
 class model_decoder {
  public:
@@ -51,27 +56,51 @@ class model_decoder {
   virtual ~model_decoder() = default;
   //! Empties the cache for a batch of `rows` rows.
   virtual void reset(index_t rows) = 0;
-  //! A new batch whose row r continues current row sources[r].
+  //! A new batch whose row r continues current row sources[r]: its cache and its last logits.
   virtual void fork(std::span<index_t const> sources) = 0;
-  //! Feeds tokens[r] to row r and writes every row's next-token logits to host `logits`.
-  virtual void step(std::span<std::int32_t const> tokens, tensor_view<T, 2> logits) = 0;
+  //! Feeds tokens[r] to row r; the next-token logits stay with the decoder.
+  virtual void step(std::span<std::int32_t const> tokens) = 0;
+  //! out[r] = rl::sample_tokens' draw from row r's last logits with coin gen.uniform_double(
+  //! coins[r]), one coin per row.
+  virtual void sample(rng const& gen, std::span<std::uint64_t const> coins,
+                      rl::sample_options const& opt, std::span<rl::token_sample> out) = 0;
 };
 
-//! A model_decoder over a decoder D with those calls (nn::gpt_decoder<T>, nn::cuda_gpt_decoder<T>).
-template <class T, class D>
-class decoder_of final : public model_decoder<T> {
+//! The host's decoder: nn::gpt_decoder over a store laid out by gpt_layout (the trainer's
+//! replica, or the CPU engine's store), the logits in host memory, rl::sample_tokens.
+template <class T>
+class host_decoder final : public model_decoder<T> {
  public:
-  template <class... A>
-  requires std::constructible_from<D, A&&...>
-  explicit decoder_of(A&&... args) : d_(std::forward<A>(args)...) {}
+  host_decoder(nn::gpt_config const& c, nn::param_store<T> const& store, index_t max_rows,
+               index_t max_len)
+      : d_(c, store, max_rows, max_len),
+        vocab_(c.vocab),
+        logits_(static_cast<std::size_t>(max_rows * c.vocab)) {}
   void reset(index_t rows) override { d_.reset(rows); }
-  void fork(std::span<index_t const> sources) override { d_.fork(sources); }
-  void step(std::span<std::int32_t const> tokens, tensor_view<T, 2> logits) override {
-    d_.step(tokens, logits);
+  void fork(std::span<index_t const> sources) override {
+    index_t const from = d_.rows();
+    d_.fork(sources);  // checks the sources first
+    old_.assign(logits_.begin(), logits_.begin() + from * vocab_);
+    for (std::size_t r = 0; r < sources.size(); ++r)
+      std::copy_n(old_.begin() + sources[r] * vocab_, vocab_,
+                  logits_.begin() + static_cast<index_t>(r) * vocab_);
+  }
+  void step(std::span<std::int32_t const> tokens) override {
+    d_.step(tokens, tensor_view<T, 2>(logits_.data(), d_.rows(), vocab_));
+  }
+  void sample(rng const& gen, std::span<std::uint64_t const> coins, rl::sample_options const& opt,
+              std::span<rl::token_sample> out) override {
+    WEFT_EXPECTS_SHAPE(static_cast<index_t>(coins.size()) == d_.rows(), "coins",
+                       ::weft::detail::concat(d_.rows(), " (one per row)"), coins.size());
+    rl::sample_tokens(
+        std::span<T const>(logits_.data(), static_cast<std::size_t>(d_.rows() * vocab_)), vocab_,
+        gen, coins, out, opt);
   }
 
  private:
-  D d_;
+  nn::gpt_decoder<T> d_;
+  index_t vocab_;
+  std::vector<T> logits_, old_;
 };
 
 //! A model step on one device. Parameters, gradients and AdamW's moments are laid out by
@@ -193,7 +222,7 @@ class cpu_engine final : public model_engine<T> {
     opt_->step(store_.params(), store_.grads(), lr);
   }
   std::unique_ptr<model_decoder<T>> make_decoder(index_t max_rows, index_t max_len) override {
-    return std::make_unique<decoder_of<T, nn::gpt_decoder<T>>>(c_, store_, max_rows, max_len);
+    return std::make_unique<host_decoder<T>>(c_, store_, max_rows, max_len);
   }
 
  private:

@@ -2,10 +2,10 @@
 // model_engine of engine.hpp over nn::cuda_gpt<T> (forward, the policy loss's seed, backward),
 // the fused AdamW and the CUB gradient norm of optim/cuda/adamw.cuh, all on one stream of CUDA
 // device `rank` mod the device count; generation through nn::cuda_gpt_decoder over the same
-// device parameters. The host sees the parameters once per optimizer step (for checkpoints and
-// the run's result), each microbatch's log-probs (the policy loss is computed on the host, as on
-// every other layout) and each decoding step's logits (sampling stays on the host, keyed as on
-// every layout).
+// device parameters, sampling with rl/cuda's sample_tokens (coins keyed as on every layout). The
+// host sees the parameters once per optimizer step (for checkpoints and the run's result), each
+// microbatch's log-probs (the policy loss is computed on the host, as on every other layout) and
+// each decoding step's draws.
 #include "rl_trainer/engine.hpp"
 
 #include "common/cli.hpp"
@@ -17,6 +17,7 @@
 #include <weft/nn/cuda/decode.cuh>
 #include <weft/nn/cuda/gpt.cuh>
 #include <weft/optim/cuda/adamw.cuh>
+#include <weft/rl/cuda/sampling.cuh>
 
 #include <cuda_runtime_api.h>
 
@@ -40,6 +41,42 @@ device_vector<T> device_zeros(std::size_t n, cudaStream_t s) {
   WEFT_CUDA_TRY(cudaMemsetAsync(d.data(), 0, d.size_bytes(), s));
   return d;
 }
+
+//! The GPU's decoder: nn::cuda_gpt_decoder over the engine's device parameters, on its stream;
+//! a draw is rl/cuda's sample_tokens on the decoder's device logits, and only the rows' coins go
+//! in and their draws (token, log-prob, entropy) come back.
+template <class T>
+class cuda_decoder final : public model_decoder<T> {
+ public:
+  cuda_decoder(nn::cuda_gpt<T> const& model, index_t max_rows, index_t max_len)
+      : d_(model, max_rows, max_len),
+        coins_(std::array<index_t, 1>{max_rows}),
+        out_(std::array<index_t, 1>{max_rows * static_cast<index_t>(sizeof(rl::token_sample))}) {}
+  void reset(index_t rows) override { d_.reset(rows); }
+  void fork(std::span<index_t const> sources) override { d_.fork(sources); }
+  void step(std::span<std::int32_t const> tokens) override { d_.step(tokens); }
+  void sample(rng const& gen, std::span<std::uint64_t const> coins, rl::sample_options const& opt,
+              std::span<rl::token_sample> out) override {
+    index_t const rows = d_.rows();
+    WEFT_EXPECTS_SHAPE(static_cast<index_t>(coins.size()) == rows, "coins",
+                       ::weft::detail::concat(rows, " (one per row)"), coins.size());
+    WEFT_EXPECTS_SHAPE(static_cast<index_t>(out.size()) == rows, "out",
+                       ::weft::detail::concat(rows, " (one per row)"), out.size());
+    cudaStream_t const s = d_.executor().stream;
+    auto* const drawn = reinterpret_cast<rl::token_sample*>(out_.data());
+    WEFT_CUDA_TRY(cudaMemcpyAsync(coins_.data(), coins.data(), coins.size_bytes(),
+                                  cudaMemcpyHostToDevice, s));
+    rl::kernels::sample_tokens(s, d_.logits().data_handle(), rows, d_.config().vocab, gen,
+                               static_cast<std::uint64_t const*>(coins_.data()), drawn, opt);
+    WEFT_CUDA_TRY(cudaMemcpyAsync(out.data(), drawn, out.size_bytes(), cudaMemcpyDeviceToHost, s));
+    WEFT_CUDA_TRY(cudaStreamSynchronize(s));
+  }
+
+ private:
+  nn::cuda_gpt_decoder<T> d_;
+  tensor<std::uint64_t, 1, cuda_space> coins_;
+  tensor<std::byte, 1, cuda_space> out_;  // max_rows token_samples
+};
 
 template <class T>
 class cuda_engine final : public model_engine<T> {
@@ -143,7 +180,7 @@ class cuda_engine final : public model_engine<T> {
     return {gpt_.grads(), n_, device_, static_cast<void*>(gpt_.executor().stream)};
   }
   std::unique_ptr<model_decoder<T>> make_decoder(index_t max_rows, index_t max_len) override {
-    return std::make_unique<decoder_of<T, nn::cuda_gpt_decoder<T>>>(gpt_, max_rows, max_len);
+    return std::make_unique<cuda_decoder<T>>(gpt_, max_rows, max_len);
   }
 
  private:

@@ -17,8 +17,8 @@
 //
 // --device cuda (rl_trainer_cuda, built with WEFT_ENABLE_CUDA) runs the model step on a GPU:
 // forward, backward, clipping and AdamW through nn::cuda_gpt and optim/cuda, and generation
-// through nn::cuda_gpt_decoder (engine.hpp, engine_cuda.cu); sampling from the logits and the
-// policy loss stay on the host.
+// through nn::cuda_gpt_decoder and rl/cuda's sampler (engine.hpp, engine_cuda.cu); the policy
+// loss stays on the host.
 //
 // See --help and docs/trainer.md. Exit status: 0 on success (with --check: the layout followed
 // the one-rank run), 1 when a check fails, 2 on a bad command line.
@@ -411,22 +411,14 @@ void generate(rlt::model_decoder<T>& dec, std::span<problem const> prompts, inde
     probs.push_back(prompts[static_cast<std::size_t>(r / per)]);
     sources.push_back(r / per);
   }
-  std::vector<T> logits(static_cast<std::size_t>(rows * kVocab));
-  {
-    dec.reset(n);
-    std::vector<T> first(static_cast<std::size_t>(n * kVocab));
-    weft::tensor_view<T, 2> fv(first.data(), n, kVocab);
-    std::vector<std::int32_t> pcol(static_cast<std::size_t>(n));
-    for (index_t t = 0; t < kPrompt; ++t) {
-      for (index_t k = 0; k < n; ++k)
-        pcol[static_cast<std::size_t>(k)] = prompt_of(prompts[static_cast<std::size_t>(k)])[t];
-      dec.step(pcol, fv);
-    }
-    dec.fork(sources);
-    for (index_t r = 0; r < rows; ++r)
-      std::copy_n(first.begin() + (r / per) * kVocab, kVocab, logits.begin() + r * kVocab);
+  dec.reset(n);
+  std::vector<std::int32_t> pcol(static_cast<std::size_t>(n));
+  for (index_t t = 0; t < kPrompt; ++t) {
+    for (index_t k = 0; k < n; ++k)
+      pcol[static_cast<std::size_t>(k)] = prompt_of(prompts[static_cast<std::size_t>(k)])[t];
+    dec.step(pcol);
   }
-  weft::tensor_view<T, 2> lv(logits.data(), rows, kVocab);
+  dec.fork(sources);  // the prompt's cache and last logits into its `per` rows
   std::vector<std::int32_t> col(static_cast<std::size_t>(rows));
   std::vector<bool> done(static_cast<std::size_t>(rows), false);
   std::vector<std::uint64_t> coins(static_cast<std::size_t>(rows));
@@ -434,7 +426,7 @@ void generate(rlt::model_decoder<T>& dec, std::span<problem const> prompts, inde
   for (index_t t = 0; t < kMaxNew; ++t) {
     for (index_t r = 0; r < rows; ++r)
       coins[static_cast<std::size_t>(r)] = keys[static_cast<std::size_t>(r)] * 4 + t;
-    rl::sample_tokens(logits, kVocab, gen, coins, drawn, rl::sample_options{1.0, greedy});
+    dec.sample(gen, coins, rl::sample_options{1.0, greedy}, drawn);
     for (index_t r = 0; r < rows; ++r) {
       auto& s = out[static_cast<std::size_t>(r)];
       auto const& d = drawn[static_cast<std::size_t>(r)];
@@ -446,7 +438,7 @@ void generate(rlt::model_decoder<T>& dec, std::span<problem const> prompts, inde
       s.length = static_cast<int>(t) + 1;
       if (d.token == kEos) done[static_cast<std::size_t>(r)] = true;
     }
-    if (t + 1 < kMaxNew) dec.step(col, lv);
+    if (t + 1 < kMaxNew) dec.step(col);
   }
   for (index_t r = 0; r < rows; ++r) {
     auto& s = out[static_cast<std::size_t>(r)];
@@ -537,8 +529,7 @@ class trainer {
     if (engine_)
       decoder_ = engine_->make_decoder(rows, kPrompt + kMaxNew);
     else
-      decoder_ = std::make_unique<rlt::decoder_of<T, nn::gpt_decoder<T>>>(c_, replica_, rows,
-                                                                          kPrompt + kMaxNew);
+      decoder_ = std::make_unique<rlt::host_decoder<T>>(c_, replica_, rows, kPrompt + kMaxNew);
 #if WEFT_TRAINER_NCCL
     if (engine_ && engine_->device_grads().data != nullptr && data_->size() > 1) join_nccl();
 #endif

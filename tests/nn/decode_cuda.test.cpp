@@ -2,8 +2,9 @@
 // nn::gpt_decoder<T> on the CPU, the tested reference (decode.test.cpp checks it against the full
 // forward), driven by the same calls: a batch reset and stepped, prompts prefilled in one row each
 // and forked into rows that continue different sources (a row that is both source and
-// destination included), a second fork mid-generation, MHA/GQA/MQA and two layers, f64 and f32;
-// logits into host and into device memory; the parameters read at every step (an update between
+// destination included), a second fork mid-generation (the last logits following their rows),
+// MHA/GQA/MQA and two layers, f64 and f32; logits into host and into device memory, or kept
+// (logits()); the parameters read at every step (an update between
 // two generations is seen); the CPU decoder's refusals, before anything changes.
 //
 // Tolerances, against the largest logit of the run: f64 1e-10 (cuBLAS's and the CPU's summation
@@ -58,6 +59,17 @@ nn::param_store<T> params(nn::gpt_config const& c) {
   return s;
 }
 
+// The decoder's last logits, copied back.
+template <class T>
+std::vector<T> logits_of(nn::cuda_gpt_decoder<T> const& d) {
+  auto const l = d.logits();
+  std::vector<T> h(static_cast<std::size_t>(l.extent(0) * l.extent(1)));
+  WEFT_CUDA_TRY(cudaStreamSynchronize(d.executor().stream));
+  WEFT_CUDA_TRY(
+      cudaMemcpy(h.data(), l.data_handle(), h.size() * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
 // The two decoders driven by the same calls; every step's logits compared.
 template <class T>
 struct twin {
@@ -86,13 +98,17 @@ struct twin {
     CHECK(gpu.rows() == cpu.rows());
     CHECK(gpu.length() == cpu.length());
   }
-  // One step of both; `on_device`: the GPU's logits into device memory, then copied back.
-  void step(std::vector<std::int32_t> const& tokens, bool on_device = false) {
+  // One step of both; `on_device`: the GPU's logits into device memory, then copied back;
+  // `kept`: the GPU step without an output, its logits() read back.
+  void step(std::vector<std::int32_t> const& tokens, bool on_device = false, bool kept = false) {
     auto const rows = static_cast<index_t>(tokens.size());
     std::vector<T> want(static_cast<std::size_t>(rows * c.vocab), T(0));
     std::vector<T> got(want.size(), T(-7));
     cpu.step(tokens, weft::tensor_view<T, 2>(want.data(), rows, c.vocab));
-    if (on_device) {
+    if (kept) {
+      gpu.step(tokens);
+      got = logits_of(gpu);
+    } else if (on_device) {
       dbuf<T> d(want.size());
       gpu.step(tokens, weft::tensor_view<T, 2, weft::cuda_space>(d.p, rows, c.vocab));
       got = d.host();
@@ -137,10 +153,20 @@ void check_generation(index_t heads, index_t kv_heads, index_t layers, double to
     t.step({static_cast<std::int32_t>(i), static_cast<std::int32_t>(2 * i + 1),
             static_cast<std::int32_t>(13 - i), static_cast<std::int32_t>(9)},
            i == 1);
-  // Mid-generation: three rows continuing rows {3, 3, 0} of seven cached positions.
+  // Mid-generation: three rows continuing rows {3, 3, 0} of seven cached positions, with the
+  // last step's logits (logits(): row r holds its source's).
+  auto const before = logits_of(t.gpu);
   t.fork({3, 3, 0});
+  auto const after = logits_of(t.gpu);
+  auto const v = static_cast<std::size_t>(t.c.vocab);
+  for (std::size_t r = 0; r < 3; ++r) {
+    std::size_t const src = r < 2 ? 3 : 0;
+    CHECK(std::equal(after.begin() + static_cast<std::ptrdiff_t>(r * v),
+                     after.begin() + static_cast<std::ptrdiff_t>((r + 1) * v),
+                     before.begin() + static_cast<std::ptrdiff_t>(src * v)));
+  }
   for (int i = 0; i < 3; ++i)
-    t.step({static_cast<std::int32_t>(4 + i), 12, static_cast<std::int32_t>(i)});
+    t.step({static_cast<std::int32_t>(4 + i), 12, static_cast<std::int32_t>(i)}, false, i != 1);
   CHECK(t.gpu.length() == 10);
   t.expect(tol, what);
 }

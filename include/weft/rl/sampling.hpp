@@ -87,9 +87,9 @@ WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, doubl
 inline double sampling_inverse_temperature(index_t vocab, sample_options const& opt) {
   WEFT_EXPECTS(vocab >= 1 && vocab <= std::numeric_limits<std::int32_t>::max(), "vocab",
                "in [1, 2^31 - 1]", vocab);
-  WEFT_EXPECTS(opt.temperature > 0 && std::isfinite(opt.temperature) &&
-                   std::isfinite(1.0 / opt.temperature),
-               "temperature", "> 0 and finite, with a finite inverse", opt.temperature);
+  WEFT_EXPECTS(
+      opt.temperature > 0 && std::isfinite(opt.temperature) && std::isfinite(1.0 / opt.temperature),
+      "temperature", "> 0 and finite, with a finite inverse", opt.temperature);
   return 1.0 / opt.temperature;
 }
 
@@ -103,8 +103,8 @@ void sample_tokens_impl(std::span<T const> logits, index_t vocab, rng const& gen
                      ::weft::detail::concat(rows, " rows (one per coin) x ", vocab, " = ",
                                             rows * vocab, " elements"),
                      logits.size());
-  WEFT_EXPECTS_SHAPE(out.size() == coins.size(), "out", ::weft::detail::concat(rows, " (one per row)"),
-                     out.size());
+  WEFT_EXPECTS_SHAPE(out.size() == coins.size(), "out",
+                     ::weft::detail::concat(rows, " (one per row)"), out.size());
   for (index_t r = 0; r < rows; ++r) {
     T const* z = logits.data() + r * vocab;
     bool finite = false;

@@ -34,6 +34,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -128,7 +129,7 @@ class cuda_gpt_decoder {
   }
 
   //! A new batch of sources.size() rows whose row r continues current row sources[r] (its cached
-  //! keys and values; length() unchanged), as nn::gpt_decoder::fork.
+  //! keys and values, and its last logits; length() unchanged), as nn::gpt_decoder::fork.
   void fork(std::span<index_t const> sources) {
     auto const rows = static_cast<index_t>(sources.size());
     WEFT_EXPECTS(rows >= 1 && rows <= max_rows_, "sources.size()",
@@ -142,9 +143,10 @@ class cuda_gpt_decoder {
       cudaStream_t const s = ex_.stream;
       // The current rows' prefixes first, packed, so that a row may be source and destination.
       index_t const packed = c_.layers * rows_ * span;
-      if (packed > static_cast<index_t>(fork_.size())) {
+      index_t const scratch = std::max(packed, rows_ * c_.vocab);
+      if (scratch > static_cast<index_t>(fork_.size())) {
         fork_ = dvec<T>{};  // free first
-        fork_ = make<T>(packed);
+        fork_ = make<T>(scratch);
       }
       static_assert(sizeof(index_t) == sizeof(std::int64_t));
       WEFT_CUDA_TRY(cudaMemcpyAsync(sources_.data(), sources.data(), sources.size_bytes(),
@@ -160,10 +162,35 @@ class cuda_gpt_decoder {
             kernels::decode_fork_op<T>{cache, fork_.data(), sources_.data(), rows, rows_, span,
                                        max_rows_, slot_stride, true});
       }
+      // The last step's logits follow their rows too (one "layer" of rows of vocab elements).
+      index_t const v = c_.vocab;
+      ::weft::detail::launch_for_each_index(
+          s, rows_ * v,
+          kernels::decode_fork_op<T>{logits_.data(), fork_.data(), nullptr, rows_, rows_, v,
+                                     max_rows_, v, false});
+      ::weft::detail::launch_for_each_index(
+          s, rows * v,
+          kernels::decode_fork_op<T>{logits_.data(), fork_.data(), sources_.data(), rows, rows_, v,
+                                     max_rows_, v, true});
       // sources (host memory, pinned or not) may change after the return: wait for the copy.
       ex_.synchronize();
     }
     rows_ = rows;
+  }
+
+  //! Feeds tokens[r] to row r at position length() and caches its keys and values; the next-token
+  //! logits of every row stay in logits(). Returns once the tokens are copied; the rest runs
+  //! asynchronously on the stream.
+  void step(std::span<std::int32_t const> tokens) {
+    check_step(tokens, rows_, c_.vocab);
+    run(tokens);
+    ++len_;
+  }
+
+  //! The last step's next-token logits [rows(), vocab] in device memory (after fork, row r holds
+  //! its source's), valid until the next step or fork; read them on the stream.
+  [[nodiscard]] tensor_view<T const, 2, cuda_space> logits() const noexcept {
+    return tensor_view<T const, 2, cuda_space>(logits_.data(), rows_, c_.vocab);
   }
 
   //! Feeds tokens[r] to row r at position length(), caches its keys and values, and writes the

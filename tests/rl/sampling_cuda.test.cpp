@@ -1,0 +1,127 @@
+// CUDA twin of sampling.test.cpp: rl::kernels::sample_tokens (weft/rl/cuda/sampling.cuh) against
+// rl::sample_tokens on the CPU over f64, f32 and bf16 logits, vocabularies of 1, 7 and 3000,
+// temperatures 1 and 0.6, sampled and greedy. Both run rl::detail::sample_row in double with the
+// same Philox coins, so the draws are the same except where a coin lies within rounding of a CDF
+// boundary (the device's exp differs from libm's by an ulp or so): such a row may draw the
+// neighbouring token, and only there (the test measures the coin's distance to the nearest
+// boundary, which must be below 1e-12 of the row's sum). Log-prob and entropy of the rows that
+// drew the same token agree within 1e-12 of max(|cpu|, 1). The host checks run without a device.
+#include <weft/rl/sampling.hpp>
+
+#include <weft/core/config.hpp>
+#include <weft/core/dtype.hpp>
+#include <weft/core/error.hpp>
+#include <weft/core/random.hpp>
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
+#include <weft/rl/cuda/sampling.cuh>
+
+#include "support/cuda_buffer.hpp"
+
+#include <cuda_runtime_api.h>
+
+namespace {
+namespace rl = weft::rl;
+using weft::index_t;
+using weft::test::have_cuda_device;
+template <class T>
+using dbuf = weft::test::device_buffer<T>;
+
+// The distance from coin · S to the nearest running sum of row z, over S (the host's arithmetic).
+template <class T>
+double boundary_distance(T const* z, index_t vocab, double inv_tau, double coin) {
+  auto const x = [&](index_t v) { return rl::detail::logit_as_double(z[v]) * inv_tau; };
+  double mx = -INFINITY, sum = 0, cum = 0, best = INFINITY;
+  for (index_t v = 0; v < vocab; ++v) mx = std::max(mx, x(v));
+  for (index_t v = 0; v < vocab; ++v) sum += std::exp(x(v) - mx);
+  for (index_t v = 0; v < vocab; ++v) {
+    cum += std::exp(x(v) - mx);
+    best = std::min(best, std::abs(coin * sum - cum) / sum);
+  }
+  return best;
+}
+
+template <class T>
+void against_cpu(index_t rows, index_t vocab, double tau, bool greedy, std::string const& what) {
+  std::mt19937_64 rng(static_cast<std::uint64_t>(rows * 31 + vocab));
+  std::normal_distribution<double> n(0.0, 2.0);
+  std::vector<T> logits(static_cast<std::size_t>(rows * vocab));
+  for (auto& x : logits) x = static_cast<T>(n(rng));
+  std::vector<std::uint64_t> coins(static_cast<std::size_t>(rows));
+  for (index_t r = 0; r < rows; ++r) coins[static_cast<std::size_t>(r)] = 5 * r + 3;
+  weft::rng const gen(99, 4);
+  rl::sample_options const opt{tau, greedy};
+  std::vector<rl::token_sample> want(static_cast<std::size_t>(rows));
+  rl::sample_tokens(logits, vocab, gen, coins, want, opt);
+  dbuf<T> dl(logits);
+  dbuf<std::uint64_t> dc(coins);
+  dbuf<rl::token_sample> dout(static_cast<std::size_t>(rows));
+  rl::kernels::sample_tokens<T>(nullptr, dl.p, rows, vocab, gen, dc.p, dout.p, opt);
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  auto const got = dout.host();
+  int moved = 0;
+  double worst = 0, nearest = 0;
+  for (index_t r = 0; r < rows; ++r) {
+    auto const k = static_cast<std::size_t>(r);
+    if (got[k].token != want[k].token) {
+      ++moved;
+      double const d = boundary_distance(logits.data() + r * vocab, vocab, 1.0 / tau,
+                                         gen.uniform_double(coins[k]));
+      nearest = std::max(nearest, d);
+      CHECK_MESSAGE(!greedy, what << ": greedy row " << r << " drew " << got[k].token << ", not "
+                                  << want[k].token);
+      continue;
+    }
+    worst = std::max(worst, std::abs(got[k].logp - want[k].logp) / std::max(std::abs(want[k].logp), 1.0));
+    worst = std::max(worst, std::abs(got[k].entropy - want[k].entropy) /
+                                std::max(std::abs(want[k].entropy), 1.0));
+  }
+  INFO(what << ": " << moved << " of " << rows << " rows drew a neighbour (coin within "
+            << nearest << " of a boundary); worst log-prob/entropy difference " << worst);
+  CHECK(nearest <= 1e-12);
+  CHECK(moved <= rows / 100);
+  CHECK(worst <= 1e-12);
+}
+
+}  // namespace
+
+TEST_CASE("rl/cuda: sample_tokens draws the CPU's tokens, log-probs and entropies") {
+  if (!have_cuda_device()) return;
+  for (index_t vocab : {index_t{1}, index_t{7}, index_t{3000}})
+    for (double tau : {1.0, 0.6})
+      for (bool greedy : {false, true}) {
+        std::string const what = "vocab " + std::to_string(vocab) + ", tau " +
+                                 std::to_string(tau) + (greedy ? ", greedy" : "");
+        against_cpu<double>(2000, vocab, tau, greedy, "f64 " + what);
+        against_cpu<float>(2000, vocab, tau, greedy, "f32 " + what);
+        against_cpu<weft::bf16>(500, vocab, tau, greedy, "bf16 " + what);
+      }
+}
+
+TEST_CASE("rl/cuda: sample_tokens checks vocab, temperature and rows before the launch") {
+  weft::rng const gen(1);
+  float const* none = nullptr;
+  std::uint64_t const* no_coins = nullptr;
+  rl::token_sample* no_out = nullptr;
+  CHECK_THROWS_AS(rl::kernels::sample_tokens<float>(nullptr, none, 4, 0, gen, no_coins, no_out),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(rl::kernels::sample_tokens<float>(nullptr, none, 4, 3, gen, no_coins, no_out,
+                                                    rl::sample_options{0.0, false}),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(rl::kernels::sample_tokens<float>(nullptr, none, -1, 3, gen, no_coins, no_out),
+                  weft::invalid_argument_error);
+  CHECK_THROWS_AS(rl::kernels::sample_tokens<float>(nullptr, none, 4, 3, gen, no_coins, no_out),
+                  weft::invalid_argument_error);  // null pointers
+  rl::kernels::sample_tokens<float>(nullptr, none, 0, 3, gen, no_coins, no_out);  // no rows: no-op
+}
+
+#endif
