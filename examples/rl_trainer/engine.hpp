@@ -90,6 +90,7 @@ class host_decoder final : public model_decoder<T> {
   }
   void sample(rng const& gen, std::span<std::uint64_t const> coins, rl::sample_options const& opt,
               std::span<rl::token_sample> out) override {
+    WEFT_EXPECTS(d_.length() > 0, "decoder", "a step before sample", "none since reset");
     WEFT_EXPECTS_SHAPE(static_cast<index_t>(coins.size()) == d_.rows(), "coins",
                        ::weft::detail::concat(d_.rows(), " (one per row)"), coins.size());
     rl::sample_tokens(

@@ -58,14 +58,17 @@ class cuda_decoder final : public model_decoder<T> {
   void sample(rng const& gen, std::span<std::uint64_t const> coins, rl::sample_options const& opt,
               std::span<rl::token_sample> out) override {
     index_t const rows = d_.rows();
+    WEFT_EXPECTS(d_.length() > 0, "decoder", "a step before sample", "none since reset");
+    (void)rl::detail::sampling_inverse_temperature(d_.config().vocab, opt);  // refuse first
     WEFT_EXPECTS_SHAPE(static_cast<index_t>(coins.size()) == rows, "coins",
                        ::weft::detail::concat(rows, " (one per row)"), coins.size());
     WEFT_EXPECTS_SHAPE(static_cast<index_t>(out.size()) == rows, "out",
                        ::weft::detail::concat(rows, " (one per row)"), out.size());
     cudaStream_t const s = d_.executor().stream;
     auto* const drawn = reinterpret_cast<rl::token_sample*>(out_.data());
-    WEFT_CUDA_TRY(cudaMemcpyAsync(coins_.data(), coins.data(), coins.size_bytes(),
-                                  cudaMemcpyHostToDevice, s));
+    if (!opt.greedy)
+      WEFT_CUDA_TRY(cudaMemcpyAsync(coins_.data(), coins.data(), coins.size_bytes(),
+                                    cudaMemcpyHostToDevice, s));
     rl::kernels::sample_tokens(s, d_.logits().data_handle(), rows, d_.config().vocab, gen,
                                static_cast<std::uint64_t const*>(coins_.data()), drawn, opt);
     WEFT_CUDA_TRY(cudaMemcpyAsync(out.data(), drawn, out.size_bytes(), cudaMemcpyDeviceToHost, s));

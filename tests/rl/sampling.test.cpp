@@ -1,9 +1,9 @@
 // Tests of weft/rl/sampling.hpp: greedy takes the first largest logit; sampling is the inverse CDF
 // of softmax(z / tau) at the coin (edge coins by detail::sample_row, frequencies over 200000
-// keyed coins within 5 sigma of the probabilities); log-prob and entropy equal rl::log_prob_forward's
-// (an independent, streamed implementation) at any temperature; -inf logits are never drawn and
-// add nothing to the entropy; a draw depends only on its row and coin, not on the batch; bad
-// input is refused naming the value, before anything is written.
+// keyed coins within 5 sigma of the probabilities); log-prob and entropy equal
+// rl::log_prob_forward's (an independent, streamed implementation) at any temperature; -inf logits
+// are never drawn and add nothing to the entropy; a draw depends only on its row and coin, not on
+// the batch; bad input is refused naming the value, before anything is written.
 #include <weft/rl/logprobs.hpp>
 #include <weft/rl/sampling.hpp>
 
@@ -58,7 +58,9 @@ TEST_CASE("sample_tokens: greedy takes the first largest logit, with its log-pro
 
 TEST_CASE("sample_row: the inverse CDF at the edges and at the boundaries") {
   std::vector<double> const z{-inf, std::log(0.25), std::log(0.5), -inf, std::log(0.25)};
-  auto const draw = [&](double coin) { return rl::detail::sample_row(z.data(), 5, 1.0, coin, false); };
+  auto const draw = [&](double coin) {
+    return rl::detail::sample_row(z.data(), 5, 1.0, coin, false);
+  };
   CHECK(draw(0.0).token == 1);  // the first token with mass, never a -inf one
   CHECK(draw(0.2499).token == 1);
   CHECK(draw(0.2501).token == 2);
@@ -66,6 +68,9 @@ TEST_CASE("sample_row: the inverse CDF at the edges and at the boundaries") {
   CHECK(draw(0.7501).token == 4);
   CHECK(draw(0.9999999999).token == 4);
   CHECK(draw(0.3).logp == doctest::Approx(std::log(0.5)).epsilon(1e-14));
+  // The largest coin below 1 draws the last token with mass, not the -inf one after it.
+  std::vector<double> const tail{std::log(0.25), std::log(0.5), std::log(0.25), -inf};
+  CHECK(rl::detail::sample_row(tail.data(), 4, 1.0, std::nextafter(1.0, 0.0), false).token == 2);
   // A one-token vocabulary always draws it, with log-prob 0 and entropy 0.
   double const one = 2.5;
   auto const s = rl::detail::sample_row(&one, 1, 1.0, 0.99, false);
@@ -194,6 +199,11 @@ TEST_CASE("sample_tokens: bad input is refused naming the value, before anything
   refused({}, 0, "vocab");
   refused({0, 1, 2, 3, 4, 5}, 3, "temperature", rl::sample_options{0.0, false});
   refused({0, 1, 2, 3, 4, 5}, 3, "temperature", rl::sample_options{-1.0, false});
+  refused({0, 1, 2, 3, 4, 5}, 3, "temperature", rl::sample_options{inf, false});
+  // What the arithmetic sees is z / tau: finite logits that overflow it are refused too.
+  refused({0, 1, 2, 1e308, 0, 0}, 3, "logits[1, 0] / temperature", rl::sample_options{0.1, false});
+  refused({0, 1, 2, -1e300, -1e300, -1e300}, 3, "logits row 1 / temperature",
+          rl::sample_options{1e-10, false});
   std::vector<rl::token_sample> short_out(1);
   CHECK_THROWS_AS(rl::sample_tokens(std::vector<double>{0, 1, 2, 3}, 2, gen, coins, short_out),
                   weft::shape_error);

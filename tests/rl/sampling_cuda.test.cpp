@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -81,12 +82,13 @@ void against_cpu(index_t rows, index_t vocab, double tau, bool greedy, std::stri
                                   << want[k].token);
       continue;
     }
-    worst = std::max(worst, std::abs(got[k].logp - want[k].logp) / std::max(std::abs(want[k].logp), 1.0));
+    worst = std::max(worst,
+                     std::abs(got[k].logp - want[k].logp) / std::max(std::abs(want[k].logp), 1.0));
     worst = std::max(worst, std::abs(got[k].entropy - want[k].entropy) /
                                 std::max(std::abs(want[k].entropy), 1.0));
   }
-  INFO(what << ": " << moved << " of " << rows << " rows drew a neighbour (coin within "
-            << nearest << " of a boundary); worst log-prob/entropy difference " << worst);
+  INFO(what << ": " << moved << " of " << rows << " rows drew a neighbour (coin within " << nearest
+            << " of a boundary); worst log-prob/entropy difference " << worst);
   CHECK(nearest <= 1e-12);
   CHECK(moved <= rows / 100);
   CHECK(worst <= 1e-12);
@@ -99,12 +101,32 @@ TEST_CASE("rl/cuda: sample_tokens draws the CPU's tokens, log-probs and entropie
   for (index_t vocab : {index_t{1}, index_t{7}, index_t{3000}})
     for (double tau : {1.0, 0.6})
       for (bool greedy : {false, true}) {
-        std::string const what = "vocab " + std::to_string(vocab) + ", tau " +
-                                 std::to_string(tau) + (greedy ? ", greedy" : "");
+        std::string const what = "vocab " + std::to_string(vocab) + ", tau " + std::to_string(tau) +
+                                 (greedy ? ", greedy" : "");
         against_cpu<double>(2000, vocab, tau, greedy, "f64 " + what);
         against_cpu<float>(2000, vocab, tau, greedy, "f32 " + what);
         against_cpu<weft::bf16>(500, vocab, tau, greedy, "bf16 " + what);
       }
+}
+
+TEST_CASE("rl/cuda: sample_tokens without coins when greedy; a NaN row gives NaN statistics") {
+  if (!have_cuda_device()) return;
+  std::vector<double> const z{0.5, 2.0, 2.0, -1.0, std::nan(""), 1.0, 0.0, 0.0};
+  dbuf<double> dl(z);
+  dbuf<rl::token_sample> dout(std::size_t{2});
+  weft::rng const gen(3);
+  rl::kernels::sample_tokens<double>(nullptr, dl.p, 2, 4, gen, nullptr, dout.p,
+                                     rl::sample_options{1.0, true});
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  auto const got = dout.host();
+  std::vector<rl::token_sample> want(1);
+  rl::sample_tokens(std::span<double const>(z.data(), 4), 4, gen, std::vector<std::uint64_t>{0},
+                    want, rl::sample_options{1.0, true});
+  CHECK(got[0].token == 1);  // the first of the two largest
+  CHECK(got[0].logp == doctest::Approx(want[0].logp).epsilon(1e-12));
+  CHECK(got[0].entropy == doctest::Approx(want[0].entropy).epsilon(1e-12));
+  CHECK(std::isnan(got[1].logp));  // the row the host would refuse
+  CHECK(std::isnan(got[1].entropy));
 }
 
 TEST_CASE("rl/cuda: sample_tokens checks vocab, temperature and rows before the launch") {
@@ -120,7 +142,7 @@ TEST_CASE("rl/cuda: sample_tokens checks vocab, temperature and rows before the 
   CHECK_THROWS_AS(rl::kernels::sample_tokens<float>(nullptr, none, -1, 3, gen, no_coins, no_out),
                   weft::invalid_argument_error);
   CHECK_THROWS_AS(rl::kernels::sample_tokens<float>(nullptr, none, 4, 3, gen, no_coins, no_out),
-                  weft::invalid_argument_error);  // null pointers
+                  weft::invalid_argument_error);                                  // null pointers
   rl::kernels::sample_tokens<float>(nullptr, none, 0, 3, gen, no_coins, no_out);  // no rows: no-op
 }
 

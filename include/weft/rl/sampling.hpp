@@ -37,17 +37,18 @@ struct sample_options {
 
 namespace detail {
 
-//! One row: m = max_v x_v with x_v = z_v · inv_tau, S = Σ_v e^{x_v − m} in token order,
-//! lse = m + log S; greedy: the first v with the largest z_v; else the first v whose running sum
-//! Σ_{w <= v} e^{x_w − m} exceeds coin · S (V − 1 if rounding leaves none); logp = x_tok − lse,
-//! entropy = −Σ p_v log p_v over p_v > 0. The row needs a finite maximum (sample_tokens checks it
-//! on the host; the CUDA kernel gives NaN statistics for such a row). With inv_tau = 1 this is,
-//! operation for operation, the reference trainer's sampler before it moved here.
 template <class T>
 WEFT_HD double logit_as_double(T z) noexcept {
   return static_cast<double>(static_cast<compute_t<T>>(z));  // exact for every element type
 }
 
+//! One row: m = max_v x_v with x_v = z_v · inv_tau, S = Σ_v e^{x_v − m} in token order,
+//! lse = m + log S; greedy: the first v with the largest z_v; else the first v whose running sum
+//! Σ_{w <= v} e^{x_w − m} exceeds coin · S (V − 1 if rounding leaves none); logp = x_tok − lse,
+//! entropy = −Σ p_v log p_v over p_v != 0. The row needs a finite maximum of x (sample_tokens
+//! checks it on the host; for such a row the CUDA kernel gives NaN log-prob and entropy). With
+//! inv_tau = 1 this is, operation for operation, the reference trainer's sampler before it moved
+//! here.
 template <class T>
 WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, double coin,
                                 bool greedy) noexcept {
@@ -77,7 +78,7 @@ WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, doubl
   for (index_t v = 0; v < vocab; ++v) {
     double const lp = x(v) - lse;
     double const p = ::cuda::std::exp(lp);
-    if (p > 0) h -= p * lp;
+    if (p != 0) h -= p * lp;  // skips the zero terms only: a NaN row stays NaN
   }
   return {static_cast<std::int32_t>(tok), x(tok) - lse, h};
 }
@@ -105,17 +106,20 @@ void sample_tokens_impl(std::span<T const> logits, index_t vocab, rng const& gen
                      logits.size());
   WEFT_EXPECTS_SHAPE(out.size() == coins.size(), "out",
                      ::weft::detail::concat(rows, " (one per row)"), out.size());
+  // The checks see what the arithmetic sees, z / tau: a large logit at a small temperature may
+  // overflow it.
   for (index_t r = 0; r < rows; ++r) {
     T const* z = logits.data() + r * vocab;
     bool finite = false;
     for (index_t v = 0; v < vocab; ++v) {
-      double const x = logit_as_double(z[v]);
+      double const x = logit_as_double(z[v]) * inv_tau;
       WEFT_EXPECTS(!std::isnan(x) && x != std::numeric_limits<double>::infinity(),
-                   ::weft::detail::concat("logits[", r, ", ", v, "]"), "a number below +inf", x);
+                   ::weft::detail::concat("logits[", r, ", ", v, "] / temperature"),
+                   "a number below +inf", x);
       finite = finite || std::isfinite(x);
     }
-    WEFT_EXPECTS(finite, ::weft::detail::concat("logits row ", r), "a finite logit",
-                 "every logit -inf");
+    WEFT_EXPECTS(finite, ::weft::detail::concat("logits row ", r, " / temperature"),
+                 "a finite value", "every value -inf");
   }
   for (index_t r = 0; r < rows; ++r) {
     auto const k = static_cast<std::size_t>(r);

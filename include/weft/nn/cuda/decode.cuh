@@ -72,22 +72,8 @@ class cuda_gpt_decoder {
         params_(params),
         max_rows_(max_rows),
         max_len_(max_len),
-        ex_(ex) {
-    auto const layout = gpt_layout(c_);
-    auto const at = [&](std::string const& name) { return layout.at(name).offset; };
-    wte_ = at("wte");
-    wpe_ = at("wpe");
-    lnf_w_ = at("lnf.w");
-    lnf_b_ = at("lnf.b");
-    head_ = at("head");
-    for (index_t l = 0; l < c_.layers; ++l) {
-      std::string const p = "h" + std::to_string(l) + ".";
-      layers_.push_back(layer_offsets{at(p + "ln1.w"), at(p + "ln1.b"), at(p + "q.w"),
-                                      at(p + "q.b"), at(p + "k.w"), at(p + "k.b"), at(p + "v.w"),
-                                      at(p + "v.b"), at(p + "o.w"), at(p + "o.b"), at(p + "ln2.w"),
-                                      at(p + "ln2.b"), at(p + "fc.w"), at(p + "fc.b"),
-                                      at(p + "proj.w"), at(p + "proj.b")});
-    }
+        ex_(ex),
+        off_(c_, gpt_layout(c_)) {
     index_t const d = c_.d_model, kvd = kv_width(), h = c_.hidden(), rows = max_rows_;
     auto const cache = c_.layers * max_rows_ * max_len_ * kvd;
     cache_k_ = make<T>(cache);
@@ -187,8 +173,9 @@ class cuda_gpt_decoder {
     ++len_;
   }
 
-  //! The last step's next-token logits [rows(), vocab] in device memory (after fork, row r holds
-  //! its source's), valid until the next step or fork; read them on the stream.
+  //! The last step's next-token logits [rows(), vocab] in device memory (a fork after a step moves
+  //! row r's to hold its source's), valid while length() > 0, until the next step or fork; read
+  //! them on the stream.
   [[nodiscard]] tensor_view<T const, 2, cuda_space> logits() const noexcept {
     return tensor_view<T const, 2, cuda_space>(logits_.data(), rows_, c_.vocab);
   }
@@ -216,11 +203,6 @@ class cuda_gpt_decoder {
   }
 
  private:
-  struct layer_offsets {
-    std::size_t ln1_w, ln1_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, ln2_w, ln2_b, fc_w, fc_b,
-        proj_w, proj_b;
-  };
-
   // The constructor's checks, before any member (the cuBLAS handle, device memory) is made.
   static gpt_config const& checked(gpt_config const& c, T const* params, index_t max_rows,
                                    index_t max_len) {
@@ -267,20 +249,20 @@ class cuda_gpt_decoder {
     ::weft::detail::launch_for_each_index(
         s, rows,
         kernels::fill_op<std::int32_t>{positions_.data(), static_cast<std::int32_t>(len_)});
-    kernels::embedding_forward(s, static_cast<std::int32_t const*>(tokens_.data()), rows, p(wte_),
-                               c_.vocab, d, x_.data());
+    kernels::embedding_forward(s, static_cast<std::int32_t const*>(tokens_.data()), rows,
+                               p(off_.wte), c_.vocab, d, x_.data());
     kernels::embedding_forward(s, static_cast<std::int32_t const*>(positions_.data()), rows,
-                               p(wpe_), c_.context, d, mid_.data());
+                               p(off_.wpe), c_.context, d, mid_.data());
     add(x_.data(), mid_.data(), x_.data(), rows * d);
     for (index_t l = 0; l < c_.layers; ++l) block(l);
-    kernels::layer_norm_forward(s, static_cast<T const*>(x_.data()), p(lnf_w_), p(lnf_b_),
+    kernels::layer_norm_forward(s, static_cast<T const*>(x_.data()), p(off_.lnf_w), p(off_.lnf_b),
                                 ln_.data(), mean_.data(), rstd_.data(), rows, d, c_.ln_eps);
-    kernels::linear_forward(blas_.get(), s, static_cast<T const*>(ln_.data()), p(head_),
+    kernels::linear_forward(blas_.get(), s, static_cast<T const*>(ln_.data()), p(off_.head),
                             static_cast<T const*>(nullptr), logits_.data(), rows, d, c_.vocab);
   }
 
   void block(index_t l) {
-    auto const& o = layers_[static_cast<std::size_t>(l)];
+    auto const& o = off_.blocks[static_cast<std::size_t>(l)];
     cudaStream_t const s = ex_.stream;
     cublasHandle_t const h = blas_.get();
     index_t const d = c_.d_model, kvd = kv_width(), hid = c_.hidden(), rows = rows_;
@@ -324,8 +306,7 @@ class cuda_gpt_decoder {
   index_t max_rows_, max_len_;
   exec::cuda ex_;
   index_t rows_ = 0, len_ = 0;
-  std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;
-  std::vector<layer_offsets> layers_;
+  cuda_gpt_detail::gpt_offsets off_;
   cuda_gpt_detail::cublas_handle blas_;
   dvec<T> cache_k_, cache_v_, fork_, x_, ln_, q_, k_, v_, att_, o_, mid_, fc_, act_, logits_;
   dvec<C> mean_, rstd_, scores_, acc_;

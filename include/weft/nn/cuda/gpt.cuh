@@ -102,6 +102,33 @@ struct carver {
   }
 };
 
+//! Where each parameter of a gpt_layout(config) buffer starts (elements), the model's and the
+//! decoder's (nn/cuda/decode.cuh) view of the flat device parameters.
+struct gpt_offsets {
+  struct block {
+    std::size_t ln1_w, ln1_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, ln2_w, ln2_b, fc_w, fc_b,
+        proj_w, proj_b;
+  };
+  std::size_t wte = 0, wpe = 0, lnf_w = 0, lnf_b = 0, head = 0;
+  std::vector<block> blocks;
+
+  gpt_offsets(gpt_config const& c, param_layout const& layout) {
+    auto const at = [&](std::string const& name) { return layout.at(name).offset; };
+    wte = at("wte");
+    wpe = at("wpe");
+    lnf_w = at("lnf.w");
+    lnf_b = at("lnf.b");
+    head = at("head");
+    for (index_t l = 0; l < c.layers; ++l) {
+      std::string const p = "h" + std::to_string(l) + ".";
+      blocks.push_back(block{at(p + "ln1.w"), at(p + "ln1.b"), at(p + "q.w"), at(p + "q.b"),
+                             at(p + "k.w"), at(p + "k.b"), at(p + "v.w"), at(p + "v.b"),
+                             at(p + "o.w"), at(p + "o.b"), at(p + "ln2.w"), at(p + "ln2.b"),
+                             at(p + "fc.w"), at(p + "fc.b"), at(p + "proj.w"), at(p + "proj.b")});
+    }
+  }
+};
+
 }  // namespace cuda_gpt_detail
 
 //! nn::gpt<T> on one CUDA stream (exec::cuda). The model owns its device parameters and
@@ -129,27 +156,13 @@ class cuda_gpt {
   //! Device parameters and gradients for `config`, both zero; validate(config) first (throws
   //! invalid_argument_error naming the field).
   explicit cuda_gpt(gpt_config const& config, exec::cuda ex = {})
-      : c_(config), layout_(gpt_layout(config)), ex_(ex) {
+      : c_(config), layout_(gpt_layout(config)), off_(c_, layout_), ex_(ex) {
     auto const n = static_cast<index_t>(layout_.size());
     params_ = tensor<T, 1, cuda_space>(std::array<index_t, 1>{n});
     grads_ = tensor<T, 1, cuda_space>(std::array<index_t, 1>{n});
     WEFT_CUDA_TRY(cudaMemsetAsync(params_.data(), 0, params_.size_bytes(), ex_.stream));
     WEFT_CUDA_TRY(cudaMemsetAsync(grads_.data(), 0, grads_.size_bytes(), ex_.stream));
     ex_.synchronize();
-    auto const at = [&](std::string const& name) { return layout_.at(name).offset; };
-    wte_ = at("wte");
-    wpe_ = at("wpe");
-    lnf_w_ = at("lnf.w");
-    lnf_b_ = at("lnf.b");
-    head_ = at("head");
-    for (index_t l = 0; l < c_.layers; ++l) {
-      std::string const p = "h" + std::to_string(l) + ".";
-      layers_.push_back(layer_offsets{at(p + "ln1.w"), at(p + "ln1.b"), at(p + "q.w"),
-                                      at(p + "q.b"), at(p + "k.w"), at(p + "k.b"), at(p + "v.w"),
-                                      at(p + "v.b"), at(p + "o.w"), at(p + "o.b"), at(p + "ln2.w"),
-                                      at(p + "ln2.b"), at(p + "fc.w"), at(p + "fc.b"),
-                                      at(p + "proj.w"), at(p + "proj.b")});
-    }
   }
 
   cuda_gpt(cuda_gpt const&) = delete;
@@ -245,14 +258,14 @@ class cuda_gpt {
     copy(a_.cu, b.cu_seqlens);
     index_t const d = c_.d_model, v = c_.vocab;
     // Embeddings: x0 = wte[tokens] + wpe[positions].
-    kernels::embedding_forward(s, a_.tokens, t, p(wte_), v, d, a_.x[0]);
-    kernels::embedding_forward(s, a_.positions, t, p(wpe_), c_.context, d, a_.tmp_d);
+    kernels::embedding_forward(s, a_.tokens, t, p(off_.wte), v, d, a_.x[0]);
+    kernels::embedding_forward(s, a_.positions, t, p(off_.wpe), c_.context, d, a_.tmp_d);
     add(a_.x[0], a_.tmp_d, a_.x[0], t * d);
     for (index_t l = 0; l < c_.layers; ++l) block_forward(l);
     T const* last = a_.x[static_cast<std::size_t>(c_.layers)];
-    kernels::layer_norm_forward(s, last, p(lnf_w_), p(lnf_b_), a_.lnf, a_.lnf_mean, a_.lnf_rstd, t,
-                                d, c_.ln_eps);
-    kernels::linear_forward(blas_.get(), s, a_.lnf, p(head_), static_cast<T const*>(nullptr),
+    kernels::layer_norm_forward(s, last, p(off_.lnf_w), p(off_.lnf_b), a_.lnf, a_.lnf_mean,
+                                a_.lnf_rstd, t, d, c_.ln_eps);
+    kernels::linear_forward(blas_.get(), s, a_.lnf, p(off_.head), static_cast<T const*>(nullptr),
                             a_.logits, t, d, v);
     rl::kernels::log_prob_forward(s, static_cast<T const*>(a_.logits), v,
                                   static_cast<std::int32_t const*>(a_.targets), t, ce_options(),
@@ -313,24 +326,20 @@ class cuda_gpt {
         s, static_cast<T const*>(a_.logits), v, static_cast<std::int32_t const*>(a_.targets), t,
         ce_options(), static_cast<C const*>(a_.ce_lse), static_cast<C const*>(a_.ce_entropy),
         static_cast<C const*>(a_.ce_dlogp), static_cast<C const*>(nullptr), a_.dlogits);
-    kernels::linear_backward_input(h, s, a_.dlogits, p(head_), a_.dln, t, d, v);
-    kernels::linear_backward_weight(h, s, a_.dlogits, a_.lnf, g(head_), static_cast<T*>(nullptr), t,
-                                    d, v);
+    kernels::linear_backward_input(h, s, a_.dlogits, p(off_.head), a_.dln, t, d, v);
+    kernels::linear_backward_weight(h, s, a_.dlogits, a_.lnf, g(off_.head),
+                                    static_cast<T*>(nullptr), t, d, v);
     T const* last = a_.x[static_cast<std::size_t>(c_.layers)];
-    kernels::layer_norm_backward_input(s, a_.dln, last, p(lnf_w_), a_.lnf_mean, a_.lnf_rstd, a_.dx,
-                                       t, d);
-    kernels::layer_norm_backward_weight(s, a_.dln, last, a_.lnf_mean, a_.lnf_rstd, g(lnf_w_),
-                                        g(lnf_b_), t, d);
+    kernels::layer_norm_backward_input(s, a_.dln, last, p(off_.lnf_w), a_.lnf_mean, a_.lnf_rstd,
+                                       a_.dx, t, d);
+    kernels::layer_norm_backward_weight(s, a_.dln, last, a_.lnf_mean, a_.lnf_rstd, g(off_.lnf_w),
+                                        g(off_.lnf_b), t, d);
     for (index_t l = c_.layers - 1; l >= 0; --l) block_backward(l);
-    kernels::embedding_backward(s, a_.tokens, t, a_.dx, g(wte_), v, d);
-    kernels::embedding_backward(s, a_.positions, t, a_.dx, g(wpe_), c_.context, d);
+    kernels::embedding_backward(s, a_.tokens, t, a_.dx, g(off_.wte), v, d);
+    kernels::embedding_backward(s, a_.positions, t, a_.dx, g(off_.wpe), c_.context, d);
   }
 
  private:
-  struct layer_offsets {
-    std::size_t ln1_w, ln1_b, q_w, q_b, k_w, k_b, v_w, v_b, o_w, o_b, ln2_w, ln2_b, fc_w, fc_b,
-        proj_w, proj_b;
-  };
   struct layer_acts {
     T *ln1, *q, *k, *v, *o, *x_mid, *ln2, *fc, *act;
     C *ln1_mean, *ln1_rstd, *ln2_mean, *ln2_rstd, *lse;
@@ -438,7 +447,7 @@ class cuda_gpt {
   void bind(index_t t, index_t documents) { (void)layout_arena(a_, arena_.data(), t, documents); }
 
   void block_forward(index_t l) {
-    auto const& o = layers_[static_cast<std::size_t>(l)];
+    auto const& o = off_.blocks[static_cast<std::size_t>(l)];
     auto const& a = a_.layers[static_cast<std::size_t>(l)];
     T const* x = a_.x[static_cast<std::size_t>(l)];
     T* y = a_.x[static_cast<std::size_t>(l + 1)];
@@ -468,7 +477,7 @@ class cuda_gpt {
 
   //! a_.dx holds d(block output) on entry and d(block input) on return (nn::gpt's order).
   void block_backward(index_t l) {
-    auto const& o = layers_[static_cast<std::size_t>(l)];
+    auto const& o = off_.blocks[static_cast<std::size_t>(l)];
     auto const& a = a_.layers[static_cast<std::size_t>(l)];
     T const* x = a_.x[static_cast<std::size_t>(l)];
     index_t const t = t_, d = c_.d_model, kvd = c_.kv() * c_.head_dim(), hid = c_.hidden();
@@ -544,12 +553,11 @@ class cuda_gpt {
 
   gpt_config c_;
   param_layout layout_;
+  cuda_gpt_detail::gpt_offsets off_;
   exec::cuda ex_;
   cuda_gpt_detail::cublas_handle blas_;
   tensor<T, 1, cuda_space> params_;
   tensor<T, 1, cuda_space> grads_;
-  std::size_t wte_ = 0, wpe_ = 0, lnf_w_ = 0, lnf_b_ = 0, head_ = 0;
-  std::vector<layer_offsets> layers_;
   tensor<std::byte, 1, cuda_space> arena_;
   activations a_{};
   std::vector<C> host_logp_;

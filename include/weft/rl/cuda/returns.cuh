@@ -97,51 +97,49 @@ __device__ inline std::int64_t tile_token(std::int64_t tile_end, int i) {
   return tile_end - 1 - (static_cast<std::int64_t>(threadIdx.x) * scan_items + i);
 }
 
-template <class T, class M>
-__global__ void __launch_bounds__(scan_block)
-    discounted_scan_kernel(device_rows rows, rl::detail::discounted_scan<T, M> f) {
+//! One affine reverse scan over a row's tokens [begin, end), tile by tile from its end: element(t)
+//! the token's map (the identity past the row's start), then write(t, state) with the state of
+//! the inclusive (Exclusive: exclusive) scan. Every thread of the block calls it.
+template <bool Exclusive, class Element, class Write>
+__device__ void scan_row(
+    std::int64_t begin, std::int64_t end, Element const& element, Write const& write,
+    typename cub::BlockScan<rl::detail::affine_map, scan_block>::TempStorage& temp) {
   using rl::detail::affine_map;
-  __shared__ typename cub::BlockScan<affine_map, scan_block>::TempStorage temp;
-  for (std::int64_t i = blockIdx.x; i < rows.rows; i += gridDim.x) {
-    std::int64_t const begin = rows.begin(i);
-    affine_map carry{};
-    for (std::int64_t end = rows.end(i); end > begin; end -= scan_tile) {
-      affine_map items[scan_items];
-      for (int k = 0; k < scan_items; ++k) {
-        std::int64_t const t = tile_token(end, k);
-        items[k] = t >= begin ? f.element(t) : affine_map{};
-      }
-      tile_scan<true>(items, carry, rl::detail::affine_then{}, temp);
-      for (int k = 0; k < scan_items; ++k) {
-        std::int64_t const t = tile_token(end, k);
-        if (t >= begin) f.write(t, items[k].b);
-      }
+  affine_map carry{};
+  for (; end > begin; end -= scan_tile) {
+    affine_map items[scan_items];
+    for (int k = 0; k < scan_items; ++k) {
+      std::int64_t const t = tile_token(end, k);
+      items[k] = t >= begin ? element(t) : affine_map{};
+    }
+    tile_scan<Exclusive>(items, carry, rl::detail::affine_then{}, temp);
+    for (int k = 0; k < scan_items; ++k) {
+      std::int64_t const t = tile_token(end, k);
+      if (t >= begin) write(t, items[k].b);
     }
   }
 }
 
 template <class T, class M>
 __global__ void __launch_bounds__(scan_block)
+    discounted_scan_kernel(device_rows rows, rl::detail::discounted_scan<T, M> f) {
+  __shared__ typename cub::BlockScan<rl::detail::affine_map, scan_block>::TempStorage temp;
+  for (std::int64_t i = blockIdx.x; i < rows.rows; i += gridDim.x)
+    scan_row<true>(
+        rows.begin(i), rows.end(i), [&](std::int64_t t) { return f.element(t); },
+        [&](std::int64_t t, double later) { f.write(t, later); }, temp);
+}
+
+template <class T, class M>
+__global__ void __launch_bounds__(scan_block)
     remax_scan_kernel(device_rows rows, rl::detail::remax_scan<T, M> f,
                       T const* __restrict__ baselines) {
-  using rl::detail::affine_map;
-  __shared__ typename cub::BlockScan<affine_map, scan_block>::TempStorage temp;
+  __shared__ typename cub::BlockScan<rl::detail::affine_map, scan_block>::TempStorage temp;
   for (std::int64_t i = blockIdx.x; i < rows.rows; i += gridDim.x) {
-    std::int64_t const begin = rows.begin(i);
     double const b = static_cast<double>(baselines[i]);
-    affine_map carry{};
-    for (std::int64_t end = rows.end(i); end > begin; end -= scan_tile) {
-      affine_map items[scan_items];
-      for (int k = 0; k < scan_items; ++k) {
-        std::int64_t const t = tile_token(end, k);
-        items[k] = t >= begin ? f.element(t) : affine_map{};
-      }
-      tile_scan<false>(items, carry, rl::detail::affine_then{}, temp);
-      for (int k = 0; k < scan_items; ++k) {
-        std::int64_t const t = tile_token(end, k);
-        if (t >= begin) f.write(t, items[k].b, b);
-      }
-    }
+    scan_row<false>(
+        rows.begin(i), rows.end(i), [&](std::int64_t t) { return f.element(t); },
+        [&](std::int64_t t, double run) { f.write(t, run, b); }, temp);
   }
 }
 
