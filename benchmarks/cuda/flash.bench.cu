@@ -2,8 +2,9 @@
 // on bf16: forward and backward at B = 4, S = 4096, H = 16, d = 128 and d = 64, causal and not.
 // Timed with CUDA events around each call (manual time). Counters: TFLOP/s with the usual
 // convention, forward 4·B·H·S²·d (halved for causal), backward 2.5x the forward; the backward
-// time includes its D = rowsum(dO∘O) pre-pass. Either kernel family runs (wgmma = 1: the Hopper
-// kernels, flash_kernel::wgmma; skipped with the reason where they cannot run).
+// time includes its D = rowsum(dO∘O) pre-pass. Either kernel family runs, chosen explicitly
+// (wgmma = 1: the Hopper kernels, flash_kernel::wgmma, the default where they run; skipped with
+// the reason elsewhere).
 #include <weft/attention/cuda/flash.cuh>
 
 #include <benchmark/benchmark.h>
@@ -118,7 +119,7 @@ void BM_flash(benchmark::State& state) {
                   static_cast<void*>(g), static_cast<void*>(o), static_cast<void*>(lse),
                   static_cast<void*>(dq), static_cast<void*>(dk), static_cast<void*>(dv)})
     WEFT_CUDA_TRY(cudaFree(p));
-  wk::set_flash_kernel(wk::flash_kernel::mma_sync);
+  wk::set_flash_kernel(wk::flash_kernel::automatic);
 }
 
 }  // namespace

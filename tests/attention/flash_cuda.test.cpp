@@ -4,9 +4,10 @@
 // offsets, Sq != Sk both ways, lengths off the 64-row tiles, MHA/GQA/MQA, d 64 and 128, batch > 1;
 // packed cu_seqlens against the CPU varlen entry points; fully masked rows; the accumulate
 // semantics; the exec::cuda entry points; argument errors; the grid, ring offsets and packed
-// documents again with the Hopper wgmma kernels (flash_kernel::wgmma) on a compute capability
-// 9.0 device. The
-// CUDA part is compiled only by nvcc (weft.test.attention.cuda); the host build sees an empty file.
+// documents, with multi-tile shapes, once with each kernel set chosen explicitly where the default
+// (flash_kernel::automatic) would pick the other: the Hopper wgmma kernels on a compute
+// capability 9.0 device, mma_sync there too. The CUDA part is compiled only by nvcc
+// (weft.test.attention.cuda); the host build sees an empty file.
 #include <doctest/doctest.h>
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
@@ -653,7 +654,39 @@ TEST_CASE("CUDA flash wgmma descriptors address the elements the loaders stored 
   CHECK(std::count(seen.begin(), seen.end(), 1) == 64 * 128);
 }
 
-TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
+namespace {
+// The grid, ring offsets, packed documents and several 128-key tiles through the double buffer
+// (a partial last tile, GQA, batch 2) with the kernels the process has chosen.
+void run_all_shapes() {
+  run_grid<bf16>();
+  run_grid<f16>();
+  check_ring_offsets();
+  check_varlen();
+  std::uint64_t seed = 900;
+  for (std::int64_t d : {64, 128})
+    for (shape const& s : std::vector<shape>{{1, 700, 1000, 4, 2, d}, {2, 384, 384, 2, 1, d}})
+      for (auto c :
+           {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
+        check_problem<bf16>(s, wa::make_mask(c, s.sq, s.sk), seed += 10);
+}
+
+struct restore_kernel {
+  ~restore_kernel() { wk::set_flash_kernel(wk::flash_kernel::automatic); }
+};
+}  // namespace
+
+TEST_CASE("CUDA flash: the default kernels are wgmma on compute capability 9.0, else mma_sync") {
+  // The choice is checked before anything else, device or not.
+  std::string bad;
+  try {
+    wk::set_flash_kernel(static_cast<wk::flash_kernel>(7));
+  } catch (weft::invalid_argument_error const& e) {
+    bad = e.what();
+  }
+  CAPTURE(bad);
+  CHECK(bad.find("`choice`") != std::string::npos);
+  CHECK(bad.find("7") != std::string::npos);
+  REQUIRE(wk::get_flash_kernel() == wk::flash_kernel::automatic);  // the default, unchanged
   if (!have_device()) {
     MESSAGE("no CUDA device: skipped");
     return;
@@ -662,9 +695,15 @@ TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU k
   WEFT_CUDA_TRY(cudaGetDevice(&dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  REQUIRE(wk::get_flash_kernel() == wk::flash_kernel::mma_sync);  // the default
-  if (major != 9 || minor != 0) {
-    // Elsewhere the choice is refused, naming it and the device, and the default stays.
+  // weft's own build targets 90a (WEFT_CUDA_ARCHITECTURES), so on a 9.0 device wgmma runs.
+  bool const hopper = major == 9 && minor == 0;
+  CHECK(wk::flash_kernel_in_use() ==
+        (hopper ? wk::flash_kernel::wgmma : wk::flash_kernel::mma_sync));
+  restore_kernel const guard;
+  wk::set_flash_kernel(wk::flash_kernel::mma_sync);
+  CHECK(wk::flash_kernel_in_use() == wk::flash_kernel::mma_sync);
+  if (!hopper) {
+    // Elsewhere wgmma is refused, naming it and the device, and the choice stays.
     std::string msg;
     try {
       wk::set_flash_kernel(wk::flash_kernel::wgmma);
@@ -675,25 +714,26 @@ TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU k
     CHECK(msg.find("flash_kernel::wgmma") != std::string::npos);
     CHECK(msg.find("compute capability") != std::string::npos);
     CHECK(wk::get_flash_kernel() == wk::flash_kernel::mma_sync);
-    MESSAGE("compute capability ", major, ".", minor, ": the wgmma kernel is not run here");
+  }
+}
+
+TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
+  if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma) {
+    MESSAGE("no compute capability 9.0 device: the default cases ran mma_sync; skipped");
     return;
   }
-  // weft's own build targets 90a (WEFT_CUDA_ARCHITECTURES), so on a 9.0 device it must run.
+  restore_kernel const guard;
   wk::set_flash_kernel(wk::flash_kernel::wgmma);
-  struct restore {
-    ~restore() { wk::set_flash_kernel(wk::flash_kernel::mma_sync); }
-  } const guard;
-  CHECK(wk::get_flash_kernel() == wk::flash_kernel::wgmma);
-  run_grid<bf16>();
-  run_grid<f16>();
-  check_ring_offsets();
-  check_varlen();
-  // Several 128-key tiles through the double buffer, a partial last tile, GQA, batch 2.
-  std::uint64_t seed = 900;
-  for (std::int64_t d : {64, 128})
-    for (shape const& s : std::vector<shape>{{1, 700, 1000, 4, 2, d}, {2, 384, 384, 2, 1, d}})
-      for (auto c :
-           {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
-        check_problem<bf16>(s, wa::make_mask(c, s.sq, s.sk), seed += 10);
+  run_all_shapes();
+}
+
+TEST_CASE("CUDA flash forward/backward on mma_sync, chosen where wgmma is the default") {
+  if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma) {
+    MESSAGE("the default is mma_sync here: the default cases ran it; skipped");
+    return;
+  }
+  restore_kernel const guard;
+  wk::set_flash_kernel(wk::flash_kernel::mma_sync);
+  run_all_shapes();
 }
 #endif

@@ -499,7 +499,9 @@ TEST_CASE("nn/cuda gpt: bad configurations, stores and batches are refused befor
   nn_test::expect_throw<weft::shape_error>([&] { gpu.upload_params(small); }, "`store`");
   // The same parameter count and total, one name different: another layout all the same.
   nn::param_layout renamed;
-  for (auto const& e : nn::gpt_layout(c).entries())
+  nn::param_layout const layout = nn::gpt_layout(c);  // named: a range-for over a temporary's
+                                                      // entries() would read a destroyed layout
+  for (auto const& e : layout.entries())
     renamed.add(e.name == "wpe" ? std::string("wpx") : e.name, e.shape, e.info);
   nn::param_store<float> impostor(renamed);
   nn_test::expect_throw<weft::shape_error>([&] { gpu.upload_params(impostor); },

@@ -13,11 +13,11 @@
 // batch or document) loops over the group's query heads and the query tiles that see its keys,
 // recomputes P = exp(S − L), and accumulates dV += Pᵀ dO, dK += τ dSᵀ Q in registers (each warp
 // owns 16 keys; GQA needs no atomics for dk/dv) and dQ += τ dS K by float atomicAdd.
-// Hopper (opt-in, set_flash_kernel(flash_kernel::wgmma); compute capability 9.0 and an sm_90a
-// build): the same two designs with their products on warpgroup MMA (wgmma m64nNk16, operands in
+// Hopper (compute capability 9.0 and an sm_90a build; the default there, flash_kernel::automatic):
+// the same two designs with their products on warpgroup MMA (wgmma m64nNk16, operands in
 // 128-byte-swizzled shared memory or, for Q and the probabilities, in registers): the forward on
-// 128-key tiles, the backward's five products per 64 x 64 tile, and the same row math. Compiled in
-// CI but not yet run on a GPU: the default stays mma.sync until the gpu label has passed with it.
+// 128-key tiles, the backward's five products per 64 x 64 tile, and the same row math.
+// set_flash_kernel picks one set for the process.
 // The kernels are in detail/: flash_kernels.cuh (the mma.sync kernels and every launch),
 // flash_wgmma_kernels.cuh (the Hopper kernels) and flash_rows.cuh (the row code both share). This
 // header holds the entry points (raw views on a stream, and exec::cuda with tensor views).
@@ -57,18 +57,28 @@ using ::weft::attention::detail::bshd;
 
 //! Selects the kernels of every later flash launch, forward and backward, in this process (the
 //! choice is global, as torch.backends.cuda's SDPA switches are; launches already queued keep
-//! theirs). wgmma is checked here on the current device, and again at each launch on the launching
-//! device: where it cannot run (not compute capability 9.0, or code built without sm_90a) the call
-//! throws invalid_argument_error naming the device. The first check on a device probes it with one
-//! tiny launch and a synchronous copy (not inside a CUDA graph capture).
+//! theirs). The default, automatic, runs wgmma on each device where it runs and mma_sync
+//! elsewhere. wgmma is checked here on the current device, and again at each launch on the
+//! launching device: where it cannot run (not compute capability 9.0, or code built without
+//! sm_90a) the call throws invalid_argument_error naming the device. The first check on a device
+//! (automatic's included, at its first launch there) probes it with one tiny launch and a
+//! synchronous copy; under automatic, a launch on a device not yet probed while its stream is
+//! being captured into a CUDA graph uses mma_sync (call flash_kernel_in_use() once before the
+//! capture to probe).
 inline void set_flash_kernel(flash_kernel choice) {
+  WEFT_EXPECTS(choice == flash_kernel::mma_sync || choice == flash_kernel::wgmma ||
+                   choice == flash_kernel::automatic,
+               "choice", "flash_kernel::mma_sync, wgmma or automatic", static_cast<int>(choice));
   if (choice == flash_kernel::wgmma) flash_detail::check_wgmma_usable();
   flash_detail::kernel_choice().store(choice, std::memory_order_relaxed);
 }
-//! The kernels flash launches use now.
+//! The choice set_flash_kernel made (automatic by default).
 inline flash_kernel get_flash_kernel() {
   return flash_detail::kernel_choice().load(std::memory_order_relaxed);
 }
+//! The kernels a flash launch on the current device uses now: mma_sync or wgmma (automatic
+//! resolved; probes the device if not yet done, so not inside a CUDA graph capture).
+inline flash_kernel flash_kernel_in_use() { return flash_detail::launch_kernel(cudaStreamLegacy); }
 
 //! Flash attention forward on `stream` (asynchronous). q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] of
 //! T (weft::bf16 or weft::f16), Hq % Hkv == 0, D 64 or 128; o [B, Sq, Hq, D] of O (T or float);

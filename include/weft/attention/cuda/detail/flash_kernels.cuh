@@ -38,11 +38,11 @@ using ::weft::attention::detail::bhs;
 using ::weft::attention::detail::bshd;
 
 //! Which kernels the flash entry points launch (forward and backward). mma_sync: the
-//! FlashAttention-2-shaped kernels on m16n8k16 mma.sync (sm_80 and up; the default, run and tested
-//! on an H200). wgmma: the Hopper kernels on warpgroup MMA (compute capability 9.0 with an sm_90a
-//! build): compiled in CI, NOT yet run on a GPU, so opt-in until a GPU run of the gpu label
-//! validates them.
-enum class flash_kernel { mma_sync, wgmma };
+//! FlashAttention-2-shaped kernels on m16n8k16 mma.sync (sm_80 and up). wgmma: the Hopper kernels
+//! on warpgroup MMA (compute capability 9.0 with an sm_90a build). automatic (the default): wgmma
+//! on a device where it runs, mma_sync elsewhere. Both have passed the gpu label on an H200; wgmma
+//! is the faster there (benchmarks/RESULTS.md).
+enum class flash_kernel { mma_sync, wgmma, automatic };
 
 namespace flash_detail {
 
@@ -389,16 +389,20 @@ __global__ void wgmma_probe_kernel(int* out) {
   *out = WEFT_WGMMA_DEVICE;
 }
 
-//! Whether the wgmma forward runs on the current device: probed once per device (a launch and a
+//! Per device: 0 not probed yet, 1 wgmma usable, 2 not.
+inline std::atomic<int>& wgmma_known(int dev) {
+  static std::atomic<int> cache[64] = {};
+  static std::atomic<int> unknown{0};  // devices past 64 are probed at every call
+  return dev >= 0 && dev < 64 ? cache[dev] : unknown;
+}
+
+//! Whether the wgmma kernels run on the current device: probed once per device (a launch and a
 //! synchronous copy, on the first call for that device), then cached.
 inline bool wgmma_usable() {
   int dev = 0;
   WEFT_CUDA_TRY(cudaGetDevice(&dev));
-  static std::atomic<int> cache[64] = {};  // 0 unknown, 1 usable, 2 not
-  if (dev >= 0 && dev < 64) {
-    int const c = cache[dev].load(std::memory_order_acquire);
-    if (c != 0) return c == 1;
-  }
+  std::atomic<int>& cache = wgmma_known(dev);
+  if (int const c = cache.load(std::memory_order_acquire); c != 0) return c == 1;
   int major = 0, minor = 0;
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
@@ -422,13 +426,13 @@ inline bool wgmma_usable() {
     WEFT_CUDA_TRY(copied);
     ok = launched == cudaSuccess && h == 1;
   }
-  if (dev >= 0 && dev < 64) cache[dev].store(ok ? 1 : 2, std::memory_order_release);
+  if (dev >= 0 && dev < 64) cache.store(ok ? 1 : 2, std::memory_order_release);
   return ok;
 }
 
 //! The process-wide kernel choice (see set_flash_kernel).
 inline std::atomic<flash_kernel>& kernel_choice() {
-  static std::atomic<flash_kernel> choice{flash_kernel::mma_sync};
+  static std::atomic<flash_kernel> choice{flash_kernel::automatic};
   return choice;
 }
 
@@ -445,6 +449,27 @@ inline void check_wgmma_usable() {
                              major == 9 && minor == 0 ? ", code built without sm_90a" : ""));
 }
 
+//! The kernels a launch on `stream` (on the current device) uses: the choice, with automatic
+//! resolved; wgmma chosen where it cannot run throws. automatic on a device not yet probed, while
+//! `stream` is being captured into a CUDA graph, resolves to mma_sync without probing (the probe
+//! synchronises, which a capture forbids).
+inline flash_kernel launch_kernel(cudaStream_t stream) {
+  flash_kernel const choice = kernel_choice().load(std::memory_order_relaxed);
+  if (choice == flash_kernel::mma_sync) return choice;
+  if (choice == flash_kernel::wgmma) {
+    check_wgmma_usable();
+    return choice;
+  }
+  int dev = 0;
+  WEFT_CUDA_TRY(cudaGetDevice(&dev));
+  if (wgmma_known(dev).load(std::memory_order_acquire) == 0) {
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    WEFT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
+    if (capture != cudaStreamCaptureStatusNone) return flash_kernel::mma_sync;
+  }
+  return wgmma_usable() ? flash_kernel::wgmma : flash_kernel::mma_sync;
+}
+
 template <class T, class O>
 void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<T const> v,
                     bshd<O> o, bhs<float> lse, mask_rule mask, float scale, seq_layout lay,
@@ -454,8 +479,7 @@ void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   dim3 const grid(static_cast<unsigned>((max_sq + fwd_block_q - 1) / fwd_block_q),
                   static_cast<unsigned>(q.h), static_cast<unsigned>(z));
-  if (kernel_choice().load(std::memory_order_relaxed) == flash_kernel::wgmma) {
-    check_wgmma_usable();
+  if (launch_kernel(stream) == flash_kernel::wgmma) {
     if (q.d == 64)
       launch(forward_kernel_wgmma<T, O, 64>, grid, fwd_threads, forward_wgmma_smem<64>, stream, q,
              k, v, o, lse, mask, scale, lay);
@@ -481,8 +505,7 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
   WEFT_EXPECTS(z <= 65535, lay.cu_q ? "cu_seqlens_q" : "q",
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   // Checked before the scratch is allocated, so that a refusal leaks nothing.
-  bool const wgmma = kernel_choice().load(std::memory_order_relaxed) == flash_kernel::wgmma;
-  if (wgmma) check_wgmma_usable();
+  bool const wgmma = launch_kernel(stream) == flash_kernel::wgmma;
   std::int64_t const rows = q.b * q.s * q.h;
   float* dsum = nullptr;
   WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&dsum),

@@ -43,10 +43,11 @@ inline constexpr std::size_t backward_wgmma_smem =
 //! The Hopper forward (flash_kernel::wgmma): the forward kernel's tiling and row math with
 //! the two products on warpgroup MMA. 8 warps = 2 warpgroups of 64 query rows (a warp's rows are
 //! those of forward_kernel's warp, so online_softmax and store_forward_rows serve both); key tiles
-//! of wg_block_k keys, double-buffered by cp.async in the 128-byte swizzle of wgmma.cuh; Q stays
-//! in registers as the A operand of S = Q Kᵀ (m64n{wg_block_k}k16, K read K-major), and the
-//! probabilities, packed to 16 bits in registers, are the A operand of O += P V (m64n{D}k16, V
-//! read MN-major). Each product is issued, committed and waited for within the iteration.
+//! of wg_block_k keys, double-buffered by cp.async in the 128-byte swizzle of wgmma.cuh; Q, read
+//! from its shared tile into registers for each key tile, is the A operand of S = Q Kᵀ
+//! (m64n{wg_block_k}k16, K read K-major), and the probabilities, packed to 16 bits in registers,
+//! are the A operand of O += P V (m64n{D}k16, V read MN-major). Each product is issued, committed
+//! and waited for within the iteration.
 template <class T, class O, int D>
 __global__ void __launch_bounds__(fwd_threads, 1)
     forward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
@@ -87,12 +88,6 @@ __global__ void __launch_bounds__(fwd_threads, 1)
   mma::cp_async_wait<0>();
   __syncthreads();
 
-  std::uint32_t qf[D / 16][4];
-#pragma unroll
-  for (int kk = 0; kk < D / 16; ++kk)
-    mma::ldmatrix_x4(
-        qf[kk], mma::smem_addr(sq_tile + (warp * 16 + lane % 16) * P + kk * 16 + (lane / 16) * 8));
-
   float oacc[NT_O][4];
   for (auto& x : oacc) x[0] = x[1] = x[2] = x[3] = 0.0f;
   softmax_row_state<float> st[2];
@@ -116,7 +111,15 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     std::uint32_t const ck = sk_base + (j & 1) * kv_tile_bytes;
     std::uint32_t const cv = sv_base + (j & 1) * kv_tile_bytes;
 
-    // S = Q Kᵀ: K-major B, k16 steps along D (4 per 64-column block, 32 bytes apart).
+    // S = Q Kᵀ: K-major B, k16 steps along D (4 per 64-column block, 32 bytes apart). The Q
+    // fragments are read from shared memory for every tile, not held in registers across the
+    // loop: held, they came back wrong from the second key tile on at d = 128 on an H200 (216
+    // registers; reloading them was the variant that fixed it, and costs D/16 ldmatrix a tile).
+    std::uint32_t qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      mma::ldmatrix_x4(qf[kk], mma::smem_addr(sq_tile + (warp * 16 + lane % 16) * P + kk * 16 +
+                                              (lane / 16) * 8));
     float s[NT_S][4];
     for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
     wgmma::fence_operands(s);
