@@ -602,7 +602,9 @@ TEST_CASE("CUDA flash wgmma descriptors address the elements the loaders stored 
   constexpr std::uint32_t base = 0x8000;  // any 1024-byte aligned shared address
   for (int D : {64, 128}) {
     CAPTURE(D);
-    // Forward, 128-key tiles: S = Q Kᵀ reads K [key][d] K-major (N = keys, K = d).
+    // Forward, 128-key tiles: S = Q Kᵀ reads K [key][d] K-major (N = keys, K = d), and each
+    // warpgroup w its 64 rows of the 128-row Q tile [query][d] K-major (M = queries, K = d), from
+    // 64 rows (8192 bytes) into each 64-column block.
     constexpr int BK = 128;
     for (int kk = 0; kk < D / 16; ++kk) {
       fields const f = decode(ww::kmajor_step<BK>(base, kk));
@@ -610,6 +612,12 @@ TEST_CASE("CUDA flash wgmma descriptors address the elements the loaders stored 
       CHECK(misplaced(
                 BK, [&](int n, int k) { return k_major(f, n, k); },
                 [&](int n, int k) { return stored<BK>(base, n, kk * 16 + k); }) == 0);
+      for (int w = 0; w < 2; ++w) {
+        fields const a = decode(ww::kmajor_step<128>(base + std::uint32_t(w) * 64 * 128, kk));
+        CHECK(misplaced(
+                  64, [&](int m, int k) { return k_major(a, m, k); },
+                  [&](int m, int k) { return stored<128>(base, w * 64 + m, kk * 16 + k); }) == 0);
+      }
     }
     // Forward: O += P V reads V [key][d] MN-major (K = keys, N = d).
     for (int kk = 0; kk < BK / 16; ++kk) {

@@ -135,15 +135,17 @@ __device__ __forceinline__ forward_tile<T> locate_forward(bshd<T const> const& q
 //! One key tile of the forward's online softmax, for this thread's rows row0 and row0 + 8 (the
 //! C-fragment rows of an m16n8k16 / m64nNk16 tile; its columns jb + 8·nt + 2t + (e & 1)): scales
 //! the scores of s, masks keys past sk or past the causal boundary (only in a tile that crosses
-//! one, as seen from the CTA's first row i0, which sees the fewest keys), takes the row maxima
-//! over the quad, rescales the states and this thread's o accumulators, and turns s into the
-//! tile's probabilities (st.weight's semantics), adding this thread's part of each row sum.
-template <int NS, int NO>
-__device__ __forceinline__ void online_softmax(float (&s)[NS][4], float (&oacc)[NO][4],
-                                               softmax_row_state<float> (&st)[2], float scale,
-                                               cta_seq const& cs, mask_rule const& mask,
-                                               std::int64_t i0, std::int64_t jb, std::int64_t row0,
-                                               int t) {
+//! either, seen from the CTA's first row i0), takes the row maxima over the quad, rescales the
+//! states, sets alpha to the factor the rows' o accumulators must be rescaled by, and turns s into
+//! the tile's probabilities (st.weight's semantics), adding this thread's part of each row sum.
+//! The o accumulators are not touched, so an MMA into them may still be running.
+template <int NS>
+__device__ __forceinline__ void tile_probabilities(float (&s)[NS][4],
+                                                   softmax_row_state<float> (&st)[2],
+                                                   float (&alpha)[2], float scale,
+                                                   cta_seq const& cs, mask_rule const& mask,
+                                                   std::int64_t i0, std::int64_t jb,
+                                                   std::int64_t row0, int t) {
   constexpr std::int64_t bk = NS * 8;
   bool const need_mask = jb + bk > cs.sk || (mask.causal && jb + bk - 1 > i0 + mask.offset);
   float const ninf = empty_lse<float>();
@@ -165,13 +167,8 @@ __device__ __forceinline__ void online_softmax(float (&s)[NS][4], float (&oacc)[
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    float const alpha = st[r].rescale(mx[r]);
+    alpha[r] = st[r].rescale(mx[r]);
     m_log2[r] = st[r].m * log2e;
-#pragma unroll
-    for (int nt = 0; nt < NO; ++nt) {
-      oacc[nt][2 * r] *= alpha;
-      oacc[nt][2 * r + 1] *= alpha;
-    }
   }
 #pragma unroll
   for (int nt = 0; nt < NS; ++nt)
@@ -181,6 +178,30 @@ __device__ __forceinline__ void online_softmax(float (&s)[NS][4], float (&oacc)[
       st[e / 2].l += p;
       s[nt][e] = p;
     }
+}
+
+//! Multiplies this thread's o accumulators of rows row0 and row0 + 8 by alpha[0] and alpha[1].
+template <int NO>
+__device__ __forceinline__ void rescale_rows(float (&oacc)[NO][4], float const (&alpha)[2]) {
+#pragma unroll
+  for (int nt = 0; nt < NO; ++nt) {
+    oacc[nt][0] *= alpha[0];
+    oacc[nt][1] *= alpha[0];
+    oacc[nt][2] *= alpha[1];
+    oacc[nt][3] *= alpha[1];
+  }
+}
+
+//! tile_probabilities, then the o accumulators rescaled (nothing may be writing them).
+template <int NS, int NO>
+__device__ __forceinline__ void online_softmax(float (&s)[NS][4], float (&oacc)[NO][4],
+                                               softmax_row_state<float> (&st)[2], float scale,
+                                               cta_seq const& cs, mask_rule const& mask,
+                                               std::int64_t i0, std::int64_t jb, std::int64_t row0,
+                                               int t) {
+  float alpha[2];
+  tile_probabilities(s, st, alpha, scale, cs, mask, i0, jb, row0, t);
+  rescale_rows(oacc, alpha);
 }
 
 //! The forward's end for this thread's rows row0 and row0 + 8: completes the row sums over the

@@ -28,11 +28,11 @@ namespace flash_detail {
 
 inline constexpr int wg_block_k = 128;  // wgmma forward: keys per tile
 
-//! The wgmma forward: double-buffered swizzled K and V tiles, the padded Q tile, and up to 1023
-//! bytes to put the swizzled tiles on a 1024-byte boundary.
+//! The wgmma forward: the swizzled Q tile, double-buffered swizzled K and V tiles, and up to 1023
+//! bytes to put them on a 1024-byte boundary.
 template <int D>
 inline constexpr std::size_t forward_wgmma_smem =
-    std::size_t(4 * wg_block_k) * D * 2 + std::size_t(fwd_block_q) * pitch<D> * 2 + 1024;
+    std::size_t(fwd_block_q) * D * 2 + std::size_t(4 * wg_block_k) * D * 2 + 1024;
 
 //! The wgmma backward: swizzled K and V tiles of 64 rows, Q and dO twice, the 64 x 64 dSᵀ tile,
 //! L and D of the query tile, and the alignment slack.
@@ -40,32 +40,34 @@ template <int D>
 inline constexpr std::size_t backward_wgmma_smem =
     std::size_t(6 * 64) * D * 2 + std::size_t(64) * 128 + 2 * 64 * sizeof(float) + 1024;
 
-//! The Hopper forward (flash_kernel::wgmma): the forward kernel's tiling and row math with
-//! the two products on warpgroup MMA. 8 warps = 2 warpgroups of 64 query rows (a warp's rows are
-//! those of forward_kernel's warp, so online_softmax and store_forward_rows serve both); key tiles
-//! of wg_block_k keys, double-buffered by cp.async in the 128-byte swizzle of wgmma.cuh; Q, read
-//! from its shared tile into registers for each key tile, is the A operand of S = Q Kᵀ
-//! (m64n{wg_block_k}k16, K read K-major), and the probabilities, packed to 16 bits in registers,
-//! are the A operand of O += P V (m64n{D}k16, V read MN-major). Each product is issued, committed
-//! and waited for within the iteration.
+//! The Hopper forward (flash_kernel::wgmma): the forward kernel's tiling and row math with the two
+//! products on warpgroup MMA. 8 warps = 2 warpgroups of 64 query rows (a warp's rows are those of
+//! forward_kernel's warp, so the row code of flash_rows.cuh serves both); key tiles of wg_block_k
+//! keys. Q, K and V are in the 128-byte swizzle of wgmma.cuh: S = Q Kᵀ reads both from shared
+//! memory (K-major, m64n{wg_block_k}k16), O += P V takes the probabilities, packed to 16 bits, from
+//! registers and V MN-major (m64n{D}k16).
+//! The softmax of tile j overlaps the product of tile j − 1: step j issues S_j = Q K_jᵀ and then
+//! O += P_{j−1} V_{j−1}, waits for S_j only, forms P_j (tile_probabilities, which leaves o alone),
+//! and only then waits for the second product and rescales o. Step j's cp.async group loads K_{j+1}
+//! and V_j, double-buffered: K_{j+1} takes K_{j−1}'s buffer and V_j takes V_{j−2}'s, both released
+//! by the barrier that ends step j − 1.
 template <class T, class O, int D>
 __global__ void __launch_bounds__(fwd_threads, 1)
     forward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
                          bhs<float> lse, mask_rule mask_in, float scale, seq_layout lay) {
-  constexpr int P = pitch<D>;
   constexpr int BK = wg_block_k;
   constexpr bool BF = mma::is_bf16<T>;
   constexpr int NT_S = BK / 8;
   constexpr int NT_O = D / 8;
   constexpr std::uint32_t kv_tile_bytes = std::uint32_t(BK) * D * 2;
+  constexpr std::uint32_t q_tile_bytes = std::uint32_t(fwd_block_q) * D * 2;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // K and V buffers first, on a 1024-byte boundary (the swizzle atom); Q (padded, for ldmatrix)
-  // after them.
+  // Q, then the K and V buffers, from a 1024-byte boundary (the swizzle atom).
   std::uint32_t const raw = mma::smem_addr(smem_raw);
   std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
-  std::uint32_t const sk_base = raw + pad;                    // [2][BK x D] swizzled
+  std::uint32_t const sq = raw + pad;                         // [fwd_block_q x D] swizzled
+  std::uint32_t const sk_base = sq + q_tile_bytes;            // [2][BK x D] swizzled
   std::uint32_t const sv_base = sk_base + 2 * kv_tile_bytes;  // [2][BK x D] swizzled
-  T* const sq_tile = reinterpret_cast<T*>(smem_raw + pad + 4 * kv_tile_bytes);
 
   forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
   cta_seq const& cs = ft.cs;
@@ -76,70 +78,73 @@ __global__ void __launch_bounds__(fwd_threads, 1)
   int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   int const g = lane / 4, t = lane % 4;
   T const *const qb = ft.qb, *const kb = ft.kb, *const vb = ft.vb;
-  std::int64_t const rows = ft.rows;
   int const ntiles = static_cast<int>((ft.k_end + BK - 1) / BK);
+  // This warpgroup's 64 rows of Q: 64 rows x 128 bytes into each 64-column block of the tile.
+  std::uint32_t const sq_wg = sq + std::uint32_t(warp / 4) * 64 * 128;
 
-  mma::load_tile_async<fwd_block_q, D, P, fwd_threads>(sq_tile, qb, q.ss, rows, q.data);
-  if (ntiles > 0) {
-    wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base, kb, k.ss, cs.sk, k.data);
-    wgmma::load_tile_sw128<BK, D, fwd_threads>(sv_base, vb, v.ss, cs.sk, v.data);
-  }
+  wgmma::load_tile_sw128<fwd_block_q, D, fwd_threads>(sq, qb, q.ss, ft.rows, q.data);
+  if (ntiles > 0) wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base, kb, k.ss, cs.sk, k.data);
   mma::cp_async_commit();
-  mma::cp_async_wait<0>();
-  __syncthreads();
 
   float oacc[NT_O][4];
   for (auto& x : oacc) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  // S_j's accumulators (each product overwrites them: its first k-step does not accumulate) and
+  // P_{j-1}, packed: the A operand of O += P V. Zeroed once so that no register is read unset.
+  float s[NT_S][4];
+  for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  std::uint32_t pa[BK / 16][4];
+  for (auto& x : pa) x[0] = x[1] = x[2] = x[3] = 0u;
   softmax_row_state<float> st[2];
   std::int64_t const row0 = i0 + warp * 16 + g;
 
   for (int j = 0; j < ntiles; ++j) {
-    if (j + 1 < ntiles) {
-      std::int64_t const jn = std::int64_t(j + 1) * BK;
-      std::uint32_t const off = ((j + 1) & 1) * kv_tile_bytes;
-      wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base + off, kb + jn * k.ss, k.ss, cs.sk - jn,
+    // This step's loads, V_j and K_{j+1}; then everything before them (Q, K_j, V_{j-1}) landed.
+    std::int64_t const jb = std::int64_t(j) * BK;
+    wgmma::load_tile_sw128<BK, D, fwd_threads>(sv_base + (j & 1) * kv_tile_bytes, vb + jb * v.ss,
+                                               v.ss, cs.sk - jb, v.data);
+    if (j + 1 < ntiles)
+      wgmma::load_tile_sw128<BK, D, fwd_threads>(sk_base + ((j + 1) & 1) * kv_tile_bytes,
+                                                 kb + (jb + BK) * k.ss, k.ss, cs.sk - jb - BK,
                                                  k.data);
-      wgmma::load_tile_sw128<BK, D, fwd_threads>(sv_base + off, vb + jn * v.ss, v.ss, cs.sk - jn,
-                                                 v.data);
-      mma::cp_async_commit();
-      mma::cp_async_wait<1>();
-    } else {
-      mma::cp_async_wait<0>();
-    }
+    mma::cp_async_commit();
+    mma::cp_async_wait<1>();
     wgmma::fence_proxy_async();
     __syncthreads();
-    std::uint32_t const ck = sk_base + (j & 1) * kv_tile_bytes;
-    std::uint32_t const cv = sv_base + (j & 1) * kv_tile_bytes;
 
-    // S = Q Kᵀ: K-major B, k16 steps along D (4 per 64-column block, 32 bytes apart). The Q
-    // fragments are read from shared memory for every tile, not held in registers across the
-    // loop: held, they came back wrong from the second key tile on at d = 128 on an H200 (216
-    // registers; reloading them was the variant that fixed it, and costs D/16 ldmatrix a tile).
-    std::uint32_t qf[D / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      mma::ldmatrix_x4(qf[kk], mma::smem_addr(sq_tile + (warp * 16 + lane % 16) * P + kk * 16 +
-                                              (lane / 16) * 8));
-    float s[NT_S][4];
-    for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
+    // S_j = Q K_jᵀ, both K-major, k16 steps along D (4 per 64-column block, 32 bytes apart).
+    std::uint32_t const ck = sk_base + (j & 1) * kv_tile_bytes;
     wgmma::fence_operands(s);
-    wgmma::fence_operands(qf);
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
     wgmma::fence();
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk)
-      wgmma::mma_rs<BF, 0>(s, qf[kk], wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
+      wgmma::mma_ss<BF, 0, 0>(s, wgmma::kmajor_step<fwd_block_q>(sq_wg, kk),
+                              wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
     wgmma::commit();
-    wgmma::wait<0>();
+    if (j > 0) {
+      // O += P_{j-1} V_{j-1}: MN-major V, k16 steps along the keys (16 rows = 2048 bytes), the
+      // 64-column blocks of D BK·128 bytes apart. It runs while P_j is formed below.
+      std::uint32_t const cv = sv_base + ((j - 1) & 1) * kv_tile_bytes;
+#pragma unroll
+      for (int kk = 0; kk < BK / 16; ++kk)
+        wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
+      wgmma::commit();
+      wgmma::wait<1>();  // S_j (the older group) is done
+    } else {
+      wgmma::wait<0>();
+    }
     wgmma::fence_operands(s);
-    wgmma::fence_operands(qf);
 
-    online_softmax(s, oacc, st, scale, cs, mask, i0, std::int64_t(j) * BK, row0, t);
+    float alpha[2];
+    tile_probabilities(s, st, alpha, scale, cs, mask, i0, jb, row0, t);
 
-    // O += P V: MN-major B, k16 steps along the keys (16 rows = 2048 bytes), 64-column blocks of
-    // D BK·128 bytes apart.
-    // The A fragments are packed before the fence: a register written between two wgmma makes
-    // ptxas serialise them (it injects warpgroup.arrive).
-    std::uint32_t pa[BK / 16][4];
+    wgmma::wait<0>();  // O += P_{j-1} V_{j-1} is done: o and P_{j-1}'s registers are free
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
+    rescale_rows(oacc, alpha);
+    // P_j packed before the next fence: a register written between two wgmma makes ptxas
+    // serialise them (it injects warpgroup.arrive).
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
       pa[kk][0] = mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
@@ -147,6 +152,16 @@ __global__ void __launch_bounds__(fwd_threads, 1)
       pa[kk][2] = mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
+    // Every warpgroup's products of this step are done: the next step's loads may overwrite
+    // K_j's and V_{j-1}'s buffers.
+    __syncthreads();
+  }
+  if (ntiles > 0) {
+    // The last tile's O += P V.
+    mma::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    __syncthreads();
+    std::uint32_t const cv = sv_base + ((ntiles - 1) & 1) * kv_tile_bytes;
     wgmma::fence_operands(oacc);
     wgmma::fence_operands(pa);
     wgmma::fence();
@@ -157,7 +172,8 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     wgmma::wait<0>();
     wgmma::fence_operands(oacc);
     wgmma::fence_operands(pa);
-    __syncthreads();  // the next iteration's prefetch overwrites this buffer
+  } else {
+    mma::cp_async_wait<0>();  // nothing left in flight
   }
 
   store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
