@@ -78,14 +78,11 @@ inline constexpr std::size_t backward_smem = std::size_t(2 * block_k + 2 * block
 // (mma::ex2, within 2 ulp) instead of weft's exp_fn (a dozen FMA-pipe instructions, which made
 // the softmax, not the tensor cores, the forward's bottleneck). They keep the semantics of the
 // WEFT_HD functors they stand for: softmax_row_state::weight (0 for a masked -inf score, which
-// also covers a row that is still empty) and recompute_probability (0 for a masked score or an
-// empty row's -inf L); the per-row rescale, lse and 1/l stay softmax_row_state's own.
+// also covers a row that is still empty; the forward forms exp2(s·(scale·log2 e) − m·log2 e) from
+// the unscaled score s, one FMA, as FlashAttention does) and recompute_probability (0 for a masked
+// score or an empty row's -inf L); the per-row rescale, lse and 1/l stay softmax_row_state's own.
 inline constexpr float log2e = 1.44269504088896341f;
 
-//! softmax_row_state<float>::weight(x) for a state of max m, given m_log2 = m·log2 e.
-__device__ __forceinline__ float weight(float x, float m_log2) {
-  return x == empty_lse<float>() ? 0.0f : mma::ex2(fmaf(x, log2e, -m_log2));
-}
 //! recompute_probability(x, L) given l_log2 = L·log2 e.
 __device__ __forceinline__ float probability(float x, float l_log2) {
   return x == empty_lse<float>() || l_log2 == empty_lse<float>()
@@ -149,32 +146,40 @@ __device__ __forceinline__ void tile_probabilities(float (&s)[NS][4],
   constexpr std::int64_t bk = NS * 8;
   bool const need_mask = jb + bk > cs.sk || (mask.causal && jb + bk - 1 > i0 + mask.offset);
   float const ninf = empty_lse<float>();
-  float mx[2] = {ninf, ninf}, m_log2[2];
+  if (need_mask) {
 #pragma unroll
-  for (int nt = 0; nt < NS; ++nt)
+    for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      float x = s[nt][e] * scale;
-      if (need_mask) {
+      for (int e = 0; e < 4; ++e) {
         std::int64_t const row = row0 + (e >= 2 ? 8 : 0);
         std::int64_t const col = jb + nt * 8 + 2 * t + (e & 1);
-        if (col >= cs.sk || !mask.visible(row, col)) x = ninf;
+        if (col >= cs.sk || !mask.visible(row, col)) s[nt][e] = ninf;
       }
-      s[nt][e] = x;
-      mx[e / 2] = x > mx[e / 2] ? x : mx[e / 2];
-    }
+  }
+  // The row maxima of the unscaled scores: scale > 0 and rounding is monotone, so the scaled max
+  // is bit for bit the max of the scaled scores, the state's m.
+  float mx[2] = {ninf, ninf};
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt) {
+    mx[0] = fmaxf(mx[0], fmaxf(s[nt][0], s[nt][1]));
+    mx[1] = fmaxf(mx[1], fmaxf(s[nt][2], s[nt][3]));
+  }
+  float m_log2[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-    alpha[r] = st[r].rescale(mx[r]);
-    m_log2[r] = st[r].m * log2e;
+    alpha[r] = st[r].rescale(mx[r] * scale);
+    // A row with no score yet (m = -inf) has only -inf scores: a shift of 0 gives each
+    // exp2(-inf) = 0, where -m would give exp2(NaN).
+    m_log2[r] = st[r].m == ninf ? 0.0f : st[r].m * log2e;
   }
+  float const scale_log2 = scale * log2e;
 #pragma unroll
   for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      float const p = weight(s[nt][e], m_log2[e / 2]);  // st.weight's semantics
+      float const p = mma::ex2(fmaf(s[nt][e], scale_log2, -m_log2[e / 2]));  // st.weight's
       st[e / 2].l += p;
       s[nt][e] = p;
     }
