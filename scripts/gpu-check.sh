@@ -48,8 +48,8 @@ case "$mode" in
     cat "$out/machine.txt"
     for t in "$dest"/weft.test.*; do
       echo "=== $(basename "$t")"
-      # The Hopper wgmma flash cases run apart (below), so that a fault or a hang there, in
-      # kernels not yet validated on a GPU, cannot take the validated cases with it.
+      # The Hopper wgmma flash cases run apart (below), so that a fault or a hang there cannot
+      # take the other cases with it.
       timeout 300 "$t" --test-suite-exclude=slow --test-case-exclude='*on wgmma*'
       rc=$?
       echo "=== $(basename "$t") rc=$rc"
@@ -59,11 +59,13 @@ case "$mode" in
       timeout 300 "$dest/weft.test.attention.cuda" --test-case='*on wgmma*'
       echo "=== weft.test.attention.cuda (wgmma) rc=$?"
     fi 2>&1 | tee -a "$out/tests.log"
-    # The GPU decoder and the row scans once more under compute-sanitizer's memcheck, where it is
-    # installed: an access past a row or a cache slot but inside an allocation changes no result.
-    # (doctest splits a --test-case filter at commas: the filters name no comma.)
+    # The GPU decoder, the sampler, the row scans and the wgmma flash kernels once more under
+    # compute-sanitizer's memcheck, where it is installed: an access past a row or a cache slot
+    # but inside an allocation changes no result. (doctest splits a --test-case filter at commas:
+    # the filters name no comma.)
     if command -v compute-sanitizer >/dev/null 2>&1; then
-      for pair in "weft.test.nn.cuda|*cuda_gpt_decoder*" "weft.test.rl.cuda|*rl/cuda: GAE*" "weft.test.rl.cuda|*sample_tokens*"; do
+      for pair in "weft.test.nn.cuda|*cuda_gpt_decoder*" "weft.test.rl.cuda|*rl/cuda: GAE*" \
+        "weft.test.rl.cuda|*sample_tokens*" "weft.test.attention.cuda|*on wgmma*"; do
         prog="${pair%%|*}" cases="${pair#*|}"
         [[ -x "$dest/$prog" ]] || continue
         echo "=== $prog memcheck ($cases)"
