@@ -725,23 +725,23 @@ TEST_CASE("CUDA flash: the default kernels are wgmma on compute capability 9.0, 
   }
 }
 
-TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
+// Runs the whole set of shapes with `kernels` chosen, where the default is wgmma (so the default
+// cases ran wgmma, and mma_sync needs choosing too); elsewhere says why it skips.
+void run_all_shapes_where_wgmma_is_default(wk::flash_kernel kernels) {
   if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma) {
     MESSAGE("no compute capability 9.0 device: the default cases ran mma_sync; skipped");
     return;
   }
   restore_kernel const guard;
-  wk::set_flash_kernel(wk::flash_kernel::wgmma);
+  wk::set_flash_kernel(kernels);
   run_all_shapes();
 }
 
+TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
+  run_all_shapes_where_wgmma_is_default(wk::flash_kernel::wgmma);
+}
+
 TEST_CASE("CUDA flash forward/backward on mma_sync, chosen where wgmma is the default") {
-  if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma) {
-    MESSAGE("the default is mma_sync here: the default cases ran it; skipped");
-    return;
-  }
-  restore_kernel const guard;
-  wk::set_flash_kernel(wk::flash_kernel::mma_sync);
-  run_all_shapes();
+  run_all_shapes_where_wgmma_is_default(wk::flash_kernel::mma_sync);
 }
 #endif
