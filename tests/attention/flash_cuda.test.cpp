@@ -681,6 +681,18 @@ void run_all_shapes() {
 struct restore_kernel {
   ~restore_kernel() { wk::set_flash_kernel(wk::flash_kernel::automatic); }
 };
+
+// Runs the whole set of shapes with `kernels` chosen, where the default is wgmma (so the default
+// cases ran wgmma, and mma_sync needs choosing too); elsewhere says why it skips.
+void run_all_shapes_where_wgmma_is_default(wk::flash_kernel kernels) {
+  if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma) {
+    MESSAGE("no compute capability 9.0 device: the default cases ran mma_sync; skipped");
+    return;
+  }
+  restore_kernel const guard;
+  wk::set_flash_kernel(kernels);
+  run_all_shapes();
+}
 }  // namespace
 
 TEST_CASE("CUDA flash: the default kernels are wgmma on compute capability 9.0, else mma_sync") {
@@ -723,18 +735,6 @@ TEST_CASE("CUDA flash: the default kernels are wgmma on compute capability 9.0, 
     CHECK(msg.find("compute capability") != std::string::npos);
     CHECK(wk::get_flash_kernel() == wk::flash_kernel::mma_sync);
   }
-}
-
-// Runs the whole set of shapes with `kernels` chosen, where the default is wgmma (so the default
-// cases ran wgmma, and mma_sync needs choosing too); elsewhere says why it skips.
-void run_all_shapes_where_wgmma_is_default(wk::flash_kernel kernels) {
-  if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma) {
-    MESSAGE("no compute capability 9.0 device: the default cases ran mma_sync; skipped");
-    return;
-  }
-  restore_kernel const guard;
-  wk::set_flash_kernel(kernels);
-  run_all_shapes();
 }
 
 TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
