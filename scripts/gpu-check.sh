@@ -11,7 +11,9 @@
 #        (doctest, slow suite excluded), rl_trainer_cuda's two runs, every CUDA benchmark, PyTorch's SDPA peer
 #        (benchmarks/peers/sdpa_bench.py, if torch is there) and the 8-byte all_reduce overhead of
 #        the straggler monitor (CPU only: a quiet many-core machine); logs go to OUT (default out/);
-#        WEFT_GPU_CHECK_NO_PEERS=1 skips the PyTorch peer
+#        WEFT_GPU_CHECK_NO_PEERS=1 skips the PyTorch peer; WEFT_GPU_CHECK_PROFILE=1 adds an Nsight
+#        Compute profile of the wgmma flash forward and backward (d 128, causal) where ncu is
+#        installed (out/ncu.txt)
 set -uo pipefail
 mode=${1:-}
 case "$mode" in
@@ -99,6 +101,17 @@ case "$mode" in
       timeout 150 "$dest/weft.bench.comm" --benchmark_filter='all_reduce_8B|straggler_detector' \
         --benchmark_repetitions=15 --benchmark_enable_random_interleaving=true \
         --benchmark_report_aggregates_only=true 2>&1 | tee "$out/comm.log"
+    fi
+    ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+    if [[ -n "${WEFT_GPU_CHECK_PROFILE:-}" && -n "$ncu" && -x "$dest/weft.bench.cuda.flash" ]]; then
+      for pass in "forward_kernel_wgmma|bwd:0" "backward_kernel_wgmma|bwd:1"; do
+        echo "##### ${pass%%|*}"
+        timeout 120 "$ncu" -k "regex:^${pass%%|*}\$" --launch-skip 1 --launch-count 1 \
+          --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+          --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
+          --section LaunchStats --section InstructionStats "$dest/weft.bench.cuda.flash" \
+          --benchmark_filter="BM_flash/B:4/S:4096/H:16/d:128/causal:1/${pass#*|}/wgmma:1"
+      done > "$out/ncu.txt" 2>&1
     fi
     grep -E '=== .* rc=' "$out/tests.log"
     ;;
