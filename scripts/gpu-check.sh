@@ -50,17 +50,10 @@ case "$mode" in
     cat "$out/machine.txt"
     for t in "$dest"/weft.test.*; do
       echo "=== $(basename "$t")"
-      # The Hopper wgmma flash cases run apart (below), so that a fault or a hang there cannot
-      # take the other cases with it.
-      timeout 300 "$t" --test-suite-exclude=slow --test-case-exclude='*on wgmma*'
+      timeout 300 "$t" --test-suite-exclude=slow
       rc=$?
       echo "=== $(basename "$t") rc=$rc"
     done 2>&1 | tee "$out/tests.log"
-    if [[ -x "$dest/weft.test.attention.cuda" ]]; then
-      echo "=== weft.test.attention.cuda (wgmma)"
-      timeout 300 "$dest/weft.test.attention.cuda" --test-case='*on wgmma*'
-      echo "=== weft.test.attention.cuda (wgmma) rc=$?"
-    fi 2>&1 | tee -a "$out/tests.log"
     # The GPU decoder, the sampler, the row scans and the wgmma flash kernels once more under
     # compute-sanitizer's memcheck, where it is installed: an access past a row or a cache slot
     # but inside an allocation changes no result. (doctest splits a --test-case filter at commas:
@@ -75,6 +68,14 @@ case "$mode" in
           --test-case="$cases"
         echo "=== $prog memcheck rc=$?"
       done
+      # The wgmma flash forward's buffers change hands between cp.async groups, warpgroups and
+      # asynchronous MMAs: racecheck for shared-memory hazards.
+      if [[ -x "$dest/weft.test.attention.cuda" ]]; then
+        echo "=== weft.test.attention.cuda racecheck (*on wgmma*)"
+        timeout 600 compute-sanitizer --tool racecheck --error-exitcode 1 \
+          "$dest/weft.test.attention.cuda" --test-case='*on wgmma*'
+        echo "=== weft.test.attention.cuda racecheck rc=$?"
+      fi
     fi 2>&1 | tee -a "$out/tests.log"
     # The reference trainer's model step on the GPU: the f64 run against the one-rank CPU run
     # (--check), then the README's smoke run in f32 (the ctest cases examples/rl_trainer/cuda_*).

@@ -15,8 +15,9 @@
 // owns 16 keys; GQA needs no atomics for dk/dv) and dQ += τ dS K by float atomicAdd.
 // Hopper (compute capability 9.0 and an sm_90a build; the default there, flash_kernel::automatic):
 // the same two designs with their products on warpgroup MMA (wgmma m64nNk16, operands in
-// 128-byte-swizzled shared memory or, for Q and the probabilities, in registers): the forward on
-// 128-key tiles, the backward's five products per 64 x 64 tile, and the same row math.
+// 128-byte-swizzled shared memory or, for P, Pᵀ and dSᵀ, in registers): the forward on 128-key
+// tiles with the softmax of one tile overlapping the previous tile's O += P V, the backward's
+// five products per 64 x 64 tile, and the same row math.
 // set_flash_kernel picks one set for the process.
 // The kernels are in detail/: flash_kernels.cuh (the mma.sync kernels and every launch),
 // flash_wgmma_kernels.cuh (the Hopper kernels) and flash_rows.cuh (the row code both share). This

@@ -27,6 +27,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -389,11 +392,18 @@ __global__ void wgmma_probe_kernel(int* out) {
   *out = WEFT_WGMMA_DEVICE;
 }
 
-//! Per device: 0 not probed yet, 1 wgmma usable, 2 not.
+//! Per device: 0 not probed yet, 1 wgmma usable, 2 not. Devices 0-63 in an array; any other
+//! ordinal in a map of its own (under a lock; its entries are never erased, so the reference
+//! stays valid).
 inline std::atomic<int>& wgmma_known(int dev) {
   static std::atomic<int> cache[64] = {};
-  static std::atomic<int> unknown{0};  // devices past 64 are probed at every call
-  return dev >= 0 && dev < 64 ? cache[dev] : unknown;
+  if (dev >= 0 && dev < 64) return cache[dev];
+  static std::mutex lock;
+  static std::map<int, std::unique_ptr<std::atomic<int>>> more;
+  std::lock_guard<std::mutex> const hold(lock);
+  std::unique_ptr<std::atomic<int>>& entry = more[dev];
+  if (!entry) entry = std::make_unique<std::atomic<int>>(0);
+  return *entry;
 }
 
 //! Whether the wgmma kernels run on the current device: probed once per device (a launch and a
@@ -426,7 +436,7 @@ inline bool wgmma_usable() {
     WEFT_CUDA_TRY(copied);
     ok = launched == cudaSuccess && h == 1;
   }
-  if (dev >= 0 && dev < 64) cache.store(ok ? 1 : 2, std::memory_order_release);
+  cache.store(ok ? 1 : 2, std::memory_order_release);
   return ok;
 }
 
@@ -452,7 +462,9 @@ inline void check_wgmma_usable() {
 //! The kernels a launch on `stream` (on the current device) uses: the choice, with automatic
 //! resolved; wgmma chosen where it cannot run throws. automatic on a device not yet probed, while
 //! `stream` is being captured into a CUDA graph, resolves to mma_sync without probing (the probe
-//! synchronises, which a capture forbids).
+//! synchronises, which a capture forbids). Only `stream` is asked: a capture in global mode on
+//! another stream would be broken by the probe, so probe first (flash_kernel_in_use()) in a
+//! program that captures.
 inline flash_kernel launch_kernel(cudaStream_t stream) {
   flash_kernel const choice = kernel_choice().load(std::memory_order_relaxed);
   if (choice == flash_kernel::mma_sync) return choice;

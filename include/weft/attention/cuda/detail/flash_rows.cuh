@@ -171,8 +171,10 @@ __device__ __forceinline__ void tile_probabilities(float (&s)[NS][4],
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     alpha[r] = st[r].rescale(mx[r] * scale);
     // A row with no score yet (m = -inf) has only -inf scores: a shift of 0 gives each
-    // exp2(-inf) = 0, where -m would give exp2(NaN).
-    m_log2[r] = st[r].m == ninf ? 0.0f : st[r].m * log2e;
+    // exp2(-inf) = 0, where -m would give exp2(NaN). A row whose scaled max overflowed
+    // (m = +inf) gets NaN, as scaling each score first gives (inf − inf), not the FMA's −inf.
+    float const m = st[r].m;
+    m_log2[r] = m == ninf ? 0.0f : (m == -ninf ? __int_as_float(0x7fc00000) : m * log2e);
   }
   float const scale_log2 = scale * log2e;
 #pragma unroll

@@ -110,7 +110,7 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 //! Copies rows [0, Rows) x [0, D) of a tile into shared memory by 16-byte cp.async chunks, chunk
 //! (r, col) to the shared byte address dst(r, col); rows at or past `valid` are zero-filled.
 //! `base` points at row 0 (any valid address when valid = 0), `ld` is the row stride in elements.
-//! NT threads cooperate.
+//! NT threads cooperate: the block's threads, blockDim.x == NT.
 template <int Rows, int D, int NT, class T, class Dst>
 __device__ __forceinline__ void load_rows_async(Dst const& dst, T const* base, std::int64_t ld,
                                                 std::int64_t valid, T const* fallback) {

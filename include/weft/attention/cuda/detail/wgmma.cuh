@@ -5,7 +5,7 @@
 //
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 // - A in registers (per warp w of the warpgroup, rows 16w..16w+15): the m16n8k16 mma.sync A
-//   fragment of mma.cuh, so the ldmatrix'd Q and the packed probabilities feed wgmma unchanged.
+//   fragment of mma.cuh, so the packed probabilities feed wgmma unchanged.
 // - D (f32): d[j][e] is row 16w + g + 8·(e ≥ 2), column 8j + 2t + (e & 1), g = lane / 4,
 //   t = lane % 4: per warp, the C fragments of n8 tiles j = 0..N/8-1 of mma.cuh.
 // - B in shared memory, 128-byte swizzle: a tile of R rows and C = 64·c columns of 16-bit
