@@ -123,8 +123,17 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&a)[N][4]) {
 
 #if WEFT_WGMMA_DEVICE
 // One asm statement per shape and operand source, the element type (a string literal) spliced
-// in: one operand per accumulator register, as PTX requires (generated, not hand-typed; the
-// accumulator lists are shared by the register-A and shared-A forms, N128's extends N64's).
+// in: one operand per accumulator register, as PTX requires (generated, not hand-typed). The
+// accumulators' place in the instruction text (ACC) and their operand list (D) are shared by the
+// register-A and shared-A forms; N128's operand list extends N64's.
+#define WEFT_WGMMA_ACC_N64                                                 \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15," \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+#define WEFT_WGMMA_ACC_N128                                                         \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"          \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31," \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47," \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
 #define WEFT_WGMMA_D_N64                                                                        \
   "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]),     \
       "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), \
@@ -142,52 +151,36 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&a)[N][4]) {
       "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]),              \
       "+f"(d[15][3])
 
-#define WEFT_WGMMA_RS_N64(TY)                                                             \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                        \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                             \
-      " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"            \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                     \
-      : WEFT_WGMMA_D_N64                                                                  \
+#define WEFT_WGMMA_RS_N64(TY)                                                        \
+  asm volatile(                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WEFT_WGMMA_ACC_N64 \
+      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                \
+      : WEFT_WGMMA_D_N64                                                             \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TransB))
 
-#define WEFT_WGMMA_RS_N128(TY)                                                            \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                        \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                            \
-      " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"            \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"   \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"   \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                     \
-      : WEFT_WGMMA_D_N128                                                                 \
+#define WEFT_WGMMA_RS_N128(TY)                                                         \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WEFT_WGMMA_ACC_N128 \
+      "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                  \
+      : WEFT_WGMMA_D_N128                                                              \
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d), "n"(TransB))
 
-#define WEFT_WGMMA_SS_N64(TY)                                                             \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                        \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY                             \
-      " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"            \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, " \
-      "%32, %33, p, 1, 1, %35, %36;\n}\n"                                                 \
-      : WEFT_WGMMA_D_N64                                                                  \
+#define WEFT_WGMMA_SS_N64(TY)                                                        \
+  asm volatile(                                                                      \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                   \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TY "." TY " " WEFT_WGMMA_ACC_N64 \
+      "%32, %33, p, 1, 1, %35, %36;\n}\n"                                            \
+      : WEFT_WGMMA_D_N64                                                             \
       : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(TransA), "n"(TransB))
 
-#define WEFT_WGMMA_SS_N128(TY)                                                            \
-  asm volatile(                                                                           \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                        \
-      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY                            \
-      " "                                                                                 \
-      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15,"            \
-      "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31,"   \
-      "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47,"   \
-      "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, " \
-      "%64, %65, p, 1, 1, %67, %68;\n}\n"                                                 \
-      : WEFT_WGMMA_D_N128                                                                 \
+#define WEFT_WGMMA_SS_N128(TY)                                                         \
+  asm volatile(                                                                        \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                     \
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32." TY "." TY " " WEFT_WGMMA_ACC_N128 \
+      "%64, %65, p, 1, 1, %67, %68;\n}\n"                                              \
+      : WEFT_WGMMA_D_N128                                                              \
       : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(TransA), "n"(TransB))
 
 // d (+)= a · B: m64nNk16, A (bf16 or f16) from registers, B by descriptor (TransB 0: K-major,
@@ -230,6 +223,8 @@ __device__ __forceinline__ void mma_ss(float (&d)[16][4], std::uint64_t a_desc,
 #undef WEFT_WGMMA_SS_N64
 #undef WEFT_WGMMA_SS_N128
 #undef WEFT_WGMMA_D_N64
+#undef WEFT_WGMMA_ACC_N64
+#undef WEFT_WGMMA_ACC_N128
 #undef WEFT_WGMMA_D_N128
 #else
 template <bool BF16, int TransA, int TransB, int N>
