@@ -741,6 +741,11 @@ TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU k
   run_all_shapes_where_wgmma_is_default(wk::flash_kernel::wgmma);
 }
 
+TEST_CASE(
+    "CUDA flash forward/backward on wgmma_ws (warp-specialised forward) match the CPU kernel") {
+  run_all_shapes_where_wgmma_is_default(wk::flash_kernel::wgmma_ws);
+}
+
 TEST_CASE("CUDA flash forward/backward on mma_sync, chosen where wgmma is the default") {
   run_all_shapes_where_wgmma_is_default(wk::flash_kernel::mma_sync);
 }

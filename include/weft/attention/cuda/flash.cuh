@@ -68,17 +68,19 @@ using ::weft::attention::detail::bshd;
 //! capture to probe).
 inline void set_flash_kernel(flash_kernel choice) {
   WEFT_EXPECTS(choice == flash_kernel::mma_sync || choice == flash_kernel::wgmma ||
-                   choice == flash_kernel::automatic,
-               "choice", "flash_kernel::mma_sync, wgmma or automatic", static_cast<int>(choice));
-  if (choice == flash_kernel::wgmma) flash_detail::check_wgmma_usable();
+                   choice == flash_kernel::automatic || choice == flash_kernel::wgmma_ws,
+               "choice", "flash_kernel::mma_sync, wgmma, automatic or wgmma_ws",
+               static_cast<int>(choice));
+  if (choice == flash_kernel::wgmma || choice == flash_kernel::wgmma_ws)
+    flash_detail::check_wgmma_usable();
   flash_detail::kernel_choice().store(choice, std::memory_order_relaxed);
 }
 //! The choice set_flash_kernel made (automatic by default).
 inline flash_kernel get_flash_kernel() {
   return flash_detail::kernel_choice().load(std::memory_order_relaxed);
 }
-//! The kernels a flash launch on the current device uses now: mma_sync or wgmma (automatic
-//! resolved; probes the device if not yet done, so not inside a CUDA graph capture).
+//! The kernels a flash launch on the current device uses now: mma_sync, wgmma or wgmma_ws
+//! (automatic resolved; probes the device if not yet done, so not inside a CUDA graph capture).
 inline flash_kernel flash_kernel_in_use() { return flash_detail::launch_kernel(cudaStreamLegacy); }
 
 //! Flash attention forward on `stream` (asynchronous). q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] of

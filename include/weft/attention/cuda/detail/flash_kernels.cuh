@@ -44,8 +44,10 @@ using ::weft::attention::detail::bshd;
 //! FlashAttention-2-shaped kernels on m16n8k16 mma.sync (sm_80 and up). wgmma: the Hopper kernels
 //! on warpgroup MMA (compute capability 9.0 with an sm_90a build). automatic (the default): wgmma
 //! on a device where it runs, mma_sync elsewhere. Both have passed the gpu label on an H200; wgmma
-//! is the faster there (benchmarks/RESULTS.md).
-enum class flash_kernel { mma_sync, wgmma, automatic };
+//! is the faster there (benchmarks/RESULTS.md). wgmma_ws: the warp-specialised Hopper forward (a
+//! producer warpgroup loading for two consumer warpgroups through mbarriers) with the wgmma
+//! backward; opt-in, compiled but not yet run on a GPU.
+enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws };
 
 namespace flash_detail {
 
@@ -468,7 +470,7 @@ inline void check_wgmma_usable() {
 inline flash_kernel launch_kernel(cudaStream_t stream) {
   flash_kernel const choice = kernel_choice().load(std::memory_order_relaxed);
   if (choice == flash_kernel::mma_sync) return choice;
-  if (choice == flash_kernel::wgmma) {
+  if (choice == flash_kernel::wgmma || choice == flash_kernel::wgmma_ws) {
     check_wgmma_usable();
     return choice;
   }
@@ -491,7 +493,17 @@ void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   dim3 const grid(static_cast<unsigned>((max_sq + fwd_block_q - 1) / fwd_block_q),
                   static_cast<unsigned>(q.h), static_cast<unsigned>(z));
-  if (launch_kernel(stream) == flash_kernel::wgmma) {
+  flash_kernel const kernels = launch_kernel(stream);
+  if (kernels == flash_kernel::wgmma_ws) {
+    if (q.d == 64)
+      launch(forward_kernel_wgmma_ws<T, O, 64>, grid, ws_threads, forward_ws_smem<64>, stream, q, k,
+             v, o, lse, mask, scale, lay);
+    else
+      launch(forward_kernel_wgmma_ws<T, O, 128>, grid, ws_threads, forward_ws_smem<128>, stream, q,
+             k, v, o, lse, mask, scale, lay);
+    return;
+  }
+  if (kernels == flash_kernel::wgmma) {
     if (q.d == 64)
       launch(forward_kernel_wgmma<T, O, 64>, grid, fwd_threads, forward_wgmma_smem<64>, stream, q,
              k, v, o, lse, mask, scale, lay);
@@ -517,7 +529,8 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
   WEFT_EXPECTS(z <= 65535, lay.cu_q ? "cu_seqlens_q" : "q",
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   // Checked before the scratch is allocated, so that a refusal leaks nothing.
-  bool const wgmma = launch_kernel(stream) == flash_kernel::wgmma;
+  flash_kernel const kernels = launch_kernel(stream);
+  bool const wgmma = kernels == flash_kernel::wgmma || kernels == flash_kernel::wgmma_ws;
   std::int64_t const rows = q.b * q.s * q.h;
   float* dsum = nullptr;
   WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&dsum),

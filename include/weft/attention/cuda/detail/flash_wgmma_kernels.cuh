@@ -179,6 +179,172 @@ __global__ void __launch_bounds__(fwd_threads, 1)
   store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
 }
 
+inline constexpr int ws_threads =
+    384;  // warp-specialised forward: 2 consumer + 1 producer warpgroups
+
+//! The warp-specialised forward's shared memory: forward_wgmma_smem's tiles, then 9 mbarriers.
+template <int D>
+inline constexpr std::size_t forward_ws_smem = forward_wgmma_smem<D> + 9 * 8;
+
+//! The warp-specialised Hopper forward (flash_kernel::wgmma_ws; compiled, not yet run on a GPU):
+//! forward_kernel_wgmma's tiles, products and row math with the loads taken off the consumers.
+//! Warpgroup 2 (warps 8-11) is the producer: it loads Q, then K_0, V_0, K_1, V_1, ... by cp.async
+//! into the same double buffers, announces each tile on a "full" mbarrier once it has landed
+//! (wait_group, proxy fence, arrive), and before reusing a buffer waits for the buffer's "empty"
+//! mbarrier. Warpgroups 0 and 1, 64 query rows each (forward_kernel_wgmma's rows), are the
+//! consumers: per key tile they wait for K_j, form S_j = Q K_jᵀ, release K_j, run the online
+//! softmax, wait for V_j, add P_j V_j and release V_j. No block-wide barrier runs in the key
+//! loop, so one consumer's softmax can run under the other's products (FlashAttention-3's
+//! warp specialisation, without its TMA and without forward_kernel_wgmma's overlap within a
+//! warpgroup, which needs more than the consumers' registers). setmaxnreg gives the producer 40
+//! registers and each consumer 232 (2 x 232 + 40 = 3 x 168, the entry count of 384 threads). A
+//! barrier that never completes traps (wgmma::mbar_wait) rather than hang.
+template <class T, class O, int D>
+__global__ void __launch_bounds__(ws_threads, 1)
+    forward_kernel_wgmma_ws(bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
+                            bhs<float> lse, mask_rule mask_in, float scale, seq_layout lay) {
+  constexpr int BK = wg_block_k;
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = BK / 8;
+  constexpr int NT_O = D / 8;
+  constexpr int CT = 256;              // consumer threads, warps 0-7
+  constexpr int PT = ws_threads - CT;  // producer threads, warps 8-11
+  constexpr std::uint32_t kv_tile_bytes = std::uint32_t(BK) * D * 2;
+  constexpr std::uint32_t q_tile_bytes = std::uint32_t(fwd_block_q) * D * 2;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  std::uint32_t const raw = mma::smem_addr(smem_raw);
+  std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
+  std::uint32_t const sq = raw + pad;
+  std::uint32_t const sk_base = sq + q_tile_bytes;
+  std::uint32_t const sv_base = sk_base + 2 * kv_tile_bytes;
+  // The mbarriers: Q full, K full [2], V full [2], K empty [2], V empty [2].
+  std::uint32_t const bars = sv_base + 2 * kv_tile_bytes;
+  std::uint32_t const q_full = bars;
+  auto const k_full = [bars](int s) { return bars + 8u + 8u * std::uint32_t(s); };
+  auto const v_full = [bars](int s) { return bars + 24u + 8u * std::uint32_t(s); };
+  auto const k_empty = [bars](int s) { return bars + 40u + 8u * std::uint32_t(s); };
+  auto const v_empty = [bars](int s) { return bars + 56u + 8u * std::uint32_t(s); };
+
+  forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
+  cta_seq const& cs = ft.cs;
+  mask_rule const mask = cs.mask;
+  std::int64_t const i0 = ft.i0;
+  if (i0 >= cs.sq) return;  // the whole block: the condition does not depend on the thread
+  int const ntiles = static_cast<int>((ft.k_end + BK - 1) / BK);
+  int const tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    wgmma::mbar_init(q_full, PT);
+    for (int s = 0; s < 2; ++s) {
+      wgmma::mbar_init(k_full(s), PT);
+      wgmma::mbar_init(v_full(s), PT);
+      wgmma::mbar_init(k_empty(s), CT);
+      wgmma::mbar_init(v_empty(s), CT);
+    }
+  }
+  __syncthreads();
+
+  if (tid >= CT) {
+    // The producer. Each load: wait for its buffer, issue, commit; then the load before it has
+    // landed (wait_group 1): fence it for the async proxy and announce it.
+    int const pt = tid - CT;
+    wgmma::setmaxnreg_dec<40>();
+    T const *const kb = ft.kb, *const vb = ft.vb;
+    std::uint32_t pending = 0;  // the barrier of the load issued before the newest
+    auto const issued = [&](std::uint32_t full) {
+      mma::cp_async_commit();
+      mma::cp_async_wait<1>();
+      wgmma::fence_proxy_async();
+      if (pending != 0) wgmma::mbar_arrive(pending);
+      pending = full;
+    };
+    wgmma::load_tile_sw128<fwd_block_q, D, PT>(sq, ft.qb, q.ss, ft.rows, q.data, pt);
+    issued(q_full);
+    if (ntiles > 0) {
+      wgmma::load_tile_sw128<BK, D, PT>(sk_base, kb, k.ss, cs.sk, k.data, pt);
+      issued(k_full(0));
+    }
+    for (int j = 0; j < ntiles; ++j) {
+      std::int64_t const jb = std::int64_t(j) * BK;
+      int const s = j & 1;
+      // V_j reuses V_{j-2}'s buffer, K_{j+1} K_{j-1}'s: each waits for that use's release.
+      if (j >= 2) wgmma::mbar_wait(v_empty(s), unsigned((j >> 1) - 1) & 1u);
+      wgmma::load_tile_sw128<BK, D, PT>(sv_base + s * kv_tile_bytes, vb + jb * v.ss, v.ss,
+                                        cs.sk - jb, v.data, pt);
+      issued(v_full(s));
+      if (j + 1 < ntiles) {
+        int const sn = (j + 1) & 1;
+        if (j + 1 >= 2) wgmma::mbar_wait(k_empty(sn), unsigned(((j + 1) >> 1) - 1) & 1u);
+        wgmma::load_tile_sw128<BK, D, PT>(sk_base + sn * kv_tile_bytes, kb + (jb + BK) * k.ss, k.ss,
+                                          cs.sk - jb - BK, k.data, pt);
+        issued(k_full(sn));
+      }
+    }
+    mma::cp_async_wait<0>();
+    wgmma::fence_proxy_async();
+    wgmma::mbar_arrive(pending);
+    return;
+  }
+
+  // A consumer: warp w takes forward_kernel_wgmma's warp w's rows.
+  wgmma::setmaxnreg_inc<232>();
+  int const warp = tid / 32, lane = tid % 32;
+  int const g = lane / 4, t = lane % 4;
+  int const h = ft.h;
+  std::uint32_t const sq_wg = sq + std::uint32_t(warp / 4) * 64 * 128;
+  float oacc[NT_O][4];
+  for (auto& x : oacc) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  softmax_row_state<float> st[2];
+  std::int64_t const row0 = i0 + warp * 16 + g;
+
+  if (ntiles > 0) wgmma::mbar_wait(q_full, 0);
+  for (int j = 0; j < ntiles; ++j) {
+    std::int64_t const jb = std::int64_t(j) * BK;
+    int const sb = j & 1;
+    unsigned const parity = unsigned(j >> 1) & 1u;
+    // S_j = Q K_jᵀ.
+    wgmma::mbar_wait(k_full(sb), parity);
+    std::uint32_t const ck = sk_base + sb * kv_tile_bytes;
+    float s[NT_S][4];
+    for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
+    wgmma::fence_operands(s);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_ss<BF, 0, 0>(s, wgmma::kmajor_step<fwd_block_q>(sq_wg, kk),
+                              wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(s);
+    wgmma::mbar_arrive(k_empty(sb));  // this thread's reads of K_j are done
+
+    online_softmax(s, oacc, st, scale, cs, mask, i0, jb, row0, t);
+    std::uint32_t pa[BK / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      pa[kk][0] = mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = mma::pack2<BF>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+
+    // O += P_j V_j.
+    wgmma::mbar_wait(v_full(sb), parity);
+    std::uint32_t const cv = sv_base + sb * kv_tile_bytes;
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk)
+      wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
+    wgmma::mbar_arrive(v_empty(sb));  // and of V_j
+  }
+  store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
+}
+
 //! The Hopper backward (flash_kernel::wgmma): backward_kernel's tiling (one warpgroup per 64-key
 //! tile of a KV head, looping over the group's heads and the 64-query tiles that see its keys)
 //! with the five products on warpgroup MMA, K, V, Q, dO and dSᵀ in 128-byte-swizzled shared

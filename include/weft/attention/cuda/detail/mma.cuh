@@ -110,17 +110,17 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 //! Copies rows [0, Rows) x [0, D) of a tile into shared memory by 16-byte cp.async chunks, chunk
 //! (r, col) to the shared byte address dst(r, col); rows at or past `valid` are zero-filled.
 //! `base` points at row 0 (any valid address when valid = 0), `ld` is the row stride in elements.
-//! NT threads cooperate: the block's threads, blockDim.x == NT.
+//! NT threads cooperate, each calling with its index tid in [0, NT).
 template <int Rows, int D, int NT, class T, class Dst>
 __device__ __forceinline__ void load_rows_async(Dst const& dst, T const* base, std::int64_t ld,
-                                                std::int64_t valid, T const* fallback) {
+                                                std::int64_t valid, T const* fallback, int tid) {
   constexpr int chunks_per_row = D / 8;
   if constexpr (NT % chunks_per_row == 0 && (Rows * chunks_per_row) % NT == 0) {
     // Each thread keeps its column and steps down the rows NT / chunks_per_row at a time: a fixed
     // number of chunks with the division, the swizzle phase and most of the addressing hoisted.
     constexpr int row_step = NT / chunks_per_row;
-    int const r0 = static_cast<int>(threadIdx.x) / chunks_per_row;
-    int const col = (static_cast<int>(threadIdx.x) % chunks_per_row) * 8;
+    int const r0 = tid / chunks_per_row;
+    int const col = (tid % chunks_per_row) * 8;
     int const rows = valid < Rows ? (valid > 0 ? static_cast<int>(valid) : 0) : Rows;
     std::int64_t const off0 = r0 * ld + col, step = row_step * ld;
 #pragma unroll
@@ -130,13 +130,19 @@ __device__ __forceinline__ void load_rows_async(Dst const& dst, T const* base, s
       cp_async16(dst(r, col), ok ? base + (off0 + i * step) : fallback, ok);
     }
   } else {
-    for (int c = static_cast<int>(threadIdx.x); c < Rows * chunks_per_row; c += NT) {
+    for (int c = tid; c < Rows * chunks_per_row; c += NT) {
       int const r = c / chunks_per_row, col = (c % chunks_per_row) * 8;
       bool const ok = r < valid;
       T const* src = ok ? base + r * ld + col : fallback;
       cp_async16(dst(r, col), src, ok);
     }
   }
+}
+//! The same with the block's threads 0..NT-1 (blockDim.x == NT) as the loaders.
+template <int Rows, int D, int NT, class T, class Dst>
+__device__ __forceinline__ void load_rows_async(Dst const& dst, T const* base, std::int64_t ld,
+                                                std::int64_t valid, T const* fallback) {
+  load_rows_async<Rows, D, NT>(dst, base, ld, valid, fallback, static_cast<int>(threadIdx.x));
 }
 
 //! load_rows_async into a plain tile of row pitch Pitch elements.

@@ -74,9 +74,10 @@ __host__ __device__ constexpr std::uint64_t mnmajor_step(std::uint32_t base, int
 //! 16-byte cp.async chunks; rows at or past `valid` are zero-filled (mma::load_rows_async).
 template <int R, int C, int NT, class T>
 __device__ __forceinline__ void load_tile_sw128(std::uint32_t dst, T const* base, std::int64_t ld,
-                                                std::int64_t valid, T const* fallback) {
+                                                std::int64_t valid, T const* fallback,
+                                                int tid = static_cast<int>(threadIdx.x)) {
   mma::load_rows_async<R, C, NT>([dst](int r, int c) { return dst + sw128_offset<R>(r, c); }, base,
-                                 ld, valid, fallback);
+                                 ld, valid, fallback, tid);
 }
 
 //! Makes this thread's generic-proxy writes to shared memory (cp.async included) visible to the
@@ -119,6 +120,64 @@ __device__ __forceinline__ void fence_operands(std::uint32_t (&a)[N][4]) {
   for (int j = 0; j < N; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[j][e])::"memory");
+}
+
+//! mbarriers (64-bit, in shared memory, 8-byte aligned) for the warp-specialised kernels: a
+//! producer's loads complete a barrier's phase, consumers wait for it by its parity, and their
+//! arrivals on another barrier hand the buffer back.
+__device__ __forceinline__ void mbar_init(std::uint32_t bar, unsigned count) {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+#else
+  __trap();
+#endif
+}
+//! One arrival (release semantics at CTA scope: this thread's earlier writes are visible to a
+//! thread whose wait sees the phase complete).
+__device__ __forceinline__ void mbar_arrive(std::uint32_t bar) {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+//! Whether the phase of parity `parity` has completed (acquire semantics when it has).
+__device__ __forceinline__ bool mbar_try_wait(std::uint32_t bar, unsigned parity) {
+#if WEFT_WGMMA_DEVICE
+  unsigned done = 0;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return done != 0;
+#else
+  __trap();
+  return false;
+#endif
+}
+//! Waits for the phase of parity `parity`; traps (a launch error, not a hang) if it has not
+//! completed after about 2^32 clock cycles, which only a broken pipeline takes.
+__device__ __forceinline__ void mbar_wait(std::uint32_t bar, unsigned parity) {
+  long long const t0 = clock64();
+  while (!mbar_try_wait(bar, parity))
+    if (clock64() - t0 > (1LL << 32)) __trap();
+}
+//! Raises (inc) or lowers (dec) this warpgroup's register budget to N per thread (setmaxnreg;
+//! every warp of the warpgroup executes it).
+template <unsigned N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
+}
+template <unsigned N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+#endif
 }
 
 #if WEFT_WGMMA_DEVICE
