@@ -50,10 +50,17 @@ case "$mode" in
     cat "$out/machine.txt"
     for t in "$dest"/weft.test.*; do
       echo "=== $(basename "$t")"
-      timeout 300 "$t" --test-suite-exclude=slow
+      # The warp-specialised flash forward (not yet run on a GPU) runs apart: a trap there leaves
+      # the process's CUDA context unusable, which would fail the cases after it too.
+      timeout 300 "$t" --test-suite-exclude=slow --test-case-exclude='*wgmma_ws*'
       rc=$?
       echo "=== $(basename "$t") rc=$rc"
     done 2>&1 | tee "$out/tests.log"
+    if [[ -x "$dest/weft.test.attention.cuda" ]]; then
+      echo "=== weft.test.attention.cuda (wgmma_ws)"
+      timeout 300 "$dest/weft.test.attention.cuda" --test-case='*wgmma_ws*'
+      echo "=== weft.test.attention.cuda (wgmma_ws) rc=$?"
+    fi 2>&1 | tee -a "$out/tests.log"
     # The GPU decoder, the sampler, the row scans and the wgmma flash kernels once more under
     # compute-sanitizer's memcheck, where it is installed: an access past a row or a cache slot
     # but inside an allocation changes no result. (doctest splits a --test-case filter at commas:
@@ -68,7 +75,7 @@ case "$mode" in
           --test-case="$cases"
         echo "=== $prog memcheck rc=$?"
       done
-      # The wgmma flash forward's buffers change hands between cp.async groups, warpgroups and
+      # The wgmma flash forwards' buffers change hands between cp.async groups, warpgroups and
       # asynchronous MMAs: racecheck for shared-memory hazards.
       if [[ -x "$dest/weft.test.attention.cuda" ]]; then
         echo "=== weft.test.attention.cuda racecheck (*on wgmma*)"
