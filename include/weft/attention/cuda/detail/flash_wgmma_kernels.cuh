@@ -40,6 +40,70 @@ template <int D>
 inline constexpr std::size_t backward_wgmma_smem =
     std::size_t(6 * 64) * D * 2 + std::size_t(64) * 128 + 2 * 64 * sizeof(float) + 1024;
 
+//! The Hopper forwards' tiles in dynamic shared memory, from a 1024-byte boundary (the swizzle
+//! atom): Q [fwd_block_q x D], then K [2][wg_block_k x D] and V [2][wg_block_k x D], all in the
+//! 128-byte swizzle; `end` is the first byte after them.
+template <int D>
+struct forward_wgmma_tiles {
+  static constexpr std::uint32_t kv_bytes = std::uint32_t(wg_block_k) * D * 2;
+  std::uint32_t sq, sk, sv, end;
+  __device__ __forceinline__ explicit forward_wgmma_tiles(unsigned char* smem) {
+    std::uint32_t const raw = mma::smem_addr(smem);
+    sq = raw + (((raw + 1023u) & ~1023u) - raw);
+    sk = sq + std::uint32_t(fwd_block_q) * D * 2;
+    sv = sk + 2 * kv_bytes;
+    end = sv + 2 * kv_bytes;
+  }
+};
+
+//! The forward's pieces both Hopper forwards share (registers of one thread of a consumer
+//! warpgroup; the shared-memory tiles in the 128-byte swizzle).
+//! Issues S = Q Kᵀ for this warpgroup's 64 rows (Q and K both K-major, k16 steps along D); the
+//! first step overwrites s.
+template <bool BF, int D, int BK>
+__device__ __forceinline__ void issue_scores(float (&s)[BK / 8][4], std::uint32_t sq_wg,
+                                             std::uint32_t ck) {
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk)
+    wgmma::mma_ss<BF, 0, 0>(s, wgmma::kmajor_step<fwd_block_q>(sq_wg, kk),
+                            wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
+}
+//! Issues O += P V: the packed probabilities from registers, V MN-major, k16 steps along the keys
+//! (16 rows = 2048 bytes), the 64-column blocks of D BK·128 bytes apart.
+template <bool BF, int NT_O, int BK>
+__device__ __forceinline__ void issue_output(float (&oacc)[NT_O][4],
+                                             std::uint32_t const (&pa)[BK / 16][4],
+                                             std::uint32_t cv) {
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk)
+    wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
+}
+//! O += P V on its own: fenced, issued, committed and waited for.
+template <bool BF, int NT_O, int BK>
+__device__ __forceinline__ void output_product(float (&oacc)[NT_O][4],
+                                               std::uint32_t (&pa)[BK / 16][4], std::uint32_t cv) {
+  wgmma::fence_operands(oacc);
+  wgmma::fence_operands(pa);
+  wgmma::fence();
+  issue_output<BF, NT_O, BK>(oacc, pa, cv);
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_operands(oacc);
+  wgmma::fence_operands(pa);
+}
+//! The probabilities of s packed to 16 bits as m64nNk16 A fragments (one per k16 step).
+template <bool BF, int BK>
+__device__ __forceinline__ void pack_probabilities(std::uint32_t (&pa)[BK / 16][4],
+                                                   float const (&s)[BK / 8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < BK / 16; ++kk) {
+    pa[kk][0] = mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = mma::pack2<BF>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
 //! The Hopper forward (flash_kernel::wgmma): the forward kernel's tiling and row math with the two
 //! products on warpgroup MMA. 8 warps = 2 warpgroups of 64 query rows (a warp's rows are those of
 //! forward_kernel's warp, so the row code of flash_rows.cuh serves both); key tiles of wg_block_k
@@ -59,15 +123,10 @@ __global__ void __launch_bounds__(fwd_threads, 1)
   constexpr bool BF = mma::is_bf16<T>;
   constexpr int NT_S = BK / 8;
   constexpr int NT_O = D / 8;
-  constexpr std::uint32_t kv_tile_bytes = std::uint32_t(BK) * D * 2;
-  constexpr std::uint32_t q_tile_bytes = std::uint32_t(fwd_block_q) * D * 2;
+  constexpr std::uint32_t kv_tile_bytes = forward_wgmma_tiles<D>::kv_bytes;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  // Q, then the K and V buffers, from a 1024-byte boundary (the swizzle atom).
-  std::uint32_t const raw = mma::smem_addr(smem_raw);
-  std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
-  std::uint32_t const sq = raw + pad;                         // [fwd_block_q x D] swizzled
-  std::uint32_t const sk_base = sq + q_tile_bytes;            // [2][BK x D] swizzled
-  std::uint32_t const sv_base = sk_base + 2 * kv_tile_bytes;  // [2][BK x D] swizzled
+  forward_wgmma_tiles<D> const tiles(smem_raw);
+  std::uint32_t const sq = tiles.sq, sk_base = tiles.sk, sv_base = tiles.sv;
 
   forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
   cta_seq const& cs = ft.cs;
@@ -117,18 +176,13 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     wgmma::fence_operands(oacc);
     wgmma::fence_operands(pa);
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma::mma_ss<BF, 0, 0>(s, wgmma::kmajor_step<fwd_block_q>(sq_wg, kk),
-                              wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
+    issue_scores<BF, D, BK>(s, sq_wg, ck);
     wgmma::commit();
     if (j > 0) {
       // O += P_{j-1} V_{j-1}: MN-major V, k16 steps along the keys (16 rows = 2048 bytes), the
       // 64-column blocks of D BK·128 bytes apart. It runs while P_j is formed below.
       std::uint32_t const cv = sv_base + ((j - 1) & 1) * kv_tile_bytes;
-#pragma unroll
-      for (int kk = 0; kk < BK / 16; ++kk)
-        wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
+      issue_output<BF, NT_O, BK>(oacc, pa, cv);
       wgmma::commit();
       wgmma::wait<1>();  // S_j (the older group) is done
     } else {
@@ -145,13 +199,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     rescale_rows(oacc, alpha);
     // P_j packed before the next fence: a register written between two wgmma makes ptxas
     // serialise them (it injects warpgroup.arrive).
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      pa[kk][0] = mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = mma::pack2<BF>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    pack_probabilities<BF, BK>(pa, s);
     // Every warpgroup's products of this step are done: the next step's loads may overwrite
     // K_j's and V_{j-1}'s buffers.
     __syncthreads();
@@ -162,16 +210,7 @@ __global__ void __launch_bounds__(fwd_threads, 1)
     wgmma::fence_proxy_async();
     __syncthreads();
     std::uint32_t const cv = sv_base + ((ntiles - 1) & 1) * kv_tile_bytes;
-    wgmma::fence_operands(oacc);
-    wgmma::fence_operands(pa);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_operands(oacc);
-    wgmma::fence_operands(pa);
+    output_product<BF, NT_O, BK>(oacc, pa, cv);
   } else {
     mma::cp_async_wait<0>();  // nothing left in flight
   }
@@ -209,16 +248,12 @@ __global__ void __launch_bounds__(ws_threads, 1)
   constexpr int NT_O = D / 8;
   constexpr int CT = 256;              // consumer threads, warps 0-7
   constexpr int PT = ws_threads - CT;  // producer threads, warps 8-11
-  constexpr std::uint32_t kv_tile_bytes = std::uint32_t(BK) * D * 2;
-  constexpr std::uint32_t q_tile_bytes = std::uint32_t(fwd_block_q) * D * 2;
+  constexpr std::uint32_t kv_tile_bytes = forward_wgmma_tiles<D>::kv_bytes;
   extern __shared__ __align__(16) unsigned char smem_raw[];
-  std::uint32_t const raw = mma::smem_addr(smem_raw);
-  std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
-  std::uint32_t const sq = raw + pad;
-  std::uint32_t const sk_base = sq + q_tile_bytes;
-  std::uint32_t const sv_base = sk_base + 2 * kv_tile_bytes;
-  // The mbarriers: Q full, K full [2], V full [2], K empty [2], V empty [2].
-  std::uint32_t const bars = sv_base + 2 * kv_tile_bytes;
+  forward_wgmma_tiles<D> const tiles(smem_raw);
+  std::uint32_t const sq = tiles.sq, sk_base = tiles.sk, sv_base = tiles.sv;
+  // The mbarriers, after the tiles: Q full, K full [2], V full [2], K empty [2], V empty [2].
+  std::uint32_t const bars = tiles.end;
   std::uint32_t const q_full = bars;
   auto const k_full = [bars](int s) { return bars + 8u + 8u * std::uint32_t(s); };
   auto const v_full = [bars](int s) { return bars + 24u + 8u * std::uint32_t(s); };
@@ -308,10 +343,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
     for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
     wgmma::fence_operands(s);
     wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-      wgmma::mma_ss<BF, 0, 0>(s, wgmma::kmajor_step<fwd_block_q>(sq_wg, kk),
-                              wgmma::kmajor_step<BK>(ck, kk), kk > 0 ? 1 : 0);
+    issue_scores<BF, D, BK>(s, sq_wg, ck);
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(s);
@@ -319,27 +351,12 @@ __global__ void __launch_bounds__(ws_threads, 1)
 
     online_softmax(s, oacc, st, scale, cs, mask, i0, jb, row0, t);
     std::uint32_t pa[BK / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
-      pa[kk][0] = mma::pack2<BF>(s[2 * kk][0], s[2 * kk][1]);
-      pa[kk][1] = mma::pack2<BF>(s[2 * kk][2], s[2 * kk][3]);
-      pa[kk][2] = mma::pack2<BF>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      pa[kk][3] = mma::pack2<BF>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
+    pack_probabilities<BF, BK>(pa, s);
 
     // O += P_j V_j.
     wgmma::mbar_wait(v_full(sb), parity);
     std::uint32_t const cv = sv_base + sb * kv_tile_bytes;
-    wgmma::fence_operands(oacc);
-    wgmma::fence_operands(pa);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk)
-      wgmma::mma_rs<BF, 1>(oacc, pa[kk], wgmma::mnmajor_step<BK>(cv, kk), 1);
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_operands(oacc);
-    wgmma::fence_operands(pa);
+    output_product<BF, NT_O, BK>(oacc, pa, cv);
     wgmma::mbar_arrive(v_empty(sb));  // and of V_j
   }
   store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
