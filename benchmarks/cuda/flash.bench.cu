@@ -43,8 +43,8 @@ bf16* device_random(std::size_t n, std::uint64_t seed) {
 }
 
 // Args: batch, seq, heads, head dim, causal (0/1), backward (0/1), kernels (0 mma.sync, 1 wgmma,
-// 2 wgmma_ws, forward only as its backward is wgmma's; skipped with an error where they cannot
-// run).
+// 2 wgmma_ws: the warp-specialised forward and the two-warpgroup backward; skipped with an error
+// where they cannot run).
 void BM_flash(benchmark::State& state) {
   std::int64_t const b = state.range(0), s = state.range(1), h = state.range(2), d = state.range(3);
   bool const causal = state.range(4) != 0, backward = state.range(5) != 0;
@@ -149,6 +149,10 @@ BENCHMARK(BM_flash)
     ->Args({4, 4096, 16, 128, 0, 0, 2})
     ->Args({4, 4096, 16, 64, 1, 0, 2})
     ->Args({4, 4096, 16, 64, 0, 0, 2})
+    ->Args({4, 4096, 16, 128, 1, 1, 2})
+    ->Args({4, 4096, 16, 128, 0, 1, 2})
+    ->Args({4, 4096, 16, 64, 1, 1, 2})
+    ->Args({4, 4096, 16, 64, 0, 1, 2})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond)
     ->MinTime(0.3);

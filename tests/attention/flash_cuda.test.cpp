@@ -213,9 +213,10 @@ cpu_result cpu_run(shape s, owned<T, 4>& q, owned<T, 4>& k, owned<T, 4>& v, owne
 }
 
 //! One problem: GPU forward (o of float and of T) and backward (from the CPU's o and lse, so the
-//! backward is measured alone) against the CPU kernel.
+//! backward is measured alone) against the CPU kernel. unaligned_dq: the backward again with dq 4
+//! bytes off a 16-byte boundary (where a kernel adds dq by float4 atomics, its scalar form).
 template <class T>
-void check_problem(shape s, wa::mask_rule mask, std::uint64_t seed) {
+void check_problem(shape s, wa::mask_rule mask, std::uint64_t seed, bool unaligned_dq = false) {
   std::string const ctx = describe(type_name<T>(), s, mask);
   CAPTURE(ctx);
   auto q = random_tensor<T>(seed, 1.5, s.b, s.sq, s.hq, s.d);
@@ -262,6 +263,22 @@ void check_problem(shape s, wa::mask_rule mask, std::uint64_t seed) {
   expect_close("dq", gdq.host(), ref.dq, odims, bwd_tol<T>(), ctx);
   expect_close("dk", gdk.host(), ref.dk, kdims, bwd_tol<T>(), ctx);
   expect_close("dv", gdv.host(), ref.dv, kdims, bwd_tol<T>(), ctx);
+  if (!unaligned_dq) return;
+  dbuf<float> udq(ref.dq.size() + 1);
+  gdk.zero();
+  gdv.zero();
+  wk::flash_backward_accumulate<T, float>(
+      nullptr, gq, gk, gv, cview<float>(ro.p, s.b, s.sq, s.hq, s.d),
+      wd::contiguous_bhs(static_cast<float const*>(rl.p), s.b, s.hq, s.sq), gg,
+      wd::contiguous_bshd(udq.p + 1, s.b, s.sq, s.hq, s.d),
+      wd::contiguous_bshd(gdk.p, s.b, s.sk, s.hk, s.d),
+      wd::contiguous_bshd(gdv.p, s.b, s.sk, s.hk, s.d), mask, scale);
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  auto u = udq.host();
+  CHECK(u[0] == 0.0f);  // nothing written before the view
+  u.erase(u.begin());
+  expect_close("dq (unaligned)", u, ref.dq, odims, bwd_tol<T>(), ctx);
+  expect_close("dk (unaligned dq)", gdk.host(), ref.dk, kdims, bwd_tol<T>(), ctx);
 }
 
 std::vector<shape> grid_shapes(std::int64_t d) {
@@ -663,8 +680,8 @@ TEST_CASE("CUDA flash wgmma descriptors address the elements the loaders stored 
 }
 
 namespace {
-// The grid, ring offsets, packed documents and several 128-key tiles through the double buffer
-// (a partial last tile, GQA, batch 2) with the kernels the process has chosen.
+// The grid, ring offsets, packed documents, several 128-key tiles through the double buffer (a
+// partial last tile, GQA, batch 2) and an unaligned dq with the kernels the process has chosen.
 void run_all_shapes() {
   run_grid<bf16>();
   run_grid<f16>();
@@ -676,6 +693,11 @@ void run_all_shapes() {
       for (auto c :
            {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
         check_problem<bf16>(s, wa::make_mask(c, s.sq, s.sk), seed += 10);
+  // dq off the 16-byte alignment (the scalar dQ atomics of wgmma_ws's backward).
+  for (std::int64_t d : {64, 128})
+    for (shape const& s : std::vector<shape>{{1, 257, 100, 4, 1, d}, {1, 700, 1000, 4, 2, d}})
+      check_problem<bf16>(s, wa::make_mask(wa::causal_mode::bottom_right, s.sq, s.sk), seed += 10,
+                          true);
 }
 
 struct restore_kernel {

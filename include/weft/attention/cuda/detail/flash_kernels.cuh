@@ -45,8 +45,9 @@ using ::weft::attention::detail::bshd;
 //! on warpgroup MMA (compute capability 9.0 with an sm_90a build). automatic (the default): wgmma
 //! on a device where it runs, mma_sync elsewhere. Both have passed the gpu label on an H200; wgmma
 //! is the faster there (benchmarks/RESULTS.md). wgmma_ws: the warp-specialised Hopper forward (a
-//! producer warpgroup loading for two consumer warpgroups through mbarriers) with the wgmma
-//! backward; opt-in, compiled but not yet run on a GPU.
+//! producer warpgroup loading for two consumer warpgroups through mbarriers) and the two-warpgroup
+//! wgmma backward (backward_kernel_wgmma's WGS = 2 form); opt-in, compiled but not yet run on a
+//! GPU.
 enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws };
 
 namespace flash_detail {
@@ -539,20 +540,41 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
   try {
     dsum_kernel<T, O><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(dout, o, dsum);
     WEFT_CUDA_TRY(cudaGetLastError());
-    dim3 const grid(static_cast<unsigned>((max_sk + block_k - 1) / block_k),
-                    static_cast<unsigned>(k.h), static_cast<unsigned>(z));
-    if (wgmma && q.d == 64)
-      launch(backward_kernel_wgmma<T, 64>, grid, threads, backward_wgmma_smem<64>, stream, q, k, v,
-             lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
-    else if (wgmma)
-      launch(backward_kernel_wgmma<T, 128>, grid, threads, backward_wgmma_smem<128>, stream, q, k,
-             v, lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
-    else if (q.d == 64)
-      launch(backward_kernel<T, 64>, grid, threads, backward_smem<64>, stream, q, k, v, lse,
-             static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
-    else
-      launch(backward_kernel<T, 128>, grid, threads, backward_smem<128>, stream, q, k, v, lse,
-             static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+    if (kernels == flash_kernel::wgmma_ws) {
+      // Two warpgroups, 128 keys a CTA; float2 dQ atomics where every row of dq is 8-byte
+      // aligned (D is even).
+      dim3 const grid2(static_cast<unsigned>((max_sk + 2 * block_k - 1) / (2 * block_k)),
+                       static_cast<unsigned>(k.h), static_cast<unsigned>(z));
+      bool const v2 = reinterpret_cast<std::uintptr_t>(dq.data) % 8 == 0 && dq.sb % 2 == 0 &&
+                      dq.ss % 2 == 0 && dq.sh % 2 == 0;
+      auto const go = [&](auto kernel, std::size_t smem) {
+        launch(kernel, grid2, 2 * threads, smem, stream, q, k, v, lse,
+               static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+      };
+      if (q.d == 64 && v2)
+        go(backward_kernel_wgmma<T, 64, 2, true, true>, backward_wgmma_smem<64, 2>);
+      else if (q.d == 64)
+        go(backward_kernel_wgmma<T, 64, 2, true, false>, backward_wgmma_smem<64, 2>);
+      else if (v2)
+        go(backward_kernel_wgmma<T, 128, 2, true, true>, backward_wgmma_smem<128, 2>);
+      else
+        go(backward_kernel_wgmma<T, 128, 2, true, false>, backward_wgmma_smem<128, 2>);
+    } else {
+      dim3 const grid(static_cast<unsigned>((max_sk + block_k - 1) / block_k),
+                      static_cast<unsigned>(k.h), static_cast<unsigned>(z));
+      if (wgmma && q.d == 64)
+        launch(backward_kernel_wgmma<T, 64>, grid, threads, backward_wgmma_smem<64>, stream, q, k,
+               v, lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+      else if (wgmma)
+        launch(backward_kernel_wgmma<T, 128>, grid, threads, backward_wgmma_smem<128>, stream, q, k,
+               v, lse, static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+      else if (q.d == 64)
+        launch(backward_kernel<T, 64>, grid, threads, backward_smem<64>, stream, q, k, v, lse,
+               static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+      else
+        launch(backward_kernel<T, 128>, grid, threads, backward_smem<128>, stream, q, k, v, lse,
+               static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
+    }
   } catch (...) {
     cudaFreeAsync(dsum, stream);
     throw;

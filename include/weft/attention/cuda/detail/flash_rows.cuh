@@ -236,7 +236,9 @@ __device__ __forceinline__ void store_forward_rows(float const (&oacc)[NO][4],
 }
 
 //! The row statistics of a backward query tile into shared memory: L·log2 e (-inf past the rows)
-//! and D = rowsum(dO ∘ O) (0 past the rows), for rows i0.. of head h.
+//! and D = rowsum(dO ∘ O) (0 past the rows), for rows i0.. of head h. EmptyInf: +inf in place of
+//! an empty row's (or a row past the tile's) -inf, for backward_probabilities_fma.
+template <bool EmptyInf = false>
 __device__ __forceinline__ void load_row_stats(float* s_lse, float* s_d, bhs<float const> lse,
                                                float const* __restrict__ dsum, cta_seq const& cs,
                                                std::int64_t qh, std::int64_t qs, int h,
@@ -245,7 +247,12 @@ __device__ __forceinline__ void load_row_stats(float* s_lse, float* s_d, bhs<flo
     int const r = static_cast<int>(threadIdx.x);
     bool const ok = r < rows;
     std::int64_t const qi = cs.q0 + i0 + r;
-    s_lse[r] = ok ? lse.data[cs.b * lse.sb + h * lse.sh + qi * lse.ss] * log2e : empty_lse<float>();
+    float const l2 =
+        ok ? lse.data[cs.b * lse.sb + h * lse.sh + qi * lse.ss] * log2e : empty_lse<float>();
+    if constexpr (EmptyInf)
+      s_lse[r] = l2 == empty_lse<float>() ? -empty_lse<float>() : l2;
+    else
+      s_lse[r] = l2;
     s_d[r] = ok ? dsum[(cs.b * qh + h) * qs + qi] : 0.0f;
   }
 }
@@ -272,6 +279,34 @@ __device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], flo
       float x = sacc[nt][e] * scale;
       if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
       float const p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
+      sacc[nt][e] = p;
+      pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
+    }
+}
+
+//! backward_probabilities with the forward's exponent: P = exp2(s·(scale·log2 e) − L·log2 e), one
+//! FMA of the unscaled score s. s_lse is load_row_stats<true>'s (+inf for an empty row, whose P
+//! is then exp2(−inf) = 0 with no test); a masked score's P is 0 by a select.
+template <int NS>
+__device__ __forceinline__ void backward_probabilities_fma(float (&sacc)[NS][4],
+                                                           float (&pacc)[NS][4], float const* s_lse,
+                                                           float const* s_d, float scale,
+                                                           cta_seq const& cs, mask_rule const& mask,
+                                                           std::int64_t j0, std::int64_t i0,
+                                                           std::int64_t key0, int t) {
+  float const c = scale * log2e;
+  bool const need_mask =
+      j0 + block_k > cs.sk || (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
+#pragma unroll
+  for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
+      float p = mma::ex2(fmaf(sacc[nt][e], c, -s_lse[qc]));
+      if (need_mask) {
+        std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
+        if (key >= cs.sk || !mask.visible(i0 + qc, key)) p = 0.0f;
+      }
       sacc[nt][e] = p;
       pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
     }

@@ -34,11 +34,31 @@ template <int D>
 inline constexpr std::size_t forward_wgmma_smem =
     std::size_t(fwd_block_q) * D * 2 + std::size_t(4 * wg_block_k) * D * 2 + 1024;
 
-//! The wgmma backward: swizzled K and V tiles of 64 rows, Q and dO twice, the 64 x 64 dSᵀ tile,
-//! L and D of the query tile, and the alignment slack.
-template <int D>
+//! The wgmma backward with WGS warpgroups: swizzled K and V tiles of 64 rows for each, Q and dO
+//! twice, a 64 x 64 dSᵀ tile for each, L and D of the query tile, and the alignment slack.
+template <int D, int WGS = 1>
 inline constexpr std::size_t backward_wgmma_smem =
-    std::size_t(6 * 64) * D * 2 + std::size_t(64) * 128 + 2 * 64 * sizeof(float) + 1024;
+    std::size_t((2 * WGS + 4) * 64) * D * 2 + std::size_t(WGS * 64) * 128 + 2 * 64 * sizeof(float) +
+    1024;
+
+//! Waits at named barrier Id (1..15; 0 is __syncthreads's) for `count` threads (an immediate id,
+//! so that ptxas reserves only the barriers named).
+template <int Id>
+__device__ __forceinline__ void named_barrier(int count) {
+  static_assert(Id >= 1 && Id <= 15, "named barriers 1..15");
+  asm volatile("bar.sync %0, %1;\n" ::"n"(Id), "r"(count) : "memory");
+}
+
+//! atomicAdd of 2 adjacent floats (8-byte aligned): one vector atomic on sm_90 (each element
+//! atomic on its own, as two scalar ones), two scalar ones elsewhere.
+__device__ __forceinline__ void atomic_add2(float* dst, float2 x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(dst), x);
+#else
+  atomicAdd(dst, x.x);
+  atomicAdd(dst + 1, x.y);
+#endif
+}
 
 //! The Hopper forwards' tiles in dynamic shared memory, from a 1024-byte boundary (the swizzle
 //! atom): Q [fwd_block_q x D], then K [2][wg_block_k x D] and V [2][wg_block_k x D], all in the
@@ -362,20 +382,54 @@ __global__ void __launch_bounds__(ws_threads, 1)
   store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
 }
 
+//! The two-warpgroup backward's dQ: adds scale · qacc (a warp's 16 query rows x 64 columns, the
+//! m64n64 C fragments) into dq rows i0.. of head h from column c0, rows at or past `rows` left
+//! out, each thread's 2 adjacent columns of a row by one atomic_add2 (dq's rows 8-byte aligned):
+//! half the scalar form's atomics. (float4 atomics after a pair shuffle would halve them again, but
+//! spill 160 bytes at d = 128.)
+__device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float> dq,
+                                          cta_seq const& cs, int h, std::int64_t i0,
+                                          std::int64_t rows, int c0, int g, int t, float scale) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    std::int64_t const qr = g + r * 8;
+    if (qr >= rows) continue;
+    float* const dst = dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + c0 + 2 * t;
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+      atomic_add2(dst + nt * 8, make_float2(qacc[nt][2 * r] * scale, qacc[nt][2 * r + 1] * scale));
+  }
+}
+
 //! The Hopper backward (flash_kernel::wgmma): backward_kernel's tiling (one warpgroup per 64-key
 //! tile of a KV head, looping over the group's heads and the 64-query tiles that see its keys)
 //! with the five products on warpgroup MMA, K, V, Q, dO and dSᵀ in 128-byte-swizzled shared
 //! memory (wgmma.cuh): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (both operands K-major), dV += Pᵀ dO and
 //! dK += dSᵀ Q (Pᵀ and dSᵀ packed in registers, dO and Q read MN-major), dQ = dS K (dS read from
 //! dSᵀ MN-major, K MN-major; 64 columns of D at a time) added by float atomics.
-template <class T, int D>
-__global__ void __launch_bounds__(threads)
+//!
+//! flash_kernel::wgmma_ws's backward (compiled, not yet run on a GPU) is the same kernel with
+//! WGS = 2, Fast and, where dq's rows are 8-byte aligned, V2:
+//! - WGS = 2: two warpgroups, each the kernel above on its own 64 keys of a 128-key tile, share
+//!   each query tile's Q, dO and row statistics (loaded by all 256 threads: half the loads per
+//!   product). They meet at block barriers only around those loads; a warpgroup's dSᵀ reaches its
+//!   own dQ product through a named barrier of its 128 threads, so one warpgroup's softmax can run
+//!   under the other's products.
+//! - Fast: the exponent as the forward's, one FMA of the unscaled score
+//!   (backward_probabilities_fma; an empty row's L is +inf in shared memory, so its P is 0 with no
+//!   test).
+//! - V2: dQ is added by float2 atomics (sm_90's vector atomicAdd), each thread's 2 adjacent
+//!   columns of a row at once: half the atomic instructions and L2 requests.
+template <class T, int D, int WGS = 1, bool Fast = false, bool V2 = false>
+__global__ void __launch_bounds__(threads* WGS)
     backward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bhs<float const> lse,
                           float const* __restrict__ dsum, bshd<T const> dout, bshd<float> dq,
                           bshd<float> dk, bshd<float> dv, mask_rule mask_in, float scale,
                           seq_layout lay) {
   static_assert(block_k == 64 && block_q == 64 && threads == 128,
-                "one warpgroup, 64-row tiles: the m64 of wgmma");
+                "warpgroups of 64-row tiles: the m64 of wgmma");
+  static_assert(WGS == 1 || WGS == 2, "one or two warpgroups");
+  constexpr int NTH = threads * WGS;
   constexpr bool BF = mma::is_bf16<T>;
   constexpr int NT_S = block_q / 8;
   constexpr int NT_D = D / 8;
@@ -384,27 +438,41 @@ __global__ void __launch_bounds__(threads)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   std::uint32_t const raw = mma::smem_addr(smem_raw);
   std::uint32_t const pad = ((raw + 1023u) & ~1023u) - raw;
-  // K, V; then Q and dO twice (the next query tile loads while this one computes); then dSᵀ.
-  std::uint32_t const s_k = raw + pad, s_v = s_k + tile_bytes, s_q2 = s_v + tile_bytes,
-                      s_g2 = s_q2 + 2 * tile_bytes, s_ds = s_g2 + 2 * tile_bytes;
-  unsigned char* const ds_ptr = smem_raw + pad + 6 * tile_bytes;
-  float* const s_lse = reinterpret_cast<float*>(ds_ptr + block_bytes);
+  // K, V (a 64-row tile per warpgroup); then Q and dO twice (the next query tile loads while this
+  // one computes); then dSᵀ (one per warpgroup).
+  std::uint32_t const s_k0 = raw + pad, s_v0 = s_k0 + WGS * tile_bytes,
+                      s_q2 = s_v0 + WGS * tile_bytes, s_g2 = s_q2 + 2 * tile_bytes,
+                      s_ds0 = s_g2 + 2 * tile_bytes;
+  unsigned char* const ds0_ptr = smem_raw + pad + (2 * WGS + 4) * tile_bytes;
+  float* const s_lse = reinterpret_cast<float*>(ds0_ptr + WGS * block_bytes);
   float* const s_d = s_lse + block_q;
 
   cta_seq const cs = locate(lay, q.s, k.s, mask_in);
   mask_rule const mask = cs.mask;
-  std::int64_t const j0 = std::int64_t(blockIdx.x) * block_k;
+  std::int64_t const j0 = std::int64_t(blockIdx.x) * (block_k * WGS);  // the CTA's first key
   if (j0 >= cs.sk) return;
   int const hk = static_cast<int>(blockIdx.y);
   int const group = static_cast<int>(q.h / k.h);
-  int const warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  int const tid = static_cast<int>(threadIdx.x);
+  int const wg = WGS == 1 ? 0 : tid / threads;  // this thread's warpgroup
+  int const warp = (WGS == 1 ? tid : tid % threads) / 32, lane = tid % 32;
   int const g = lane / 4, t = lane % 4;
-  std::int64_t const key0 = j0 + warp * 16 + g;
+  std::int64_t const jw = j0 + wg * block_k;  // this warpgroup's first key
+  std::int64_t const key0 = jw + warp * 16 + g;
+  std::uint32_t const s_k = s_k0 + wg * tile_bytes, s_v = s_v0 + wg * tile_bytes,
+                      s_ds = s_ds0 + wg * block_bytes;
+  unsigned char* const ds_ptr = ds0_ptr + wg * block_bytes;
 
-  wgmma::load_tile_sw128<block_k, D, threads>(
-      s_k, k.data + cs.b * k.sb + (cs.k0 + j0) * k.ss + hk * k.sh, k.ss, cs.sk - j0, k.data);
-  wgmma::load_tile_sw128<block_k, D, threads>(
-      s_v, v.data + cs.b * v.sb + (cs.k0 + j0) * v.ss + hk * v.sh, v.ss, cs.sk - j0, v.data);
+#pragma unroll
+  for (int w = 0; w < WGS; ++w) {
+    std::int64_t const jt = j0 + w * block_k;
+    wgmma::load_tile_sw128<block_k, D, NTH>(s_k0 + w * tile_bytes,
+                                            k.data + cs.b * k.sb + (cs.k0 + jt) * k.ss + hk * k.sh,
+                                            k.ss, cs.sk - jt, k.data);
+    wgmma::load_tile_sw128<block_k, D, NTH>(s_v0 + w * tile_bytes,
+                                            v.data + cs.b * v.sb + (cs.k0 + jt) * v.ss + hk * v.sh,
+                                            v.ss, cs.sk - jt, v.data);
+  }
   mma::cp_async_commit();
 
   float dk_acc[NT_D][4], dv_acc[NT_D][4];
@@ -420,10 +488,10 @@ __global__ void __launch_bounds__(threads)
   // dO loads into the other buffer.
   auto const load_q_do = [&](int h, std::int64_t i0, int buf) {
     std::int64_t const rows = cs.sq - i0 < block_q ? cs.sq - i0 : block_q;
-    wgmma::load_tile_sw128<block_q, D, threads>(
-        s_q2 + buf * tile_bytes, q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh, q.ss, rows,
-        q.data);
-    wgmma::load_tile_sw128<block_q, D, threads>(
+    wgmma::load_tile_sw128<block_q, D, NTH>(s_q2 + buf * tile_bytes,
+                                            q.data + cs.b * q.sb + (cs.q0 + i0) * q.ss + h * q.sh,
+                                            q.ss, rows, q.data);
+    wgmma::load_tile_sw128<block_q, D, NTH>(
         s_g2 + buf * tile_bytes, dout.data + cs.b * dout.sb + (cs.q0 + i0) * dout.ss + h * dout.sh,
         dout.ss, rows, dout.data);
     mma::cp_async_commit();
@@ -444,7 +512,7 @@ __global__ void __launch_bounds__(threads)
     std::uint32_t const s_q = s_q2 + buf * tile_bytes, s_g = s_g2 + buf * tile_bytes;
     __syncthreads();  // the previous step's readers of the other buffers, s_ds, s_lse, s_d are done
     if (more) load_q_do(hk * group + next_hg, next_i0, buf ^ 1);
-    load_row_stats(s_lse, s_d, lse, dsum, cs, q.h, q.s, h, i0, rows);
+    load_row_stats<Fast>(s_lse, s_d, lse, dsum, cs, q.h, q.s, h, i0, rows);
     if (more)
       mma::cp_async_wait<1>();  // K, V and this step's tiles landed; the next step's in flight
     else
@@ -473,7 +541,10 @@ __global__ void __launch_bounds__(threads)
     wgmma::fence_operands(sacc);
     wgmma::fence_operands(pacc);
 
-    backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, j0, i0, key0, t);
+    if constexpr (Fast)
+      backward_probabilities_fma(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t);
+    else
+      backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t);
 
     // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
     std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
@@ -515,10 +586,15 @@ __global__ void __launch_bounds__(threads)
     wgmma::fence_operands(dk_acc);
     wgmma::fence_operands(ap);
     wgmma::fence_operands(ads);
-    __syncthreads();  // dSᵀ complete from every warp
+    if constexpr (WGS == 1)
+      __syncthreads();  // dSᵀ complete from every warp
+    else if (wg == 0)
+      named_barrier<1>(threads);  // from every warp of this warpgroup
+    else
+      named_barrier<2>(threads);
 
-    // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
-    // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
+      // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
+      // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
 #pragma unroll
     for (int half = 0; half < D / 64; ++half) {
       float qacc[8][4];
@@ -535,16 +611,20 @@ __global__ void __launch_bounds__(threads)
       wgmma::commit();
       wgmma::wait<0>();
       wgmma::fence_operands(qacc);
+      if constexpr (V2) {
+        add_dq_v2(qacc, dq, cs, h, i0 + warp * 16, rows - warp * 16, half * 64, g, t, scale);
+      } else {
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        std::int64_t const qr = warp * 16 + g + r * 8;
-        if (qr >= rows) continue;
-        float* const dst =
-            dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
+        for (int r = 0; r < 2; ++r) {
+          std::int64_t const qr = warp * 16 + g + r * 8;
+          if (qr >= rows) continue;
+          float* const dst =
+              dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
 #pragma unroll
-        for (int nt = 0; nt < 8; ++nt) {
-          atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
-          atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
+          for (int nt = 0; nt < 8; ++nt) {
+            atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
+            atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
+          }
         }
       }
     }
