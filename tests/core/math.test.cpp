@@ -8,6 +8,7 @@
 
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -285,4 +286,101 @@ TEST_CASE("online softmax statistics: the empty state is the identity and NaN/+i
   // |x| = 1e4 apart: no overflow, the small term vanishes.
   auto const wide = push(push(empty, 1e4f), -1e4f);
   CHECK(fin.lse(wide) == 1e4f);
+}
+
+namespace {
+template <class C>
+struct exp2_units {
+  C operator()(C d) const { return std::exp2(d); }
+};
+
+//! softmax_push_chunk over raw values with 1/τ = inv_tau, in base 2 (the GPU kernels' units: unit =
+//! inv_tau · log2 e, back = ln 2) and in base e (unit = inv_tau, back = 1, exp_fn), against
+//! softmax_push of each value raw · inv_tau in turn.
+template <class C, int K>
+void check_chunk(weft::softmax_stats<C> start, std::array<C, K> const& raw, C inv_tau, double tol) {
+  C const log2e = C(1.44269504088896341), ln2 = C(0.69314718055994531);
+  C r[K];
+  for (int j = 0; j < K; ++j) r[j] = raw[static_cast<std::size_t>(j)];
+  weft::softmax_stats<C> ref = start;
+  for (C x : raw) ref = weft::softmax_push{}(ref, x * inv_tau);
+  auto const b2 = weft::softmax_push_chunk(start, r, inv_tau * log2e, ln2, exp2_units<C>{});
+  auto const be = weft::softmax_push_chunk(start, r, inv_tau, C(1), weft::exp_fn{});
+  weft::softmax_finish const fin;
+  for (auto const& got : {b2, be}) {
+    if (std::isnan(ref.sum)) {
+      CHECK(std::isnan(got.sum));
+      CHECK(std::isnan(fin.lse(got)));
+      continue;
+    }
+    if (!(ref.sum > C(0))) {  // nothing added to an empty state: still empty
+      CHECK(got.sum == C(0));
+      CHECK(fin.lse(got) == -std::numeric_limits<C>::infinity());
+      continue;
+    }
+    CHECK(fin.lse(got) == doctest::Approx(double(fin.lse(ref))).epsilon(tol));
+    CHECK(fin.entropy(got) == doctest::Approx(double(fin.entropy(ref))).epsilon(tol).scale(1.0));
+    CHECK(got.max == doctest::Approx(double(ref.max)).epsilon(tol));
+  }
+}
+}  // namespace
+
+TEST_CASE(
+    "softmax_push_chunk (the GPU log-prob kernels' chunk math) equals softmax_push value by "
+    "value") {
+  constexpr double nan = std::numeric_limits<double>::quiet_NaN();
+  std::mt19937_64 gen(23);
+  std::normal_distribution<double> nd(0.0, 6.0);
+  weft::softmax_stats<double> const empty;
+  weft::softmax_stats<double> warm;
+  for (double x : {1.5, -3.0, 9.0}) warm = weft::softmax_push{}(warm, x);
+  for (double inv_tau : {1.0, 1.0 / 0.7, 1.0 / 1.3}) {
+    CAPTURE(inv_tau);
+    for (int trial = 0; trial < 20; ++trial) {
+      std::array<double, 32> raw{};
+      for (auto& v : raw) v = nd(gen);
+      if (trial % 3 == 1) raw[static_cast<std::size_t>(trial) % 32] = -dinf;  // masked logits
+      if (trial % 3 == 2)
+        for (std::size_t j = 0; j < 32; j += 2) raw[j] = -dinf;
+      check_chunk<double, 32>(empty, raw, inv_tau, 1e-12);
+      check_chunk<double, 32>(warm, raw, inv_tau, 1e-12);
+      std::array<float, 8> rf{};
+      for (std::size_t j = 0; j < 8; ++j) rf[j] = static_cast<float>(raw[j]);
+      check_chunk<float, 8>(weft::softmax_stats<float>{}, rf, static_cast<float>(inv_tau), 2e-5);
+    }
+  }
+  // Every value -inf: the state is returned as it was (empty stays empty, warm stays warm).
+  std::array<double, 8> masked{};
+  masked.fill(-dinf);
+  double r[8];
+  for (int j = 0; j < 8; ++j) r[j] = masked[static_cast<std::size_t>(j)];
+  auto const still = weft::softmax_push_chunk(warm, r, 1.0, 1.0, weft::exp_fn{});
+  CHECK(same_stats(still, warm));
+  check_chunk<double, 8>(empty, masked, 1.0, 1e-12);
+  // NaN or +inf anywhere poisons (first, middle, last; with -inf beside it), as does a maximum
+  // that overflows once scaled (softmax_push of raw · inv_tau = +inf); a poisoned state stays so.
+  for (double bad : {nan, dinf})
+    for (std::size_t at : {0u, 3u, 7u}) {
+      std::array<double, 8> v{1.0, -2.0, -dinf, 4.0, 0.5, -dinf, 2.0, 3.0};
+      v[at] = bad;
+      check_chunk<double, 8>(warm, v, 1.0, 1e-12);
+      for (int j = 0; j < 8; ++j) r[j] = v[static_cast<std::size_t>(j)];
+      CHECK(std::isnan(weft::softmax_push_chunk(warm, r, 1.0, 1.0, weft::exp_fn{}).sum));
+    }
+  std::array<float, 8> big{1e38f, 1.0f, -2.0f, 0.0f, 3.0f, -finf, 5.0f, 6.0f};
+  check_chunk<float, 8>(weft::softmax_stats<float>{}, big, 100.0f, 2e-5);
+  float rb[8];
+  for (int j = 0; j < 8; ++j) rb[j] = big[static_cast<std::size_t>(j)];
+  CHECK(std::isnan(
+      weft::softmax_push_chunk(weft::softmax_stats<float>{}, rb, 100.0f, 1.0f, weft::exp_fn{})
+          .sum));
+  weft::softmax_stats<double> poisoned{nan, nan, nan};
+  std::array<double, 8> fine{1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0};
+  for (int j = 0; j < 8; ++j) r[j] = fine[static_cast<std::size_t>(j)];
+  CHECK(std::isnan(weft::softmax_push_chunk(poisoned, r, 1.0, 1.0, weft::exp_fn{}).sum));
+  // max_nan propagates NaN from either side, unlike fmax.
+  CHECK(std::isnan(weft::max_nan(nan, 1.0)));
+  CHECK(std::isnan(weft::max_nan(1.0, nan)));
+  CHECK(weft::max_nan(-dinf, -2.0) == -2.0);
+  CHECK(weft::max_nan(3.0f, -1.0f) == 3.0f);
 }

@@ -61,6 +61,14 @@
 #define WEFT_IVDEP
 #endif
 
+// Before a loop of a compile-time trip count in WEFT_HD code: unrolled fully by nvcc (whose device
+// code needs the array indices constant to keep the arrays in registers); nothing elsewhere.
+#if defined(__CUDACC__)
+#define WEFT_UNROLL _Pragma("unroll")
+#else
+#define WEFT_UNROLL
+#endif
+
 #if defined(__GNUC__) || defined(__clang__)
 #define WEFT_FORCEINLINE inline __attribute__((always_inline))
 #define WEFT_LAMBDA_INLINE __attribute__((always_inline))  // after a lambda's parameter list

@@ -270,6 +270,54 @@ struct softmax_push {
   }
 };
 
+//! max(a, b) that propagates NaN (unlike fmax): one max.NaN instruction for float on sm_80 and up.
+template <class C>
+WEFT_HD inline C max_nan(C a, C b) noexcept {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  if constexpr (sizeof(C) == 4) {
+    C y;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(y) : "f"(a), "f"(b));
+    return y;
+  }
+#endif
+  if (a != a) return a;
+  if (b != b) return b;
+  return a > b ? a : b;
+}
+
+//! Adds K values at once to running statistics, value j being x_j = raw_j · unit · back (natural
+//! units), for a kernel's inner loop (softmax_push's rules for each value: -inf adds nothing, NaN
+//! or +inf poisons). unit > 0 scales a raw value into the base of `exp_u` (log2 e · 1/τ with exp_u
+//! = 2^d on a GPU's special-function unit, 1/τ with exp_fn), back = 1 / that base's log2 e factor
+//! (ln 2, or 1). Per value: one NaN-propagating max of the raw values, then d = raw · unit −
+//! max · unit by one FMA, e = exp_u(d) and the sum and entropy terms; poison and an all -inf
+//! chunk are tested once per chunk, and the chunk is merged by softmax_merge.
+template <int K, class C, class ExpU>
+WEFT_HD softmax_stats<C> softmax_push_chunk(softmax_stats<C> s, C const (&raw)[K], C unit, C back,
+                                            ExpU exp_u) noexcept {
+  constexpr C inf = ::cuda::std::numeric_limits<C>::infinity();
+  C m = -inf;
+  WEFT_UNROLL
+  for (int j = 0; j < K; ++j) m = max_nan(m, raw[j]);
+  C const mu = m * unit;  // NaN for a NaN value; +inf for +inf (or a max that overflows)
+  if (mu != mu || mu == inf) {
+    C const nan = ::cuda::std::numeric_limits<C>::quiet_NaN();
+    return {nan, nan, nan};
+  }
+  if (mu == -inf) return s;  // every value -inf (or below the range once scaled)
+  C sum = C(0), ent = C(0);
+  WEFT_UNROLL
+  for (int j = 0; j < K; ++j) {
+    // A -inf value gives d = lowest: e = 0 and e · d = 0 (not 0 · -inf).
+    C const d = ::cuda::std::fmax(::cuda::std::fma(raw[j], unit, -mu),
+                                  ::cuda::std::numeric_limits<C>::lowest());
+    C const e = exp_u(d);
+    sum += e;
+    ent += e * d;
+  }
+  return softmax_merge{}(s, softmax_stats<C>{mu * back, sum, ent * back});
+}
+
 //! log-sum-exp and entropy from statistics. Empty or all -inf: lse -inf, entropy 0; poisoned
 //! (a NaN or +inf value): both NaN.
 struct softmax_finish {

@@ -47,41 +47,21 @@ __device__ WEFT_FORCEINLINE float ex2_approx(float x) noexcept {
 template <class C>
 inline constexpr C push_unit = sizeof(C) == 4 ? C(1.44269504088896341) : C(1);
 
-//! The statistics of K values at once (given in push_unit units): their max, then sum and entropy
-//! terms around it, merged into `s` by softmax_merge (the same merge the block reduction uses).
-//! Same rules as softmax_push: -inf adds nothing, NaN or +inf poisons. float: 2^(x - max) on the
-//! SFU, one max, subtract, clamp, ex2, add and fma per value (the forward of a bf16 row is bound
-//! by these instructions, not by memory, with anything heavier); double: exp_fn.
+//! exp_u of softmax_push_chunk: 2^d on the SFU for float, e^d by exp_fn for double.
+struct exp_in_units {
+  __device__ WEFT_FORCEINLINE float operator()(float d) const noexcept { return ex2_approx(d); }
+  __device__ WEFT_FORCEINLINE double operator()(double d) const noexcept { return exp_fn{}(d); }
+};
+
+//! The statistics of K raw logits at once (logit · inv_tau is the value), merged into `s` by
+//! core/math.hpp's softmax_push_chunk (the host-tested chunk math: softmax_push's rules, one
+//! NaN-propagating max of the raw logits, then per logit one FMA into push_unit units, ex2, an add
+//! and an FMA; poison and an all -inf chunk tested once per chunk). The forward of a bf16 row is
+//! bound by these instructions, not by memory.
 template <int K, class C>
-__device__ WEFT_FORCEINLINE softmax_stats<C> push_values(softmax_stats<C> s, C const (&x)[K]) {
-  constexpr C inf = ::cuda::std::numeric_limits<C>::infinity();
-  C m = -inf;
-  bool poison = false;
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    poison |= (x[j] != x[j]) | (x[j] == inf);
-    m = x[j] > m ? x[j] : m;
-  }
-  if (poison) {
-    C const nan = ::cuda::std::numeric_limits<C>::quiet_NaN();
-    return {nan, nan, nan};
-  }
-  if (m == -inf) return s;
-  C sum = C(0), ent = C(0);
-#pragma unroll
-  for (int j = 0; j < K; ++j) {
-    // A -inf value gives d = lowest: e = 0 and e * d = 0 (not 0 * -inf).
-    C const d = ::cuda::std::fmax(x[j] - m, ::cuda::std::numeric_limits<C>::lowest());
-    C e;
-    if constexpr (sizeof(C) == 4)
-      e = ex2_approx(d);
-    else
-      e = exp_fn{}(d);
-    sum += e;
-    ent += e * d;
-  }
-  C const back = C(1) / push_unit<C>;  // ln 2 for float
-  return softmax_merge{}(s, softmax_stats<C>{m * back, sum, ent * back});
+__device__ WEFT_FORCEINLINE softmax_stats<C> push_values(softmax_stats<C> s, C const (&raw)[K],
+                                                         C inv_tau) {
+  return softmax_push_chunk(s, raw, inv_tau * push_unit<C>, C(1) / push_unit<C>, exp_in_units{});
 }
 
 //! A thread's softmax statistics of logits/tau over its share of a row of n logits, thread `tid`
@@ -104,10 +84,7 @@ __device__ WEFT_FORCEINLINE softmax_stats<compute_t<L>> row_stats(L const* __res
   auto const value = [inv_tau](L x) {
     return static_cast<C>(static_cast<compute_t<L>>(x)) * inv_tau;
   };
-  C const unit = inv_tau * push_unit<C>;
-  auto const value_in_units = [unit](L x) {
-    return static_cast<C>(static_cast<compute_t<L>>(x)) * unit;
-  };
+  auto const raw = [](L x) { return static_cast<C>(static_cast<compute_t<L>>(x)); };
   std::int64_t head =
       addr % sizeof(L) != 0 ? n : static_cast<std::int64_t>(((16 - addr % 16) % 16) / sizeof(L));
   if (head > n) head = n;
@@ -124,17 +101,17 @@ __device__ WEFT_FORCEINLINE softmax_stats<compute_t<L>> row_stats(L const* __res
     for (int u = 0; u < U; ++u) {
       L const* e = reinterpret_cast<L const*>(&buf[u]);
 #pragma unroll
-      for (int j = 0; j < N; ++j) x[u * N + j] = value_in_units(e[j]);
+      for (int j = 0; j < N; ++j) x[u * N + j] = raw(e[j]);
     }
-    s = push_values(s, x);
+    s = push_values(s, x, inv_tau);
   }
   for (; i < nvec; i += Block) {
     uint4 const b = __ldg(zv + i);
     L const* e = reinterpret_cast<L const*>(&b);
     C x[N];
 #pragma unroll
-    for (int j = 0; j < N; ++j) x[j] = value_in_units(e[j]);
-    s = push_values(s, x);
+    for (int j = 0; j < N; ++j) x[j] = raw(e[j]);
+    s = push_values(s, x, inv_tau);
   }
   for (std::int64_t v = head + nvec * N + tid; v < n; v += Block)
     s = softmax_push{}(s, value(z[v]));
