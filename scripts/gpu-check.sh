@@ -12,8 +12,8 @@
 #        (benchmarks/peers/sdpa_bench.py, if torch is there) and the 8-byte all_reduce overhead of
 #        the straggler monitor (CPU only: a quiet many-core machine); logs go to OUT (default out/);
 #        WEFT_GPU_CHECK_NO_PEERS=1 skips the PyTorch peer; WEFT_GPU_CHECK_PROFILE=1 adds an Nsight
-#        Compute profile of the wgmma flash forward and backward (d 128, causal) where ncu is
-#        installed (out/ncu.txt)
+#        Compute profile of the wgmma and wgmma_ws flash forwards and backwards (d 128, causal)
+#        where ncu is installed (out/ncu.txt)
 set -uo pipefail
 mode=${1:-}
 case "$mode" in
@@ -112,13 +112,16 @@ case "$mode" in
     fi
     ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     if [[ -n "${WEFT_GPU_CHECK_PROFILE:-}" && -n "$ncu" && -x "$dest/weft.bench.cuda.flash" ]]; then
-      for pass in "forward_kernel_wgmma|bwd:0" "backward_kernel_wgmma|bwd:1"; do
-        echo "##### ${pass%%|*}"
+      # kernel|flags (wgmma 1: the default Hopper set; 2: wgmma_ws, its forward and two-warpgroup
+      # backward).
+      for pass in "forward_kernel_wgmma|bwd:0/wgmma:1" "backward_kernel_wgmma|bwd:1/wgmma:1" \
+        "forward_kernel_wgmma_ws|bwd:0/wgmma:2" "backward_kernel_wgmma|bwd:1/wgmma:2"; do
+        echo "##### ${pass%%|*} ${pass#*|}"
         timeout 120 "$ncu" -k "regex:^${pass%%|*}\$" --launch-skip 1 --launch-count 1 \
           --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
           --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section Occupancy \
           --section LaunchStats --section InstructionStats "$dest/weft.bench.cuda.flash" \
-          --benchmark_filter="BM_flash/B:4/S:4096/H:16/d:128/causal:1/${pass#*|}/wgmma:1"
+          --benchmark_filter="BM_flash/B:4/S:4096/H:16/d:128/causal:1/${pass#*|}"
       done > "$out/ncu.txt" 2>&1
     fi
     grep -E '=== .* rc=' "$out/tests.log"
