@@ -286,17 +286,17 @@ __device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], flo
 
 //! backward_probabilities with the forward's exponent: P = exp2(s·(scale·log2 e) − L·log2 e), one
 //! FMA of the unscaled score s. s_lse is load_row_stats<true>'s (+inf for an empty row, whose P
-//! is then exp2(−inf) = 0 with no test); a masked score's P is 0 by a select.
+//! is then exp2(−inf) = 0 with no test for a finite score); a masked score's P, and in a partial
+//! query tile (`rows` < block_q) a padding row's, is 0 by a select (so that a non-finite key seen
+//! only by padding rows adds nothing, as recompute_probability has it).
 template <int NS>
-__device__ __forceinline__ void backward_probabilities_fma(float (&sacc)[NS][4],
-                                                           float (&pacc)[NS][4], float const* s_lse,
-                                                           float const* s_d, float scale,
-                                                           cta_seq const& cs, mask_rule const& mask,
-                                                           std::int64_t j0, std::int64_t i0,
-                                                           std::int64_t key0, int t) {
+__device__ __forceinline__ void backward_probabilities_fma(
+    float (&sacc)[NS][4], float (&pacc)[NS][4], float const* s_lse, float const* s_d, float scale,
+    cta_seq const& cs, mask_rule const& mask, std::int64_t j0, std::int64_t i0, std::int64_t rows,
+    std::int64_t key0, int t) {
   float const c = scale * log2e;
-  bool const need_mask =
-      j0 + block_k > cs.sk || (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
+  bool const need_mask = j0 + block_k > cs.sk || rows < block_q ||
+                         (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
 #pragma unroll
   for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
@@ -305,7 +305,7 @@ __device__ __forceinline__ void backward_probabilities_fma(float (&sacc)[NS][4],
       float p = mma::ex2(fmaf(sacc[nt][e], c, -s_lse[qc]));
       if (need_mask) {
         std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
-        if (key >= cs.sk || !mask.visible(i0 + qc, key)) p = 0.0f;
+        if (qc >= rows || key >= cs.sk || !mask.visible(i0 + qc, key)) p = 0.0f;
       }
       sacc[nt][e] = p;
       pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);

@@ -411,10 +411,11 @@ __device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float>
 //! flash_kernel::wgmma_ws's backward (compiled, not yet run on a GPU) is the same kernel with
 //! WGS = 2, Fast and, where dq's rows are 8-byte aligned, V2:
 //! - WGS = 2: two warpgroups, each the kernel above on its own 64 keys of a 128-key tile, share
-//!   each query tile's Q, dO and row statistics (loaded by all 256 threads: half the loads per
-//!   product). They meet at block barriers only around those loads; a warpgroup's dSᵀ reaches its
-//!   own dQ product through a named barrier of its 128 threads, so one warpgroup's softmax can run
-//!   under the other's products.
+//!   each query tile's Q, dO (loaded by all 256 threads: half the loads per product) and row
+//!   statistics. They meet at block barriers only around those loads; a warpgroup's dSᵀ reaches
+//!   its own dQ product through a named barrier of its 128 threads, so one warpgroup's softmax can
+//!   run under the other's products. A warpgroup whose keys a tile cannot see (past the end, or
+//!   causally masked from all its rows) leaves that tile's dQ atomics out.
 //! - Fast: the exponent as the forward's, one FMA of the unscaled score
 //!   (backward_probabilities_fma; an empty row's L is +inf in shared memory, so its P is 0 with no
 //!   test).
@@ -519,6 +520,11 @@ __global__ void __launch_bounds__(threads* WGS)
       mma::cp_async_wait<0>();
     wgmma::fence_proxy_async();
     __syncthreads();
+    // A warpgroup whose keys are all past the end, or all masked from every row of the tile,
+    // adds only zeros to dq: it leaves the atomics out. (Skipping its products too, by a branch
+    // around them, made ptxas spill 216 bytes at d = 128.)
+    bool const skip =
+        WGS == 2 && (jw >= cs.sk || (mask.causal && jw > i0 + rows - 1 + mask.offset));
 
     // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries each).
     float sacc[NT_S][4], pacc[NT_S][4];
@@ -542,7 +548,7 @@ __global__ void __launch_bounds__(threads* WGS)
     wgmma::fence_operands(pacc);
 
     if constexpr (Fast)
-      backward_probabilities_fma(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t);
+      backward_probabilities_fma(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, rows, key0, t);
     else
       backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t);
 
@@ -586,15 +592,16 @@ __global__ void __launch_bounds__(threads* WGS)
     wgmma::fence_operands(dk_acc);
     wgmma::fence_operands(ap);
     wgmma::fence_operands(ads);
-    if constexpr (WGS == 1)
+    if constexpr (WGS == 1) {
       __syncthreads();  // dSᵀ complete from every warp
-    else if (wg == 0)
+    } else if (wg == 0) {
       named_barrier<1>(threads);  // from every warp of this warpgroup
-    else
+    } else {
       named_barrier<2>(threads);
+    }
 
-      // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
-      // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
+    // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
+    // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
 #pragma unroll
     for (int half = 0; half < D / 64; ++half) {
       float qacc[8][4];
@@ -612,8 +619,9 @@ __global__ void __launch_bounds__(threads* WGS)
       wgmma::wait<0>();
       wgmma::fence_operands(qacc);
       if constexpr (V2) {
-        add_dq_v2(qacc, dq, cs, h, i0 + warp * 16, rows - warp * 16, half * 64, g, t, scale);
-      } else {
+        if (!skip)
+          add_dq_v2(qacc, dq, cs, h, i0 + warp * 16, rows - warp * 16, half * 64, g, t, scale);
+      } else if (!skip) {
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
           std::int64_t const qr = warp * 16 + g + r * 8;
