@@ -176,11 +176,12 @@ void usage(std::ostream& os) {
         "                    the run goes on bit for bit as if never interrupted\n"
         "  --backend         threads (default: one process, a thread per rank) or mpi (one\n"
         "                    process per rank: mpiexec -n <dp*pp*tp*cp> rl_trainer --backend mpi)\n"
-        "  --device          where the model step (forward, backward, clipping, AdamW) runs:\n"
+        "  --device          where the model step (forward, backward, clipping, AdamW) and\n"
+        "                    generation run:\n"
         "                    cpu (default: the layout's ranks), cuda (a GPU; needs the\n"
         "                    rl_trainer_cuda build) or cpu-engine (the CPU behind the interface\n"
         "                    --device cuda uses: bit for bit the default); not cpu: --dp only\n"
-        "                    (rank r on GPU r mod the GPUs); generation stays on the CPU\n"
+        "                    (rank r on GPU r mod the GPUs); the policy loss stays on the host\n"
         "  --f64             train and generate in double precision (layout tests)\n"
         "  --quiet           no per-step lines\n";
 }

@@ -4,11 +4,10 @@
 // offsets, Sq != Sk both ways, lengths off the 64-row tiles, MHA/GQA/MQA, d 64 and 128, batch > 1;
 // packed cu_seqlens against the CPU varlen entry points; fully masked rows; the accumulate
 // semantics; a dq off its 8-byte alignment; the exec::cuda entry points; argument errors; the
-// grid, ring offsets, packed documents and the unaligned dq, with multi-tile shapes, once with
-// each kernel set chosen explicitly where the default (flash_kernel::automatic) would pick the
-// other: the Hopper wgmma kernels on a compute capability 9.0 device, mma_sync and wgmma_ws there
-// too. The CUDA part is compiled only by nvcc
-// (weft.test.attention.cuda); the host build sees an empty file.
+// grid, ring offsets, packed documents and the unaligned dq, with multi-tile shapes, once more with
+// each set chosen explicitly (wgmma, wgmma_ws, mma_sync) where the default is wgmma (compute
+// capability 9.0); elsewhere those cases skip and the default cases run mma_sync. The CUDA part is
+// compiled only by nvcc (weft.test.attention.cuda); the host build sees an empty file.
 #include <doctest/doctest.h>
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME

@@ -2,7 +2,8 @@
 // the bit select, exp_fn against long double expl (ulp bounds over dense sweeps; -inf, +inf, NaN,
 // overflow and underflow), stable_sigmoid and log_add_exp (including the -inf identities and
 // |a - b| = 1e4), and the online-softmax statistics: push, merge and finish against a long double
-// two-pass reference, merge commutativity/associativity, the empty identity and NaN poisoning.
+// two-pass reference, merge commutativity/associativity, the empty identity and NaN poisoning;
+// softmax_push_chunk (the GPU log-prob kernels' chunk math) against softmax_push value by value.
 #include <weft/core/dtype.hpp>
 #include <weft/core/math.hpp>
 

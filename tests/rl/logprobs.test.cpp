@@ -1,6 +1,8 @@
 // Tests of weft/rl/exp.hpp and weft/rl/logprobs.hpp: the polynomial exp against libm, fused
 // streaming log-probs and entropy against a naive two-pass softmax, dlogits against central
-// finite differences in f64, temperature, ignored targets, -inf and +-1e4 logits, bf16 logits.
+// finite differences in f64, temperature, ignored targets, -inf and +-1e4 logits, bf16 logits;
+// under nvcc (label gpu) the CUDA kernels of weft/rl/cuda/logprobs.cuh against the CPU path
+// (log-probs, entropy and dlogits from f32 and bf16 logits; -inf logits with large d_entropy).
 #include <weft/rl/exp.hpp>
 #include <weft/rl/logprobs.hpp>
 

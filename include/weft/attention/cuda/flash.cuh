@@ -59,11 +59,12 @@ using ::weft::attention::detail::bshd;
 //! Selects the kernels of every later flash launch, forward and backward, in this process (the
 //! choice is global, as torch.backends.cuda's SDPA switches are; launches already queued keep
 //! theirs). The default, automatic, runs wgmma on each device where it runs and mma_sync
-//! elsewhere. wgmma is checked here on the current device, and again at each launch on the
-//! launching device: where it cannot run (not compute capability 9.0, or code built without
-//! sm_90a) the call throws invalid_argument_error naming the device. The first check on a device
-//! (automatic's included, at its first launch there) probes it with one tiny launch and a
-//! synchronous copy; under automatic, a launch on a device not yet probed while its stream is
+//! elsewhere (wgmma_ws: the opt-in warp-specialised forward and two-warpgroup backward, compiled
+//! but not yet run on a GPU). wgmma or wgmma_ws is checked here on the current device, and again at
+//! each launch on the launching device: where it cannot run (not compute capability 9.0, or code
+//! built without sm_90a) the call throws invalid_argument_error naming the device. The first check
+//! on a device (automatic's included, at its first launch there) probes it with one tiny launch and
+//! a synchronous copy; under automatic, a launch on a device not yet probed while its stream is
 //! being captured into a CUDA graph uses mma_sync (call flash_kernel_in_use() once before the
 //! capture to probe).
 inline void set_flash_kernel(flash_kernel choice) {

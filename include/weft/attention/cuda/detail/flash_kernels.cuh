@@ -43,7 +43,7 @@ using ::weft::attention::detail::bshd;
 //! Which kernels the flash entry points launch (forward and backward). mma_sync: the
 //! FlashAttention-2-shaped kernels on m16n8k16 mma.sync (sm_80 and up). wgmma: the Hopper kernels
 //! on warpgroup MMA (compute capability 9.0 with an sm_90a build). automatic (the default): wgmma
-//! on a device where it runs, mma_sync elsewhere. Both have passed the gpu label on an H200; wgmma
+//! on a device where it runs, mma_sync elsewhere. Both passed the gpu label on an H200; wgmma
 //! is the faster there (benchmarks/RESULTS.md). wgmma_ws: the warp-specialised Hopper forward (a
 //! producer warpgroup loading for two consumer warpgroups through mbarriers) and the two-warpgroup
 //! wgmma backward (backward_kernel_wgmma's WGS = 2 form); opt-in, compiled but not yet run on a

@@ -1,6 +1,8 @@
 // weft/attention/cuda/detail/flash_wgmma_kernels.cuh — the Hopper flash kernels
 // (flash_kernel::wgmma): the mma.sync kernels' tiling and row math (flash_rows.cuh) with the
-// products on warpgroup MMA (wgmma.cuh). Launched by flash_kernels.cuh.
+// products on warpgroup MMA (wgmma.cuh); and the opt-in flash_kernel::wgmma_ws set's (the
+// warp-specialised forward, the two-warpgroup form of the backward; compiled, not yet run on a
+// GPU). Launched by flash_kernels.cuh.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -418,7 +420,7 @@ __device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float>
 //!   causally masked from all its rows) leaves that tile's dQ atomics out.
 //! - Fast: the exponent as the forward's, one FMA of the unscaled score
 //!   (backward_probabilities_fma; an empty row's L is +inf in shared memory, so its P is 0 with no
-//!   test).
+//!   test for a finite score; masked scores and a partial tile's padding rows by a select).
 //! - V2: dQ is added by float2 atomics (sm_90's vector atomicAdd), each thread's 2 adjacent
 //!   columns of a row at once: half the atomic instructions and L2 requests.
 template <class T, int D, int WGS = 1, bool Fast = false, bool V2 = false>

@@ -1,7 +1,8 @@
 // weft/attention/cuda/detail/wgmma.cuh — the Hopper (sm_90a) warpgroup tensor-core pieces of the
-// wgmma flash forward: shared-memory matrix descriptors for 128-byte-swizzled tiles, the cp.async
-// load that writes that swizzle, and wgmma.mma_async m64nNk16 (N 64 or 128) with A in registers
-// or shared memory and B in shared memory, f32 accumulation on bf16 or f16 operands.
+// wgmma flash kernels (forwards and backwards), and the mbarrier and setmaxnreg helpers of the
+// warp-specialised wgmma_ws forward: shared-memory matrix descriptors for 128-byte-swizzled tiles,
+// the cp.async load that writes that swizzle, and wgmma.mma_async m64nNk16 (N 64 or 128) with A in
+// registers or shared memory and B in shared memory, f32 accumulation on bf16 or f16 operands.
 //
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 // - A in registers (per warp w of the warpgroup, rows 16w..16w+15): the m16n8k16 mma.sync A
