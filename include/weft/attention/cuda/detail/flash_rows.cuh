@@ -237,7 +237,7 @@ __device__ __forceinline__ void store_forward_rows(float const (&oacc)[NO][4],
 
 //! The row statistics of a backward query tile into shared memory: L·log2 e (-inf past the rows)
 //! and D = rowsum(dO ∘ O) (0 past the rows), for rows i0.. of head h. EmptyInf: +inf in place of
-//! an empty row's (or a row past the tile's) -inf, for backward_probabilities_fma.
+//! an empty row's (or a row past the tile's) -inf, for backward_probabilities<true>.
 template <bool EmptyInf = false>
 __device__ __forceinline__ void load_row_stats(float* s_lse, float* s_d, bhs<float const> lse,
                                                float const* __restrict__ dsum, cta_seq const& cs,
@@ -261,51 +261,40 @@ __device__ __forceinline__ void load_row_stats(float* s_lse, float* s_d, bhs<flo
 //! rows) and dSᵀ = Pᵀ ∘ (dPᵀ − D) in place of pacc, for this thread's keys key0 and key0 + 8 (the
 //! C-fragment rows) and the tile's queries i0 + 8·nt + 2t + (e & 1). Only a tile that crosses the
 //! end of the keys or the causal boundary is masked.
-template <int NS>
+//!
+//! Fma (the two-warpgroup backward's form): the forward's exponent, P = exp2(s·(scale·log2 e) −
+//! L·log2 e), one FMA of the unscaled score s, with s_lse from load_row_stats<true> (+inf for an
+//! empty row, whose P is then exp2(−inf) = 0 with no test for a finite score); a masked score's P,
+//! and in a partial query tile (`rows` < block_q) a padding row's, is 0 by a select (so that a
+//! non-finite key seen only by padding rows adds nothing, as recompute_probability has it).
+template <bool Fma = false, int NS>
 __device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], float (&pacc)[NS][4],
                                                        float const* s_lse, float const* s_d,
                                                        float scale, cta_seq const& cs,
                                                        mask_rule const& mask, std::int64_t j0,
-                                                       std::int64_t i0, std::int64_t key0, int t) {
+                                                       std::int64_t i0, std::int64_t key0, int t,
+                                                       std::int64_t rows = block_q) {
   float const ninf = empty_lse<float>();
-  bool const need_mask =
-      j0 + block_k > cs.sk || (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
-#pragma unroll
-  for (int nt = 0; nt < NS; ++nt)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
-      std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
-      float x = sacc[nt][e] * scale;
-      if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
-      float const p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
-      sacc[nt][e] = p;
-      pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
-    }
-}
-
-//! backward_probabilities with the forward's exponent: P = exp2(s·(scale·log2 e) − L·log2 e), one
-//! FMA of the unscaled score s. s_lse is load_row_stats<true>'s (+inf for an empty row, whose P
-//! is then exp2(−inf) = 0 with no test for a finite score); a masked score's P, and in a partial
-//! query tile (`rows` < block_q) a padding row's, is 0 by a select (so that a non-finite key seen
-//! only by padding rows adds nothing, as recompute_probability has it).
-template <int NS>
-__device__ __forceinline__ void backward_probabilities_fma(
-    float (&sacc)[NS][4], float (&pacc)[NS][4], float const* s_lse, float const* s_d, float scale,
-    cta_seq const& cs, mask_rule const& mask, std::int64_t j0, std::int64_t i0, std::int64_t rows,
-    std::int64_t key0, int t) {
   float const c = scale * log2e;
-  bool const need_mask = j0 + block_k > cs.sk || rows < block_q ||
+  bool const need_mask = j0 + block_k > cs.sk || (Fma && rows < block_q) ||
                          (mask.causal && j0 + block_k - 1 > i0 + mask.offset);
 #pragma unroll
   for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
-      float p = mma::ex2(fmaf(sacc[nt][e], c, -s_lse[qc]));
-      if (need_mask) {
+      float p;
+      if constexpr (Fma) {
+        p = mma::ex2(fmaf(sacc[nt][e], c, -s_lse[qc]));
+        if (need_mask) {
+          std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
+          if (qc >= rows || key >= cs.sk || !mask.visible(i0 + qc, key)) p = 0.0f;
+        }
+      } else {
         std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
-        if (qc >= rows || key >= cs.sk || !mask.visible(i0 + qc, key)) p = 0.0f;
+        float x = sacc[nt][e] * scale;
+        if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
+        p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
       }
       sacc[nt][e] = p;
       pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);

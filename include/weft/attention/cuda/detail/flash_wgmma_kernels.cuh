@@ -419,8 +419,8 @@ __device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float>
 //!   run under the other's products. A warpgroup whose keys a tile cannot see (past the end, or
 //!   causally masked from all its rows) leaves that tile's dQ atomics out.
 //! - Fast: the exponent as the forward's, one FMA of the unscaled score
-//!   (backward_probabilities_fma; an empty row's L is +inf in shared memory, so its P is 0 with no
-//!   test for a finite score; masked scores and a partial tile's padding rows by a select).
+//!   (backward_probabilities<true>; an empty row's L is +inf in shared memory, so its P is 0 with
+//!   no test for a finite score; masked scores and a partial tile's padding rows by a select).
 //! - V2: dQ is added by float2 atomics (sm_90's vector atomicAdd), each thread's 2 adjacent
 //!   columns of a row at once: half the atomic instructions and L2 requests.
 template <class T, int D, int WGS = 1, bool Fast = false, bool V2 = false>
@@ -549,10 +549,7 @@ __global__ void __launch_bounds__(threads* WGS)
     wgmma::fence_operands(sacc);
     wgmma::fence_operands(pacc);
 
-    if constexpr (Fast)
-      backward_probabilities_fma(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, rows, key0, t);
-    else
-      backward_probabilities(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t);
+    backward_probabilities<Fast>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t, rows);
 
     // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
     std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
