@@ -83,6 +83,14 @@ case "$mode" in
           "$dest/weft.test.attention.cuda" --test-case='*on wgmma*'
         echo "=== weft.test.attention.cuda racecheck rc=$?"
       fi
+      # The sampler's block hands the row's peak, mass and each tile's first draw through shared
+      # memory between cub's block reductions and scan.
+      if [[ -x "$dest/weft.test.rl.cuda" ]]; then
+        echo "=== weft.test.rl.cuda racecheck (*sample_tokens*)"
+        timeout 300 compute-sanitizer --tool racecheck --error-exitcode 1 \
+          "$dest/weft.test.rl.cuda" --test-case='*sample_tokens*'
+        echo "=== weft.test.rl.cuda racecheck rc=$?"
+      fi
     fi 2>&1 | tee -a "$out/tests.log"
     # The reference trainer's model step on the GPU: the f64 run against the one-rank CPU run
     # (--check), then the README's smoke run in f32 (the ctest cases examples/rl_trainer/cuda_*).

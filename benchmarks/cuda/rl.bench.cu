@@ -11,11 +11,15 @@
 // to the copy also shows what the scans and the extra passes cost. BM_gae_thread_per_row is the
 // design the scans replaced (rl::detail::gae_row on one thread per row), the baseline of the same
 // run: few long rows are where it starves the GPU.
+// And the sampler (weft/rl/cuda/sampling.cuh: a block per row) over bf16 logits of decoding batches
+// of 64 and 256 rows, against the design it replaced in the same run (rl::detail::sample_row on one
+// thread per row, BM_sample_thread_per_row); GB/s counts the logits read once.
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/random.hpp>
 #include <weft/rl/cuda/logprobs.cuh>
 #include <weft/rl/cuda/returns.cuh>
+#include <weft/rl/cuda/sampling.cuh>
 
 #include <benchmark/benchmark.h>
 #include <cuda_runtime_api.h>
@@ -271,6 +275,57 @@ void BM_masked_whiten(benchmark::State& state) {
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// Sampling: bf16 logits [rows, vocab], one coin a row; `block` the kernel of sampling.cuh, else the
+// thread-per-row design it replaced.
+__global__ void sample_thread_per_row(weft::bf16 const* __restrict__ logits, std::int64_t rows,
+                                      weft::index_t vocab, weft::rng gen,
+                                      std::uint64_t const* __restrict__ coins,
+                                      weft::rl::token_sample* __restrict__ out) {
+  std::int64_t const r = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (r >= rows) return;
+  out[r] = weft::rl::detail::sample_row(logits + r * vocab, vocab, 1.0,
+                                        gen.uniform_double(coins[r]), false);
+}
+
+template <bool Block>
+void BM_sample(benchmark::State& state) {
+  std::int64_t const rows = state.range(0), vocab = state.range(1);
+  auto* z = make_logits<weft::bf16>(rows, vocab);
+  std::vector<std::uint64_t> hc(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) hc[static_cast<std::size_t>(r)] = 17 * r + 1;
+  auto* coins = device_alloc<std::uint64_t>(hc.size());
+  WEFT_CUDA_TRY(
+      cudaMemcpy(coins, hc.data(), hc.size() * sizeof(std::uint64_t), cudaMemcpyHostToDevice));
+  auto* out = device_alloc<weft::rl::token_sample>(hc.size());
+  weft::rng const gen(7, 1);
+  auto const run = [&] {
+    if constexpr (Block) {
+      wk::sample_tokens(nullptr, z, rows, vocab, gen, coins, out);
+    } else {
+      sample_thread_per_row<<<static_cast<unsigned>((rows + 127) / 128), 128>>>(z, rows, vocab, gen,
+                                                                                coins, out);
+    }
+  };
+  run();  // warm-up
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  events ev;
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    run();
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  WEFT_CUDA_TRY(cudaGetLastError());
+  state.counters["GB/s"] = benchmark::Counter(
+      static_cast<double>(rows) * static_cast<double>(vocab) * sizeof(weft::bf16) * 1e-9,
+      benchmark::Counter::kIsIterationInvariantRate);
+  cudaFree(z);
+  cudaFree(coins);
+  cudaFree(out);
+}
+void BM_sample_block(benchmark::State& state) { BM_sample<true>(state); }
+void BM_sample_thread_per_row(benchmark::State& state) { BM_sample<false>(state); }
+
 void shapes(benchmark::internal::Benchmark* b) {
   b->Args({2048, 128256})->Args({2048, 151936})->Args({8192, 32000});
 }
@@ -316,6 +371,20 @@ BENCHMARK(BM_gae_thread_per_row)
 BENCHMARK(BM_masked_whiten)
     ->Args({1024, 4096})
     ->Args({8192, 512})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+// [rows, vocab]: decoding batches of 64 and 256 rows over the vocabularies of Qwen 2.5 and Llama 2.
+BENCHMARK(BM_sample_block)
+    ->Args({64, 151936})
+    ->Args({256, 151936})
+    ->Args({256, 32000})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_sample_thread_per_row)
+    ->Args({64, 151936})
+    ->Args({256, 151936})
+    ->Args({256, 32000})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

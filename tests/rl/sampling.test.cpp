@@ -13,6 +13,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -207,4 +208,118 @@ TEST_CASE("sample_tokens: bad input is refused naming the value, before anything
   std::vector<rl::token_sample> short_out(1);
   CHECK_THROWS_AS(rl::sample_tokens(std::vector<double>{0, 1, 2, 3}, 2, gen, coins, short_out),
                   weft::shape_error);
+}
+
+// detail::sample_row_split: the draw as rl/cuda/sampling.cuh's block-per-row kernel splits it
+// among its threads, run on the host in the kernel's order, against sample_row.
+namespace {
+
+// The distance from coin · S to the nearest running sum of row z, over S (sample_row's sums).
+template <class T>
+double boundary_distance(T const* z, index_t vocab, double inv_tau, double coin) {
+  auto const x = [&](index_t v) { return rl::detail::logit_as_double(z[v]) * inv_tau; };
+  double mx = -inf, sum = 0, cum = 0, best = inf;
+  for (index_t v = 0; v < vocab; ++v) mx = std::max(mx, x(v));
+  for (index_t v = 0; v < vocab; ++v) sum += std::exp(x(v) - mx);
+  for (index_t v = 0; v < vocab; ++v) {
+    cum += std::exp(x(v) - mx);
+    best = std::min(best, std::abs(coin * sum - cum) / sum);
+  }
+  return best;
+}
+
+template <class T>
+void split_against_row(index_t vocab, index_t workers, index_t items, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n(0.0, 2.0);
+  std::vector<T> z(static_cast<std::size_t>(vocab));
+  for (auto& x : z) x = static_cast<T>(n(rng));
+  if (vocab > 4) z[static_cast<std::size_t>(vocab / 3)] = static_cast<T>(-inf);
+  std::uniform_real_distribution<double> coin(0.0, 1.0);
+  int moved = 0, draws = 0;
+  for (double tau : {1.0, 0.6})
+    for (int k = 0; k < 24; ++k) {
+      bool const greedy = k == 0;
+      double const c = k == 1 ? 0.0 : k == 2 ? std::nextafter(1.0, 0.0) : coin(rng);
+      auto const want = rl::detail::sample_row(z.data(), vocab, 1.0 / tau, c, greedy);
+      auto const got =
+          rl::detail::sample_row_split(z.data(), vocab, 1.0 / tau, c, greedy, workers, items);
+      CAPTURE(vocab);
+      CAPTURE(workers);
+      CAPTURE(items);
+      CAPTURE(tau);
+      CAPTURE(c);
+      ++draws;
+      CHECK(rl::detail::logit_as_double(z[static_cast<std::size_t>(got.token)]) > -inf);
+      if (got.token != want.token) {
+        // Only a coin within rounding of a CDF boundary may draw a neighbour; never greedy.
+        ++moved;
+        CHECK(!greedy);
+        CHECK(boundary_distance(z.data(), vocab, 1.0 / tau, c) <= 1e-13);
+        continue;
+      }
+      CHECK(got.logp == doctest::Approx(want.logp).epsilon(1e-12).scale(1.0));
+      CHECK(got.entropy == doctest::Approx(want.entropy).epsilon(1e-12).scale(1.0));
+    }
+  CHECK(moved <= 1 + draws / 50);
+}
+
+}  // namespace
+
+TEST_CASE("sample_row_split: the kernel's split draws sample_row's tokens, log-probs, entropies") {
+  std::uint64_t seed = 1;
+  for (index_t vocab : {1, 2, 7, 255, 256, 257, 2047, 2048, 2049, 3000, 40000})
+    for (index_t workers : {1, 3, 32, 256})
+      for (index_t items : {1, 2, 8}) {
+        // The long rows at two splits only (the sizes that cross tiles are the short ones).
+        if (vocab >= 3000 && !((workers == 3 && items == 2) || (workers == 256 && items == 8)))
+          continue;
+        split_against_row<double>(vocab, workers, items, ++seed);
+        split_against_row<float>(vocab, workers, items, ++seed);
+        split_against_row<weft::bf16>(vocab, workers, items, ++seed);
+      }
+}
+
+TEST_CASE("sample_row_split: the edges, ties across workers, the fallback past every sum") {
+  std::vector<double> const z{-inf, std::log(0.25), std::log(0.5), -inf, std::log(0.25)};
+  std::vector<double> const tail{std::log(0.25), std::log(0.5), std::log(0.25), -inf, -inf};
+  // Largest 5 first at token 1, again at 3 and 6: in other workers than token 1 for most splits.
+  std::vector<double> const ties{0.0, 5.0, 1.0, 5.0, -inf, 2.0, 5.0, 4.0};
+  for (index_t workers = 1; workers <= 9; ++workers)
+    for (index_t items = 1; items <= 4; ++items) {
+      CAPTURE(workers);
+      CAPTURE(items);
+      auto const draw = [&](std::vector<double> const& row, double coin, bool greedy = false) {
+        return rl::detail::sample_row_split(row.data(), static_cast<index_t>(row.size()), 1.0, coin,
+                                            greedy, workers, items);
+      };
+      CHECK(draw(z, 0.0).token == 1);  // the first token with mass, never a -inf one
+      CHECK(draw(z, 0.2499).token == 1);
+      CHECK(draw(z, 0.2501).token == 2);
+      CHECK(draw(z, 0.7499).token == 2);
+      CHECK(draw(z, 0.7501).token == 4);
+      CHECK(draw(z, 0.9999999999).token == 4);
+      CHECK(draw(z, 0.3).logp == doctest::Approx(std::log(0.5)).epsilon(1e-14));
+      auto const e = draw(z, 0.3);
+      CHECK(e.entropy == doctest::Approx(1.5 * std::log(2.0)).epsilon(1e-14));
+      CHECK(draw(tail, std::nextafter(1.0, 0.0)).token == 2);
+      // A u past every running sum (no coin gives one, rounding may): the last token with mass,
+      // where sample_row would take the last token, a -inf one here.
+      CHECK(draw(tail, 2.0).token == 2);
+      CHECK(draw(ties, 0.0, true).token == 1);
+      CHECK(draw(ties, 0.0, true).logp ==
+            doctest::Approx(rl::detail::sample_row(ties.data(), 8, 1.0, 0.0, true).logp)
+                .epsilon(1e-14));
+      double const one = 2.5;
+      auto const s = rl::detail::sample_row_split(&one, 1, 1.0, 0.99, false, workers, items);
+      CHECK(s.token == 0);
+      CHECK(s.logp == 0.0);
+      CHECK(s.entropy == 0.0);
+    }
+  // A worker whose start is already past u (the block's scan rounds differently from a thread's
+  // running sum) draws its first token with mass, not a -inf one before it.
+  std::vector<double> const lead{-inf, 0.0, 0.0};
+  CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 1.0, 0.5) == 1);
+  CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 0.0, 1.5) == 2);
+  CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 0.0, 2.0) == -1);
 }

@@ -2,7 +2,8 @@
 // softmax(z / tau) with a keyed coin (rng::uniform_double at the row's counter), or greedily, with
 // the sampler's log-prob and entropy: the rollout step of an RL trainer whose samples must not
 // depend on the layout (the coin of a sample is a pure function of its key, not of which rank or
-// batch drew it). detail::sample_row is WEFT_HD: rl/cuda/sampling.cuh runs it one thread per row.
+// batch drew it). The CPU runs detail::sample_row; rl/cuda/sampling.cuh's block-per-row kernel runs
+// the same draw split among its threads (detail::sample_row_split is that split on the host).
 #pragma once
 
 #include <weft/core/config.hpp>
@@ -13,6 +14,7 @@
 
 #include <cuda/std/cmath>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -81,6 +83,161 @@ WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, doubl
     if (p != 0) h -= p * lp;  // skips the zero terms only: a NaN row stays NaN
   }
   return {static_cast<std::int32_t>(tok), x(tok) - lse, h};
+}
+
+// sample_row split among `workers` (the threads of rl/cuda/sampling.cuh's block-per-row kernel)
+// with the same result up to the order of its sums.
+//  - Peak and mass: worker w reads tokens w, w + workers, ... (peak_of, mass_of); the row's are the
+//    workers' combined in any order (combine_peaks, combine_masses: max, first largest z, sums).
+//  - Search: the row in tiles of workers · items tokens, worker w of a tile on tokens
+//    [tile + w·items, tile + (w+1)·items); each sums its tokens in order (span_mass), an exclusive
+//    scan of those sums after the earlier tiles' total gives its start, and it draws the first of
+//    its tokens with mass at which start + its running sum exceeds u = coin · S (span_search); the
+//    row's draw is the smallest such token of the first tile that has one. None (rounding may put
+//    u past every running sum): the last token with mass, never a -inf one.
+//  - Log-prob x_tok − lse with lse = m + log S; entropy log S − Σ_v e_v (x_v − m) / S over the
+//    tokens with e_v = e^{x_v − m} != 0, which is −Σ p_v log p_v (split_sample).
+// sample_row_split runs it on the host in the kernel's order: the specification the CPU tests
+// hold against sample_row.
+
+//! A worker's (or the row's) largest x = z · inv_tau (NaN skipped, as sample_row) and first largest
+//! z with its token (arg -1: no token seen).
+struct row_peak {
+  double mx = neg_inf<double>();
+  double z = neg_inf<double>();
+  index_t arg = -1;
+};
+
+//! Two workers' peaks as one: the larger x; the larger z, or of equal ones the smaller token.
+WEFT_HD inline row_peak combine_peaks(row_peak const& a, row_peak const& b) noexcept {
+  row_peak r;
+  r.mx = a.mx < b.mx ? b.mx : a.mx;
+  bool const take_b = b.arg >= 0 && (a.arg < 0 || b.z > a.z || (b.z == a.z && b.arg < a.arg));
+  r.z = take_b ? b.z : a.z;
+  r.arg = take_b ? b.arg : a.arg;
+  return r;
+}
+
+//! Σ e_v (s) and Σ e_v (x_v − m) over e_v != 0 (t) with e_v = e^{x_v − m}, and the last token with
+//! e_v != 0 (-1: none), of a worker's tokens or the row's.
+struct row_mass {
+  double s = 0;
+  double t = 0;
+  index_t last = -1;
+};
+
+WEFT_HD inline row_mass combine_masses(row_mass const& a, row_mass const& b) noexcept {
+  return {a.s + b.s, a.t + b.t, a.last < b.last ? b.last : a.last};
+}
+
+//! cub's operators over the two.
+struct peak_combiner {
+  WEFT_HD row_peak operator()(row_peak const& a, row_peak const& b) const noexcept {
+    return combine_peaks(a, b);
+  }
+};
+struct mass_combiner {
+  WEFT_HD row_mass operator()(row_mass const& a, row_mass const& b) const noexcept {
+    return combine_masses(a, b);
+  }
+};
+
+//! The peak of tokens first, first + stride, ... < vocab.
+template <class T>
+WEFT_HD row_peak peak_of(T const* z, index_t vocab, double inv_tau, index_t first,
+                         index_t stride) noexcept {
+  row_peak p;
+  for (index_t v = first; v < vocab; v += stride) {
+    double const zv = logit_as_double(z[v]);
+    double const x = zv * inv_tau;
+    p.mx = p.mx < x ? x : p.mx;
+    if (p.arg < 0 || zv > p.z) {
+      p.z = zv;
+      p.arg = v;
+    }
+  }
+  return p;
+}
+
+//! The mass of tokens first, first + stride, ... < vocab under the row's largest x, mx.
+template <class T>
+WEFT_HD row_mass mass_of(T const* z, index_t vocab, double inv_tau, double mx, index_t first,
+                         index_t stride) noexcept {
+  row_mass m;
+  for (index_t v = first; v < vocab; v += stride) {
+    double const d = logit_as_double(z[v]) * inv_tau - mx;
+    double const e = ::cuda::std::exp(d);
+    m.s += e;
+    if (e != 0) {  // skips the zero terms only (not 0 · -inf): a NaN row stays NaN
+      m.t += e * d;
+      m.last = v;
+    }
+  }
+  return m;
+}
+
+//! Σ e_v over tokens [begin, end), in token order.
+template <class T>
+WEFT_HD double span_mass(T const* z, index_t begin, index_t end, double inv_tau,
+                         double mx) noexcept {
+  double s = 0;
+  for (index_t v = begin; v < end; ++v) s += ::cuda::std::exp(logit_as_double(z[v]) * inv_tau - mx);
+  return s;
+}
+
+//! The first token v of [begin, end) with e_v != 0 at which start + Σ_{begin <= w <= v} e_w
+//! exceeds u; -1 if none.
+template <class T>
+WEFT_HD index_t span_search(T const* z, index_t begin, index_t end, double inv_tau, double mx,
+                            double start, double u) noexcept {
+  double cum = start;
+  for (index_t v = begin; v < end; ++v) {
+    double const e = ::cuda::std::exp(logit_as_double(z[v]) * inv_tau - mx);
+    cum += e;
+    if (e != 0 && u < cum) return v;
+  }
+  return -1;
+}
+
+//! The draw of token `tok` from a row of peak mx and mass (s, t).
+template <class T>
+WEFT_HD token_sample split_sample(T const* z, index_t tok, double inv_tau, double mx,
+                                  row_mass const& mass) noexcept {
+  double const log_s = ::cuda::std::log(mass.s);
+  return {static_cast<std::int32_t>(tok), logit_as_double(z[tok]) * inv_tau - (mx + log_s),
+          log_s - mass.t / mass.s};
+}
+
+//! sample_row by the split above, on the host, in the order of rl/cuda/sampling.cuh's kernel with
+//! `workers` threads of `items` tokens a tile (workers, items >= 1).
+template <class T>
+token_sample sample_row_split(T const* z, index_t vocab, double inv_tau, double coin, bool greedy,
+                              index_t workers, index_t items) {
+  row_peak peak;
+  for (index_t w = 0; w < workers; ++w)
+    peak = combine_peaks(peak, peak_of(z, vocab, inv_tau, w, workers));
+  row_mass mass;
+  for (index_t w = 0; w < workers; ++w)
+    mass = combine_masses(mass, mass_of(z, vocab, inv_tau, peak.mx, w, workers));
+  index_t tok = peak.arg;
+  if (!greedy) {
+    double const u = coin * mass.s;
+    index_t found = -1;
+    double acc = 0;
+    for (index_t tile = 0; tile < vocab && found < 0; tile += workers * items) {
+      double prefix = 0;
+      for (index_t w = 0; w < workers; ++w) {
+        index_t const b = std::min(tile + w * items, vocab), e = std::min(b + items, vocab);
+        double const local = span_mass(z, b, e, inv_tau, peak.mx);
+        index_t const hit = span_search(z, b, e, inv_tau, peak.mx, acc + prefix, u);
+        if (hit >= 0 && found < 0) found = hit;  // the workers' tokens ascend with w
+        prefix += local;
+      }
+      acc += prefix;
+    }
+    tok = found >= 0 ? found : mass.last;
+  }
+  return split_sample(z, tok, inv_tau, peak.mx, mass);
 }
 
 //! The checks of the host and device entry points: vocab in [1, 2^31 − 1], temperature > 0 and
