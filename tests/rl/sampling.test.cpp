@@ -304,8 +304,9 @@ TEST_CASE("sample_row_split: the edges, ties across workers, the fallback past e
       CHECK(e.entropy == doctest::Approx(1.5 * std::log(2.0)).epsilon(1e-14));
       CHECK(draw(tail, std::nextafter(1.0, 0.0)).token == 2);
       // A u past every running sum (no coin gives one, rounding may): the last token with mass,
-      // where sample_row would take the last token, a -inf one here.
+      // as sample_row, not the last token (a -inf one here).
       CHECK(draw(tail, 2.0).token == 2);
+      CHECK(rl::detail::sample_row(tail.data(), 5, 1.0, 2.0, false).token == 2);
       CHECK(draw(ties, 0.0, true).token == 1);
       CHECK(draw(ties, 0.0, true).logp ==
             doctest::Approx(rl::detail::sample_row(ties.data(), 8, 1.0, 0.0, true).logp)
@@ -322,4 +323,59 @@ TEST_CASE("sample_row_split: the edges, ties across workers, the fallback past e
   CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 1.0, 0.5) == 1);
   CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 0.0, 1.5) == 2);
   CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 0.0, 2.0) == -1);
+}
+
+TEST_CASE("sample_row_split: the workers' peaks and masses combine alike in any order") {
+  // cub combines the threads' values in a tree, sample_row_split in worker order: the combines
+  // must not depend on the order, ties of the largest logit across workers included.
+  std::mt19937_64 rng(11);
+  std::uniform_int_distribution<int> level(0, 3);
+  for (index_t workers : {2, 5, 8, 32}) {
+    for (int trial = 0; trial < 50; ++trial) {
+      index_t const vocab = 3 * workers + trial % 7;
+      std::vector<double> z(static_cast<std::size_t>(vocab));
+      for (auto& x : z) x = level(rng) == 0 ? -inf : static_cast<double>(level(rng));  // many ties
+      std::vector<rl::detail::row_peak> peaks;
+      std::vector<rl::detail::row_mass> masses;
+      for (index_t w = 0; w < workers; ++w)
+        peaks.push_back(rl::detail::peak_of(z.data(), vocab, 1.0, w, workers));
+      rl::detail::row_peak seq;
+      for (auto const& p : peaks) seq = rl::detail::combine_peaks(seq, p);
+      for (index_t w = 0; w < workers; ++w)
+        masses.push_back(rl::detail::mass_of(z.data(), vocab, 1.0, seq.mx, w, workers));
+      // Reversed, and a pairwise tree as a block reduction's.
+      rl::detail::row_peak rev;
+      for (auto it = peaks.rbegin(); it != peaks.rend(); ++it)
+        rev = rl::detail::combine_peaks(*it, rev);
+      auto tree = peaks;
+      auto tree_m = masses;
+      while (tree.size() > 1) {
+        std::vector<rl::detail::row_peak> next;
+        std::vector<rl::detail::row_mass> next_m;
+        for (std::size_t i = 0; i < tree.size(); i += 2) {
+          next.push_back(i + 1 < tree.size() ? rl::detail::combine_peaks(tree[i + 1], tree[i])
+                                             : tree[i]);
+          next_m.push_back(i + 1 < tree.size()
+                               ? rl::detail::combine_masses(tree_m[i + 1], tree_m[i])
+                               : tree_m[i]);
+        }
+        tree = next;
+        tree_m = next_m;
+      }
+      index_t first = 0;
+      for (index_t v = 1; v < vocab; ++v)
+        if (z[static_cast<std::size_t>(v)] > z[static_cast<std::size_t>(first)]) first = v;
+      index_t last = -1;
+      for (index_t v = 0; v < vocab; ++v)
+        if (z[static_cast<std::size_t>(v)] > -inf) last = v;
+      CAPTURE(workers);
+      CAPTURE(trial);
+      CHECK(seq.arg == first);
+      CHECK(rev.arg == first);
+      CHECK(tree[0].arg == first);
+      CHECK(rev.mx == seq.mx);
+      CHECK(tree[0].mx == seq.mx);
+      CHECK(tree_m[0].last == last);
+    }
+  }
 }

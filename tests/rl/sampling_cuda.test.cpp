@@ -142,6 +142,25 @@ TEST_CASE("rl/cuda: sample_tokens without coins when greedy; a NaN row gives NaN
   CHECK(std::isnan(got[1].entropy));
 }
 
+TEST_CASE("rl/cuda: sample_tokens greedy takes the first largest across the block's warps") {
+  if (!have_cuda_device()) return;
+  // Row 0: the largest at 40 (thread 40, warp 1) and 700 (thread 188, warp 5). Row 1: at 250
+  // (thread 250, warp 7) and 260 (thread 4, warp 0): the first is the later thread's.
+  weft::index_t const vocab = 1000;
+  std::vector<float> z(2 * static_cast<std::size_t>(vocab), 0.0f);
+  z[40] = z[700] = 3.0f;
+  z[static_cast<std::size_t>(vocab) + 250] = z[static_cast<std::size_t>(vocab) + 260] = 3.0f;
+  dbuf<float> dl(z);
+  dbuf<rl::token_sample> dout(std::size_t{2});
+  weft::rng const gen(5);
+  rl::kernels::sample_tokens<float>(nullptr, dl.p, 2, vocab, gen, nullptr, dout.p,
+                                    rl::sample_options{1.0, true});
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  auto const got = dout.host();
+  CHECK(got[0].token == 40);
+  CHECK(got[1].token == 250);
+}
+
 TEST_CASE("rl/cuda: sample_tokens checks vocab, temperature and rows before the launch") {
   weft::rng const gen(1);
   float const* none = nullptr;

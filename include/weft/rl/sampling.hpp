@@ -46,11 +46,11 @@ WEFT_HD double logit_as_double(T z) noexcept {
 
 //! One row: m = max_v x_v with x_v = z_v · inv_tau, S = Σ_v e^{x_v − m} in token order,
 //! lse = m + log S; greedy: the first v with the largest z_v; else the first v whose running sum
-//! Σ_{w <= v} e^{x_w − m} exceeds coin · S (V − 1 if rounding leaves none); logp = x_tok − lse,
-//! entropy = −Σ p_v log p_v over p_v != 0. The row needs a finite maximum of x (sample_tokens
-//! checks it on the host; for such a row the CUDA kernel gives NaN log-prob and entropy). With
-//! inv_tau = 1 this is, operation for operation, the reference trainer's sampler before it moved
-//! here.
+//! Σ_{w <= v} e^{x_w − m} exceeds coin · S (the last token with mass if rounding leaves none); logp
+//! = x_tok − lse, entropy = −Σ p_v log p_v over p_v != 0. The row needs a finite maximum of x
+//! (sample_tokens checks it on the host; for such a row the CUDA kernel gives NaN log-prob and
+//! entropy). With inv_tau = 1 this is, operation for operation, the reference trainer's sampler
+//! before it moved here.
 template <class T>
 WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, double coin,
                                 bool greedy) noexcept {
@@ -58,7 +58,12 @@ WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, doubl
   double mx = neg_inf<double>();
   for (index_t v = 0; v < vocab; ++v) mx = mx < x(v) ? x(v) : mx;
   double sum = 0;
-  for (index_t v = 0; v < vocab; ++v) sum += ::cuda::std::exp(x(v) - mx);
+  index_t last = vocab - 1;  // the last token with mass
+  for (index_t v = 0; v < vocab; ++v) {
+    double const e = ::cuda::std::exp(x(v) - mx);
+    sum += e;
+    if (e != 0) last = v;
+  }
   double const lse = mx + ::cuda::std::log(sum);
   index_t tok = 0;
   if (greedy) {
@@ -67,7 +72,7 @@ WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, doubl
   } else {
     double const u = coin * sum;
     double cum = 0;
-    tok = vocab - 1;
+    tok = last;  // where rounding leaves u past every running sum
     for (index_t v = 0; v < vocab; ++v) {
       cum += ::cuda::std::exp(x(v) - mx);
       if (u < cum) {
@@ -94,7 +99,7 @@ WEFT_HD token_sample sample_row(T const* z, index_t vocab, double inv_tau, doubl
 //    scan of those sums after the earlier tiles' total gives its start, and it draws the first of
 //    its tokens with mass at which start + its running sum exceeds u = coin · S (span_search); the
 //    row's draw is the smallest such token of the first tile that has one. None (rounding may put
-//    u past every running sum): the last token with mass, never a -inf one.
+//    u past every running sum): the last token with mass, never a -inf one, as sample_row.
 //  - Log-prob x_tok − lse with lse = m + log S; entropy log S − Σ_v e_v (x_v − m) / S over the
 //    tokens with e_v = e^{x_v − m} != 0, which is −Σ p_v log p_v (split_sample).
 // sample_row_split runs it on the host in the kernel's order: the specification the CPU tests
