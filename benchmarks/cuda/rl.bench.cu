@@ -49,6 +49,21 @@ struct events {
   }
 };
 
+// One warm-up launch of run(), then each iteration's launches timed by events (manual time).
+template <class Run>
+void time_launches(benchmark::State& state, Run&& run) {
+  run();
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  events ev;
+  for (auto _ : state) {
+    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+    run();
+    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
+    state.SetIterationTime(ev.seconds());
+  }
+  WEFT_CUDA_TRY(cudaGetLastError());
+}
+
 template <class T>
 T* device_alloc(std::size_t n) {
   void* p = nullptr;
@@ -210,16 +225,9 @@ void BM_gae(benchmark::State& state) {
   token_data d(rows, cols);
   auto const layout = wk::device_rows::padded(rows, cols);
   weft::rl::gae_options const opt{0.99, 0.95, whiten};
-  wk::gae_advantages(nullptr, layout, d.rewards, d.values, d.mask, d.adv, d.ret, opt);  // warm-up
-  WEFT_CUDA_TRY(cudaDeviceSynchronize());
-  events ev;
-  for (auto _ : state) {
-    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+  time_launches(state, [&] {
     wk::gae_advantages(nullptr, layout, d.rewards, d.values, d.mask, d.adv, d.ret, opt);
-    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
-    state.SetIterationTime(ev.seconds());
-  }
-  WEFT_CUDA_TRY(cudaGetLastError());
+  });
   state.counters["GB/s"] = benchmark::Counter(17.0 * static_cast<double>(d.n) * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -244,16 +252,7 @@ void BM_gae_thread_per_row(benchmark::State& state) {
     gae_thread_per_row<<<blocks, 256>>>(layout, d.rewards, d.values, d.mask, 0.99, 0.95, d.adv,
                                         d.ret);
   };
-  run();  // warm-up
-  WEFT_CUDA_TRY(cudaDeviceSynchronize());
-  events ev;
-  for (auto _ : state) {
-    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
-    run();
-    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
-    state.SetIterationTime(ev.seconds());
-  }
-  WEFT_CUDA_TRY(cudaGetLastError());
+  time_launches(state, run);
   state.counters["GB/s"] = benchmark::Counter(17.0 * static_cast<double>(d.n) * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -261,16 +260,9 @@ void BM_gae_thread_per_row(benchmark::State& state) {
 void BM_masked_whiten(benchmark::State& state) {
   std::int64_t const rows = state.range(0), cols = state.range(1);
   token_data d(rows, cols);
-  wk::masked_whiten(nullptr, static_cast<float const*>(d.values), d.mask, d.n, d.adv);  // warm-up
-  WEFT_CUDA_TRY(cudaDeviceSynchronize());
-  events ev;
-  for (auto _ : state) {
-    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
+  time_launches(state, [&] {
     wk::masked_whiten(nullptr, static_cast<float const*>(d.values), d.mask, d.n, d.adv);
-    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
-    state.SetIterationTime(ev.seconds());
-  }
-  WEFT_CUDA_TRY(cudaGetLastError());
+  });
   state.counters["GB/s"] = benchmark::Counter(9.0 * static_cast<double>(d.n) * 1e-9,
                                               benchmark::Counter::kIsIterationInvariantRate);
 }
@@ -306,16 +298,7 @@ void BM_sample(benchmark::State& state) {
                                                                                 coins, out);
     }
   };
-  run();  // warm-up
-  WEFT_CUDA_TRY(cudaDeviceSynchronize());
-  events ev;
-  for (auto _ : state) {
-    WEFT_CUDA_TRY(cudaEventRecord(ev.a));
-    run();
-    WEFT_CUDA_TRY(cudaEventRecord(ev.b));
-    state.SetIterationTime(ev.seconds());
-  }
-  WEFT_CUDA_TRY(cudaGetLastError());
+  time_launches(state, run);
   state.counters["GB/s"] = benchmark::Counter(
       static_cast<double>(rows) * static_cast<double>(vocab) * sizeof(weft::bf16) * 1e-9,
       benchmark::Counter::kIsIterationInvariantRate);

@@ -7,6 +7,8 @@
 #include <weft/rl/logprobs.hpp>
 #include <weft/rl/sampling.hpp>
 
+#include "sampling_testing.hpp"
+
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/random.hpp>
@@ -214,20 +216,6 @@ TEST_CASE("sample_tokens: bad input is refused naming the value, before anything
 // among its threads, run on the host in the kernel's order, against sample_row.
 namespace {
 
-// The distance from coin · S to the nearest running sum of row z, over S (sample_row's sums).
-template <class T>
-double boundary_distance(T const* z, index_t vocab, double inv_tau, double coin) {
-  auto const x = [&](index_t v) { return rl::detail::logit_as_double(z[v]) * inv_tau; };
-  double mx = -inf, sum = 0, cum = 0, best = inf;
-  for (index_t v = 0; v < vocab; ++v) mx = std::max(mx, x(v));
-  for (index_t v = 0; v < vocab; ++v) sum += std::exp(x(v) - mx);
-  for (index_t v = 0; v < vocab; ++v) {
-    cum += std::exp(x(v) - mx);
-    best = std::min(best, std::abs(coin * sum - cum) / sum);
-  }
-  return best;
-}
-
 template <class T>
 void split_against_row(index_t vocab, index_t workers, index_t items, std::uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -255,7 +243,7 @@ void split_against_row(index_t vocab, index_t workers, index_t items, std::uint6
         // Only a coin within rounding of a CDF boundary may draw a neighbour; never greedy.
         ++moved;
         CHECK(!greedy);
-        CHECK(boundary_distance(z.data(), vocab, 1.0 / tau, c) <= 1e-13);
+        CHECK(weft::test::boundary_distance(z.data(), vocab, 1.0 / tau, c) <= 1e-13);
         continue;
       }
       CHECK(got.logp == doctest::Approx(want.logp).epsilon(1e-12).scale(1.0));

@@ -12,6 +12,8 @@
 // The host checks run without a device.
 #include <weft/rl/sampling.hpp>
 
+#include "sampling_testing.hpp"
+
 #include <weft/core/config.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
@@ -40,20 +42,6 @@ using weft::index_t;
 using weft::test::have_cuda_device;
 template <class T>
 using dbuf = weft::test::device_buffer<T>;
-
-// The distance from coin · S to the nearest running sum of row z, over S (the host's arithmetic).
-template <class T>
-double boundary_distance(T const* z, index_t vocab, double inv_tau, double coin) {
-  auto const x = [&](index_t v) { return rl::detail::logit_as_double(z[v]) * inv_tau; };
-  double mx = -INFINITY, sum = 0, cum = 0, best = INFINITY;
-  for (index_t v = 0; v < vocab; ++v) mx = std::max(mx, x(v));
-  for (index_t v = 0; v < vocab; ++v) sum += std::exp(x(v) - mx);
-  for (index_t v = 0; v < vocab; ++v) {
-    cum += std::exp(x(v) - mx);
-    best = std::min(best, std::abs(coin * sum - cum) / sum);
-  }
-  return best;
-}
 
 template <class T>
 void against_cpu(index_t rows, index_t vocab, double tau, bool greedy, std::string const& what) {
@@ -87,8 +75,8 @@ void against_cpu(index_t rows, index_t vocab, double tau, bool greedy, std::stri
                   what << ": row " << r << " drew the -inf logit " << got[k].token);
     if (got[k].token != want[k].token) {
       ++moved;
-      double const d = boundary_distance(logits.data() + r * vocab, vocab, 1.0 / tau,
-                                         gen.uniform_double(coins[k]));
+      double const d = weft::test::boundary_distance(logits.data() + r * vocab, vocab, 1.0 / tau,
+                                                     gen.uniform_double(coins[k]));
       nearest = std::max(nearest, d);
       CHECK_MESSAGE(!greedy, what << ": greedy row " << r << " drew " << got[k].token << ", not "
                                   << want[k].token);
