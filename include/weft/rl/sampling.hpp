@@ -214,10 +214,12 @@ WEFT_HD token_sample split_sample(T const* z, index_t tok, double inv_tau, doubl
 }
 
 //! sample_row by the split above, on the host, in the order of rl/cuda/sampling.cuh's kernel with
-//! `workers` threads of `items` tokens a tile (workers, items >= 1).
+//! `workers` threads of `items` tokens a tile (each >= 1, else invalid_argument_error).
 template <class T>
 token_sample sample_row_split(T const* z, index_t vocab, double inv_tau, double coin, bool greedy,
                               index_t workers, index_t items) {
+  WEFT_EXPECTS(workers >= 1, "workers", ">= 1", workers);
+  WEFT_EXPECTS(items >= 1, "items", ">= 1", items);
   row_peak peak;
   for (index_t w = 0; w < workers; ++w)
     peak = combine_peaks(peak, peak_of(z, vocab, inv_tau, w, workers));
