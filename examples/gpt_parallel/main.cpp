@@ -301,7 +301,9 @@ std::vector<double> train_parallel(options const& o) {
     int const dpr = mesh.local_rank("dp");
     auto const per = static_cast<std::size_t>(o.batch / o.dp * o.seq_len);
     auto const mb_len = per / static_cast<std::size_t>(o.microbatches);
-    batch_data b;
+    // Step 0's batch already: prepare_step below reads the microbatches' shapes (their spans
+    // must lie inside the batch; an empty one made them subspans past its end).
+    batch_data b = make_batch(o, 0);
     // Microbatch i of this dp rank's share of the step's batch (every stage reads the same).
     auto const microbatch = [&](int i) {
       auto const at = static_cast<std::size_t>(dpr) * per + static_cast<std::size_t>(i) * mb_len;

@@ -222,7 +222,10 @@ TEST_CASE(
     ad::exp_shifted_avx512(runs.back().second.data(), n, 0.0f);
   }
 #endif
-  for (auto const& [what, ys] : runs) {
+  for (auto const& run : runs) {
+    // Not a structured binding: INFO's lambda cannot capture one before clang 16.
+    char const* const what = run.first;
+    auto const& ys = run.second;
     INFO(what);
     int worst = 0;
     for (std::size_t i = 0; i < xs.size(); ++i) {

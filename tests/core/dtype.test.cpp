@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -297,14 +298,22 @@ template <class Format>
 void check_integer_conversion() {
   using T = typename Format::type;
   int mismatches = 0;
-  auto check_one = [&](auto v, std::uint16_t ours, std::uint16_t cuda) {
+  // cuda: CUDA's host conversion of v, where it is defined (below).
+  auto check_one = [&](auto v, std::uint16_t ours, std::optional<std::uint16_t> cuda) {
     std::uint16_t const ref = reference_round<Format>(static_cast<long double>(v));
-    if ((ours != ref || ours != cuda) && ++mismatches <= 5) {
-      INFO(Format::name, " from integer ", v, ": weft ", hex(ours), ", CUDA ", hex(cuda),
-           ", reference ", hex(ref));
+    if ((ours != ref || (cuda && ours != *cuda)) && ++mismatches <= 5) {
+      INFO(Format::name, " from integer ", v, ": weft ", hex(ours), ", CUDA ",
+           cuda ? hex(*cuda) : std::string("-"), ", reference ", hex(ref));
       CHECK(ours == ref);
-      CHECK(ours == cuda);
+      if (cuda) CHECK(ours == *cuda);
     }
+  };
+  // CUDA's host __ll2bfloat16_rn casts float(v) back to long long: undefined behaviour where
+  // float(v) rounds up to 2^63 (v > 2^63 - 2^39; clang's UBSan reports it). There only the
+  // reference judges weft.
+  auto const cuda_ll = [](std::int64_t v) -> std::optional<std::uint16_t> {
+    if (std::is_same_v<T, bf16> && static_cast<float>(v) >= 0x1p63f) return std::nullopt;
+    return Format::cuda_from_ll(v);
   };
   for (int v = 0; v < 256; ++v) {
     auto const u = static_cast<std::uint8_t>(v);
@@ -335,7 +344,7 @@ void check_integer_conversion() {
     wide.push_back(base - 1);
   }
   for (std::int64_t v : wide) {
-    check_one(v, weft::convert<T>(v).bits(), Format::cuda_from_ll(v));
+    check_one(v, weft::convert<T>(v).bits(), cuda_ll(v));
     auto const v32 = static_cast<std::int32_t>(v);
     check_one(v32, weft::convert<T>(v32).bits(), Format::cuda_from_int(v32));
   }

@@ -157,9 +157,11 @@ TEST_CASE("search: strictly faster where the hand schedules leave bubbles (named
   };
   // Non-uniform stage costs with a p2p latency: ZB-H1 (the best hand schedule in each) leaves
   // bubbles that the searched schedules fill.
-  for (auto const& [p, m, limit, min_gain] :
-       {named{4, 8, 7, 0.02}, named{8, 16, 15, 0.02}, named{8, 32, 15, 0.02}, named{8, 32, 0, 0.05},
-        named{4, 4, 4, 0.01}}) {
+  for (named const& nc : {named{4, 8, 7, 0.02}, named{8, 16, 15, 0.02}, named{8, 32, 15, 0.02},
+                          named{8, 32, 0, 0.05}, named{4, 4, 4, 0.01}}) {
+    // Variables, not a structured binding: CAPTURE's lambda cannot capture one before clang 16.
+    int const p = nc.p, m = nc.m, limit = nc.limit;
+    double const min_gain = nc.min_gain;
     CAPTURE(p);
     CAPTURE(m);
     CAPTURE(limit);
