@@ -9,6 +9,7 @@ packages=(
   doctest-dev librange-v3-dev
   libopenmpi-dev openmpi-bin
   libopenblas-dev libbenchmark-dev
+  libomp-dev  # OpenMP for clang++ (the asan preset)
 )
 
 missing=()
