@@ -305,12 +305,13 @@ TEST_CASE("sample_row_split: the edges, ties across workers, the fallback past e
       CHECK(s.logp == 0.0);
       CHECK(s.entropy == 0.0);
     }
-  // A worker whose start is already past u (the block's scan rounds differently from a thread's
-  // running sum) draws its first token with mass, not a -inf one before it.
+  // No workers or no items a tile: refused (items 0 would never advance the search).
   CHECK_THROWS_AS(rl::detail::sample_row_split(z.data(), 5, 1.0, 0.5, false, 0, 2),
                   weft::invalid_argument_error);
   CHECK_THROWS_AS(rl::detail::sample_row_split(z.data(), 5, 1.0, 0.5, false, 4, 0),
                   weft::invalid_argument_error);
+  // A worker whose start is already past u (the block's scan rounds differently from a thread's
+  // running sum) draws its first token with mass, not a -inf one before it.
   std::vector<double> const lead{-inf, 0.0, 0.0};
   CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 1.0, 0.5) == 1);
   CHECK(rl::detail::span_search(lead.data(), 0, 3, 1.0, 0.0, 0.0, 1.5) == 2);
