@@ -1,6 +1,7 @@
 // tests/comm/approx.test.cpp — the shared comparison helper (tests/support/approx.hpp) that the
 // comm suites use: bitwise, relative + absolute and ulp tolerances, NaN and infinities by kind,
 // and a report naming the first mismatches.
+#include "support/checks.hpp"
 #include <support/approx.hpp>
 
 #include <doctest/doctest.h>
@@ -11,14 +12,11 @@
 #include <vector>
 
 namespace {
+using weft::test::has;
 
 using weft::test::compare;
 using weft::test::tolerance;
 using weft::test::ulp_distance;
-
-bool has(std::string const& s, std::string const& part) {
-  return s.find(part) != std::string::npos;
-}
 
 }  // namespace
 

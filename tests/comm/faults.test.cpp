@@ -3,6 +3,7 @@
 // deadline), mismatched calls (mismatch_error naming both sides), a poisoned communicator
 // (every later call throws at once), and invalid arguments (thrown before anything is
 // communicated; the communicator stays healthy). Each for several collectives and world sizes.
+#include "support/checks.hpp"
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/world.hpp>
 
@@ -20,6 +21,7 @@
 #include <vector>
 
 namespace {
+using weft::test::has;
 
 using namespace std::chrono_literals;
 using weft::comm::buffer_view;
@@ -92,10 +94,6 @@ double ms_since(clk::time_point t0) {
   return std::chrono::duration<double, std::milli>(clk::now() - t0).count();
 }
 
-bool contains(std::string const& s, std::string const& part) {
-  return s.find(part) != std::string::npos;
-}
-
 }  // namespace
 
 TEST_SUITE("threads") {
@@ -122,8 +120,8 @@ TEST_SUITE("threads") {
             return;
           } catch (weft::peer_aborted_error const& e) {
             CHECK(e.origin_rank() == bad);
-            CHECK(contains(e.what(), "boom from the test"));
-            CHECK(contains(e.what(), "rank " + std::to_string(bad)));
+            CHECK(has(e.what(), "boom from the test"));
+            CHECK(has(e.what(), "rank " + std::to_string(bad)));
             ++aborted_peers;
           }
           CHECK(ms_since(t0) < 2000.0);  // woken by the failure, not by the 10 s deadline
@@ -176,7 +174,7 @@ TEST_SUITE("threads") {
               } catch (weft::timeout_error const& e) {
                 double const waited = ms_since(t0);
                 CHECK(e.missing_ranks() == std::vector<int>{missing});
-                CHECK(contains(e.what(), "[" + std::to_string(missing) + "]"));
+                CHECK(has(e.what(), "[" + std::to_string(missing) + "]"));
                 CHECK(waited >= 190.0);
                 CHECK(waited < 1500.0);
               }
@@ -273,9 +271,9 @@ TEST_SUITE("threads") {
             FAIL_CHECK("a mismatched collective returned on rank " << c.rank());
           } catch (weft::mismatch_error const& e) {
             std::string const what = e.what();
-            CHECK(contains(what, "rank 0"));
-            CHECK(contains(what, "rank " + std::to_string(deviant)));
-            CHECK(contains(what, std::string("differ in: ") + s.field));
+            CHECK(has(what, "rank 0"));
+            CHECK(has(what, "rank " + std::to_string(deviant)));
+            CHECK(has(what, std::string("differ in: ") + s.field));
             ++thrown;
           }
           CHECK(c.state() == weft::comm::comm_state::poisoned);
@@ -303,7 +301,7 @@ TEST_SUITE("threads") {
                          recv);
           FAIL_CHECK("inconsistent all_to_all_v returned");
         } catch (weft::mismatch_error const& e) {
-          CHECK(contains(e.what(), "rank 0 sends 2 elements to rank 1 but rank 1 expects 3"));
+          CHECK(has(e.what(), "rank 0 sends 2 elements to rank 1 but rank 1 expects 3"));
         }
       });
     }
@@ -321,8 +319,8 @@ TEST_SUITE("threads") {
         }
         FAIL_CHECK("mismatched send/recv returned");
       } catch (weft::mismatch_error const& e) {
-        CHECK(contains(e.what(), "count 4"));
-        CHECK(contains(e.what(), "count 5"));
+        CHECK(has(e.what(), "count 4"));
+        CHECK(has(e.what(), "count 5"));
       }
       CHECK(c.state() == weft::comm::comm_state::poisoned);
     });
@@ -356,7 +354,7 @@ TEST_SUITE("threads") {
       c.barrier();
     } catch (weft::timeout_error const& e) {
       CHECK(e.missing_ranks() == std::vector<int>{1});  // the original fault: rank 1 was missing
-      CHECK(contains(e.what(), "poisoned"));
+      CHECK(has(e.what(), "poisoned"));
     }
   }
 
@@ -440,7 +438,7 @@ TEST_SUITE("threads") {
           }
           FAIL_CHECK("a barrier returned after abort()");
         } catch (weft::peer_aborted_error const& e) {
-          CHECK(contains(e.what(), "called abort()"));
+          CHECK(has(e.what(), "called abort()"));
           if (c.rank() % 2 == 1) CHECK(e.origin_rank() == 0);
           if (c.rank() % 2 == 0) CHECK(e.origin_rank() == 0);  // rank 0 is sub-rank 0 too
         }
@@ -530,7 +528,7 @@ TEST_SUITE("threads") {
       FAIL_CHECK("a receive with no sender completed");
     } catch (weft::timeout_error const& e) {
       CHECK(e.missing_ranks() == std::vector<int>{1});
-      CHECK(contains(e.what(), "did not post the matching send"));
+      CHECK(has(e.what(), "did not post the matching send"));
     }
     CHECK(ms_since(t0) < 1000.0);
     CHECK_THROWS_AS(w.wait(), weft::timeout_error);  // the error sticks to the work
@@ -565,22 +563,22 @@ TEST_SUITE("threads") {
         std::atomic<int> failed_fast{0};
         auto const t0 = clk::now();
         CHECK_THROWS_AS(
-            weft::test::run_ranks(
-                n,
-                [&](communicator& c) {
-                  if (c.rank() == gone) return;  // finishes without calling
-                  if (o == op::recv && c.rank() != root) return;
-                  try {
-                    call(c, o, o == op::recv ? gone : root);
-                    FAIL_CHECK(op_name(o) << " returned without rank " << gone);
-                  } catch (weft::peer_aborted_error const& e) {
-                    CHECK(e.origin_rank() == gone);
-                    CHECK(contains(e.what(), "finished"));
-                    CHECK(contains(e.what(), "rank " + std::to_string(gone) + " has finished"));
-                    ++failed_fast;
-                    throw;
-                  }
-                }),
+            weft::test::run_ranks(n,
+                                  [&](communicator& c) {
+                                    if (c.rank() == gone) return;  // finishes without calling
+                                    if (o == op::recv && c.rank() != root) return;
+                                    try {
+                                      call(c, o, o == op::recv ? gone : root);
+                                      FAIL_CHECK(op_name(o) << " returned without rank " << gone);
+                                    } catch (weft::peer_aborted_error const& e) {
+                                      CHECK(e.origin_rank() == gone);
+                                      CHECK(has(e.what(), "finished"));
+                                      CHECK(has(e.what(),
+                                                "rank " + std::to_string(gone) + " has finished"));
+                                      ++failed_fast;
+                                      throw;
+                                    }
+                                  }),
             weft::peer_aborted_error);
         CHECK(ms_since(t0) < 2000.0);
         CHECK(failed_fast.load() >= 1);
@@ -633,8 +631,8 @@ TEST_SUITE("threads") {
                                                  try {
                                                    sub.barrier();
                                                  } catch (weft::peer_aborted_error const& e) {
-                                                   CHECK(contains(e.what(), "boom in rank 3"));
-                                                   CHECK_FALSE(contains(e.what(), "has finished"));
+                                                   CHECK(has(e.what(), "boom in rank 3"));
+                                                   CHECK_FALSE(has(e.what(), "has finished"));
                                                    told = true;
                                                    throw;
                                                  }

@@ -2,6 +2,7 @@
 // `_v` counts whose sum (or whose sum in bytes) does not fit in std::size_t, and counts whose
 // product with the world size wraps, are invalid_argument_errors naming the argument on every
 // rank, before anything is communicated; the communicator stays healthy.
+#include "support/checks.hpp"
 #include <weft/comm/detail/checked.hpp>
 #include <weft/comm/threads/world.hpp>
 
@@ -17,15 +18,12 @@
 #include <vector>
 
 namespace {
+using weft::test::has;
 
 using weft::comm::buffer_view;
 using weft::comm::host_view;
 using weft::comm::threads::communicator;
 constexpr std::size_t size_max = std::numeric_limits<std::size_t>::max();
-
-bool contains(std::string const& s, std::string const& part) {
-  return s.find(part) != std::string::npos;
-}
 
 // A view claiming `count` elements of f32 at a real (small) buffer: never read, since the
 // arguments are rejected first.
@@ -53,9 +51,9 @@ TEST_CASE("checked: add, mul, bytes and offsets throw invalid_argument_error nam
     (void)checked_sum(wraps, weft::dtype::u8, "counts");
     FAIL("the sum wrapped silently");
   } catch (weft::invalid_argument_error const& e) {
-    CHECK(contains(e.what(), "argument `counts`"));
-    CHECK(contains(e.what(), "expected"));
-    CHECK(contains(e.what(), "actual"));
+    CHECK(has(e.what(), "argument `counts`"));
+    CHECK(has(e.what(), "expected"));
+    CHECK(has(e.what(), "actual"));
   }
   // Fits in elements, not in bytes.
   std::vector<std::size_t> const big{size_max / 8, size_max / 8 + 1};
@@ -87,8 +85,8 @@ TEST_SUITE("threads") {
             f();
             FAIL_CHECK("accepted overflowing " << arg);
           } catch (weft::invalid_argument_error const& e) {
-            CHECK(contains(e.what(), std::string("argument `") + arg + "`"));
-            CHECK(contains(e.what(), "overflows"));
+            CHECK(has(e.what(), std::string("argument `") + arg + "`"));
+            CHECK(has(e.what(), "overflows"));
             ++rejected;
           }
         };

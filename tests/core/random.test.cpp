@@ -58,7 +58,7 @@ using host_view =
     cuda::std::mdspan<T, weft::dextents<Rank>, Layout, weft::space_accessor<T, weft::host_space>>;
 
 template <class T>
-std::uint64_t bits_of(T x) {
+std::uint64_t bits_u64(T x) {
   if constexpr (sizeof(T) == 2) {
     return x.bits();
   } else if constexpr (sizeof(T) == 4) {
@@ -76,7 +76,7 @@ template <class T>
 bool bitwise_equal(std::vector<T> const& a, std::vector<T> const& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i) {
-    if (bits_of(a[i]) != bits_of(b[i])) return false;
+    if (bits_u64(a[i]) != bits_u64(b[i])) return false;
   }
   return true;
 }
@@ -84,7 +84,7 @@ bool bitwise_equal(std::vector<T> const& a, std::vector<T> const& b) {
 template <class T>
 std::size_t count_bitwise_equal(std::vector<T> const& a, std::vector<T> const& b) {
   std::size_t n = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) n += bits_of(a[i]) == bits_of(b[i]) ? 1 : 0;
+  for (std::size_t i = 0; i < a.size(); ++i) n += bits_u64(a[i]) == bits_u64(b[i]) ? 1 : 0;
   return n;
 }
 
@@ -592,7 +592,7 @@ TEST_CASE("random: a whole fill is the element-wise function of the row-major in
     std::vector<float> out = fill_whole<float>(normal_fill<float>{g, 0.0, 1.0});
     bool same = true;
     for (std::int64_t i = 0; i < rows * cols; ++i)
-      same = same && bits_of(out[i]) == bits_of(g.normal_float(static_cast<std::uint64_t>(i)));
+      same = same && bits_u64(out[i]) == bits_u64(g.normal_float(static_cast<std::uint64_t>(i)));
     CHECK(same);
   }
   {
@@ -606,7 +606,7 @@ TEST_CASE("random: a whole fill is the element-wise function of the row-major in
     std::vector<double> out = fill_whole<double>(normal_fill<double>{g, 0.0, 1.0});
     bool same = true;
     for (std::int64_t i = 0; i < rows * cols; ++i)
-      same = same && bits_of(out[i]) == bits_of(g.normal_double(static_cast<std::uint64_t>(i)));
+      same = same && bits_u64(out[i]) == bits_u64(g.normal_double(static_cast<std::uint64_t>(i)));
     CHECK(same);
   }
   // bf16 / f16: the float value rounded once to nearest even.
@@ -698,8 +698,8 @@ TEST_CASE("random: the chunked (CUDA) decomposition writes each element once, as
     for (std::int64_t r = 0; r < sh.nr; ++r) {
       for (std::int64_t c = 0; c < sh.nc; ++c) {
         auto const gi = static_cast<std::uint64_t>((sh.r0 + r) * cols + sh.c0 + c * sh.step);
-        same = same && bits_of(cu[r * sh.nc + c]) == bits_of(u(gi)) &&
-               bits_of(cn[r * sh.nc + c]) == bits_of(g.normal_float(gi));
+        same = same && bits_u64(cu[r * sh.nc + c]) == bits_u64(u(gi)) &&
+               bits_u64(cn[r * sh.nc + c]) == bits_u64(g.normal_float(gi));
       }
     }
     CHECK(same);
@@ -825,7 +825,7 @@ TEST_CASE_TEMPLATE("random: device fills equal host fills; device shards equal t
     bool same = true;
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t c = 0; c < cols / 2; ++c)
-        same = same && bits_of(local[r * (cols / 2) + c]) == bits_of(dn[r * cols + s + 2 * c]);
+        same = same && bits_u64(local[r * (cols / 2) + c]) == bits_u64(dn[r * cols + s + 2 * c]);
     CHECK(same);
   }
   // Placement errors throw before the launch.

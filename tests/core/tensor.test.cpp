@@ -357,11 +357,11 @@ TEST_CASE("tensor: reshape and flatten re-view contiguous data") {
   auto f = weft::flatten(v);
   CHECK(extents_of<1>(f) == arr1{24});
   // A strided view that is contiguous at run time reshapes too.
-  auto rows = weft::slice(v, 0, 1, 2);
-  auto fr = weft::flatten(rows);
+  auto row_pair = weft::slice(v, 0, 1, 2);
+  auto fr = weft::flatten(row_pair);
   CHECK(fr.extent(0) == 12);
   CHECK(fr(0) == 12.0f);
-  CHECK(weft::as_contiguous(rows).data_handle() == t.data() + 12);
+  CHECK(weft::as_contiguous(row_pair).data_handle() == t.data() + 12);
 
   try {
     (void)weft::reshape(v, 5, 5);

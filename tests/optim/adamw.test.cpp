@@ -2,6 +2,7 @@
 // the folded ε-hat form must differ; the update per lr for g = 1e-9), a multi-step trace against an
 // independent textbook implementation, f32 against torch's float32 operation sequence and against
 // f64, the decay flag, and argument checks that name the argument.
+#include "support/checks.hpp"
 #include <weft/optim/adamw.hpp>
 
 #include <doctest/doctest.h>
@@ -18,19 +19,9 @@ namespace {
 using weft::optim::adamw;
 using weft::optim::adamw_options;
 using weft::optim::param_info;
-
-bool close_rel(double a, double b, double rel) { return std::abs(a - b) <= rel * std::abs(b); }
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (std::exception const& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(std::string const& s, std::string const& part) { return s.find(part) != s.npos; }
+using weft::test::close_rel;
+using weft::test::has;
+using weft::test::message_of;
 
 adamw_options golden_options() {
   adamw_options o;

@@ -2,6 +2,7 @@
 // (13.19090595827292, not the double-counted 13.379088160259652), the clip coefficient
 // 0.7580979861076435, no scaling at or below max_norm, a tied secondary copy counted never, the
 // same norm over a ZeRO-1-style DP × TP group, the infinity norm, NaN, and argument checks.
+#include "support/checks.hpp"
 #include <support/run_ranks.hpp>
 #include <weft/comm/threads/communicator.hpp>
 #include <weft/optim/clip.hpp>
@@ -16,14 +17,15 @@
 namespace {
 using weft::optim::grad_norm_kind;
 using weft::optim::param_info;
+using weft::test::close_rel;
+using weft::test::has;
+using weft::test::message_of;
 using weft::test::run_ranks;
 using comm_t = weft::comm::threads::communicator;
 
 double const golden_norm = 13.19090595827292;
 double const double_counted = 13.379088160259652;
 double const golden_coeff = 0.7580979861076435;
-
-bool close_rel(double a, double b, double rel) { return std::abs(a - b) <= rel * std::abs(b); }
 
 // The note's layout at TP = 2: a sharded gradient [3, 4] on rank 0 and [12, 0] on rank 1, and a
 // replicated [1, 2] on both.
@@ -33,16 +35,6 @@ std::vector<T> golden_grads(int rank) {
   return rank == 0 ? std::vector<T>{3, 4, 1, 2} : std::vector<T>{12, 0, 1, 2};
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (std::exception const& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(std::string const& s, std::string const& part) { return s.find(part) != s.npos; }
 }  // namespace
 
 TEST_CASE("clip: the coefficient is min(max_norm / (norm + 1e-6), 1)") {

@@ -1,5 +1,6 @@
 // Tests of weft/optim/lr_schedule.hpp: values of the constant, warmup and warmup + cosine
 // schedules at known steps (Megatron's get_lr), and argument checks naming the argument.
+#include "support/checks.hpp"
 #include <weft/optim/lr_schedule.hpp>
 
 #include <doctest/doctest.h>
@@ -10,17 +11,9 @@
 
 namespace {
 using weft::optim::lr_schedule;
-bool close_rel(double a, double b, double rel) { return std::abs(a - b) <= rel * std::abs(b); }
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (std::exception const& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(std::string const& s, std::string const& part) { return s.find(part) != s.npos; }
+using weft::test::close_rel;
+using weft::test::has;
+using weft::test::message_of;
 }  // namespace
 
 TEST_CASE("lr_schedule: constant") {

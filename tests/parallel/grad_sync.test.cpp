@@ -4,6 +4,7 @@
 // ranges to the same bits, unused parameters (finish() reduces them as zeros, never hangs, and
 // buckets are issued in order on every rank), argument checks, and a timestamping communicator
 // showing the first bucket's collective starts before a synthetic backward pass ends.
+#include "support/checks.hpp"
 #include <support/run_ranks.hpp>
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/communicator.hpp>
@@ -26,6 +27,8 @@ using weft::parallel::bucket_plan;
 using weft::parallel::grad_scaling;
 using weft::parallel::grad_sync;
 using weft::parallel::param_info;
+using weft::test::has;
+using weft::test::message_of;
 using weft::test::run_ranks;
 using comm_t = weft::comm::threads::communicator;
 using clock_type = std::chrono::steady_clock;
@@ -43,17 +46,6 @@ double token_grad(int t, std::size_t j) {
 int first_token(std::vector<int> const& counts, int r) {
   return std::accumulate(counts.begin(), counts.begin() + r, 0);
 }
-
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (std::exception const& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(std::string const& s, std::string const& part) { return s.find(part) != s.npos; }
 
 // A threads communicator that records when each bucket collective is started on this rank.
 struct stamping_communicator : comm_t {

@@ -5,6 +5,7 @@
 // without SP), the SP norm-weight gradient sum (and that skipping it leaves the ranks apart),
 // shape errors raised before anything is communicated, and shard initialisation (even and
 // partition_stride pieces) equal to the whole fill bit for bit.
+#include "support/checks.hpp"
 #include <support/counting_communicator.hpp>
 #include <support/run_ranks.hpp>
 #include <weft/comm/threads/communicator.hpp>
@@ -24,6 +25,8 @@ namespace {
 using weft::index_t;
 using weft::tensor_view;
 using weft::comm::op_kind;
+using weft::test::has;
+using weft::test::message_of;
 using weft::test::run_ranks;
 using comm_t = weft::comm::threads::communicator;
 namespace par = weft::parallel;
@@ -60,7 +63,7 @@ tensor_view<T const, 1> cvec(std::vector<T> const& x) {
 }
 
 // Values of f32 precision, so that the f32 runs and the f64 reference see the same inputs.
-mat<double> filled(index_t r, index_t c, double seed) {
+mat<double> linear_filled(index_t r, index_t c, double seed) {
   mat<double> m(r, c);
   for (index_t i = 0; i < r; ++i)
     for (index_t j = 0; j < c; ++j)
@@ -68,7 +71,7 @@ mat<double> filled(index_t r, index_t c, double seed) {
           0.5 * std::sin(seed + 0.7 * static_cast<double>(i) + 1.3 * static_cast<double>(j)));
   return m;
 }
-std::vector<double> filled_vec(index_t n, double seed) { return filled(1, n, seed).v; }
+std::vector<double> filled_vec(index_t n, double seed) { return linear_filled(1, n, seed).v; }
 
 // y = x wᵀ + b, dx = dy w, dw = dyᵀ x, db = Σ dy: the dense layer, in f64, by loops.
 mat<double> affine(mat<double> const& x, mat<double> const& w, std::vector<double> const& b) {
@@ -110,7 +113,7 @@ std::vector<double> col_sums(mat<double> const& dy) {
 
 // Largest |got - want| relative to max(max|want|, 1e-300), over every element.
 template <class T>
-double rel_err(std::vector<T> const& got, std::vector<double> const& want) {
+double linear_rel_err(std::vector<T> const& got, std::vector<double> const& want) {
   if (got.size() != want.size()) return 1e300;
   double worst = 0, scale = 1e-300;
   for (double w : want) scale = std::max(scale, std::abs(w));
@@ -119,8 +122,8 @@ double rel_err(std::vector<T> const& got, std::vector<double> const& want) {
   return worst / scale;
 }
 template <class T>
-double rel_err(mat<T> const& got, mat<double> const& want) {
-  return got.rows == want.rows && got.cols == want.cols ? rel_err(got.v, want.v) : 1e300;
+double linear_rel_err(mat<T> const& got, mat<double> const& want) {
+  return got.rows == want.rows && got.cols == want.cols ? linear_rel_err(got.v, want.v) : 1e300;
 }
 std::vector<double> slice(std::vector<double> const& v, index_t begin, index_t n) {
   return {v.begin() + begin, v.begin() + begin + n};
@@ -131,8 +134,8 @@ index_t const N = 8, D = 6, F = 8;  // tokens, model width, MLP width (N and F d
 // The single-device MLP y = tanh(x w1ᵀ + b1) w2ᵀ + b2 and its gradients for the output
 // gradient dy.
 struct dense_mlp {
-  mat<double> x = filled(N, D, 0.1), w1 = filled(F, D, 0.2), w2 = filled(D, F, 0.3),
-              dy = filled(N, D, 0.4);
+  mat<double> x = linear_filled(N, D, 0.1), w1 = linear_filled(F, D, 0.2),
+              w2 = linear_filled(D, F, 0.3), dy = linear_filled(N, D, 0.4);
   std::vector<double> b1 = filled_vec(F, 0.5), b2 = filled_vec(D, 0.6);
   mat<double> a, y, dx, dw1, dw2;
   std::vector<double> db1, db2;
@@ -230,12 +233,12 @@ double mlp_error(std::vector<mlp_rank<T>> const& ranks, dense_mlp const& d, bool
   for (int r = 0; r < p; ++r) {
     auto const& k = ranks[static_cast<std::size_t>(r)];
     index_t const t0 = sp ? r * n : 0;
-    worst = std::max(worst, rel_err(k.y, d.y.block(t0, n, 0, D)));
-    worst = std::max(worst, rel_err(k.dx, d.dx.block(t0, n, 0, D)));
-    worst = std::max(worst, rel_err(k.dw1, ones(d.dw1.block(r * f, f, 0, D))));
-    worst = std::max(worst, rel_err(k.dw2, ones(d.dw2.block(0, D, r * f, f))));
-    worst = std::max(worst, rel_err(k.db1, ones_v(slice(d.db1, r * f, f))));
-    worst = std::max(worst, rel_err(k.db2, ones_v(d.db2)));
+    worst = std::max(worst, linear_rel_err(k.y, d.y.block(t0, n, 0, D)));
+    worst = std::max(worst, linear_rel_err(k.dx, d.dx.block(t0, n, 0, D)));
+    worst = std::max(worst, linear_rel_err(k.dw1, ones(d.dw1.block(r * f, f, 0, D))));
+    worst = std::max(worst, linear_rel_err(k.dw2, ones(d.dw2.block(0, D, r * f, f))));
+    worst = std::max(worst, linear_rel_err(k.db1, ones_v(slice(d.db1, r * f, f))));
+    worst = std::max(worst, linear_rel_err(k.db2, ones_v(d.db2)));
   }
   return worst;
 }
@@ -255,21 +258,12 @@ std::vector<mlp_rank<T>> mlp_on(int p, dense_mlp const& d, bool sp) {
   return ranks;
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (std::exception const& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(std::string const& s, std::string const& part) { return s.find(part) != s.npos; }
 }  // namespace
 
 TEST_SUITE("threads") {
   TEST_CASE("linear: a column-parallel layer equals the dense one (f64, with and without SP)") {
-    mat<double> const x = filled(N, D, 1.0), w = filled(F, D, 2.0), dy = filled(N, F, 3.0);
+    mat<double> const x = linear_filled(N, D, 1.0), w = linear_filled(F, D, 2.0),
+                      dy = linear_filled(N, F, 3.0);
     std::vector<double> const b = filled_vec(F, 4.0);
     auto const y = affine(x, w, b), dx = times(dy, w), dw = outer(dy, x);
     auto const db = col_sums(dy);
@@ -296,11 +290,11 @@ TEST_SUITE("threads") {
           }
           par::column_parallel_backward_weight(dyr.cview(), sp ? xt.cview() : xr.cview(),
                                                dwr.view(), vec(dbr));
-          double e = rel_err(yr, y.block(0, N, r * f, f));
-          e = std::max(e, rel_err(dxr, dx.block(sp ? r * n : 0, n, 0, D)));
-          e = std::max(e, rel_err(dwr, dw.block(r * f, f, 0, D)));
-          e = std::max(e, rel_err(dbr, slice(db, r * f, f)));
-          if (sp) e = std::max(e, rel_err(xt, x));
+          double e = linear_rel_err(yr, y.block(0, N, r * f, f));
+          e = std::max(e, linear_rel_err(dxr, dx.block(sp ? r * n : 0, n, 0, D)));
+          e = std::max(e, linear_rel_err(dwr, dw.block(r * f, f, 0, D)));
+          e = std::max(e, linear_rel_err(dbr, slice(db, r * f, f)));
+          if (sp) e = std::max(e, linear_rel_err(xt, x));
           err[static_cast<std::size_t>(r)] = e;
         });
         for (double e : err) CHECK(e <= 1e-12);
@@ -308,7 +302,8 @@ TEST_SUITE("threads") {
   }
 
   TEST_CASE("linear: a row-parallel layer equals the dense one, bias added once after the sum") {
-    mat<double> const x = filled(N, F, 5.0), w = filled(D, F, 6.0), dy = filled(N, D, 7.0);
+    mat<double> const x = linear_filled(N, F, 5.0), w = linear_filled(D, F, 6.0),
+                      dy = linear_filled(N, D, 7.0);
     std::vector<double> const b = filled_vec(D, 8.0);
     auto const y = affine(x, w, b), dx = times(dy, w), dw = outer(dy, x);
     auto const db = col_sums(dy);
@@ -333,10 +328,11 @@ TEST_SUITE("threads") {
           }
           par::row_parallel_backward_weight(sp ? gt.cview() : dyr.cview(), xr.cview(), dwr.view(),
                                             vec(dbr));
-          double e = rel_err(yr, y.block(sp ? r * n : 0, n, 0, D));
-          e = std::max(e, rel_err(dxr, dx.block(0, N, r * f, f)));
-          e = std::max(e, rel_err(dwr, dw.block(0, D, r * f, f)));
-          e = std::max(e, rel_err(dbr, db));  // the whole bias gradient on every rank, SP or not
+          double e = linear_rel_err(yr, y.block(sp ? r * n : 0, n, 0, D));
+          e = std::max(e, linear_rel_err(dxr, dx.block(0, N, r * f, f)));
+          e = std::max(e, linear_rel_err(dwr, dw.block(0, D, r * f, f)));
+          e = std::max(
+              e, linear_rel_err(dbr, db));  // the whole bias gradient on every rank, SP or not
           err[static_cast<std::size_t>(r)] = e;
         });
         for (double e : err) CHECK(e <= 1e-12);
@@ -393,7 +389,7 @@ TEST_SUITE("threads") {
   TEST_CASE("linear: SP norm-weight gradients are partial per rank until summed over tp") {
     // A norm-like scale g [D] (replicated, flagged sequence_parallel_grad) applied to each rank's
     // token slice, y = x ⊙ g, followed by a tp-sharded parameter. dg = Σ_tokens dy ⊙ x.
-    mat<double> const x = filled(N, D, 9.0), dy = filled(N, D, 10.0);
+    mat<double> const x = linear_filled(N, D, 9.0), dy = linear_filled(N, D, 10.0);
     std::vector<double> dense(static_cast<std::size_t>(D), 0.0);
     for (index_t i = 0; i < N; ++i)
       for (index_t j = 0; j < D; ++j) dense[static_cast<std::size_t>(j)] += dy(i, j) * x(i, j);
@@ -422,7 +418,7 @@ TEST_SUITE("threads") {
         CHECK(ranks_agree == summed);  // skipping the sum leaves different gradients per rank
         for (int r = 0; r < p; ++r) {
           auto const& g = grads[static_cast<std::size_t>(r)];
-          if (summed) CHECK(rel_err(slice(g, 0, D), dense) <= 1e-12);
+          if (summed) CHECK(linear_rel_err(slice(g, 0, D), dense) <= 1e-12);
           for (std::size_t k = 0; k < 3; ++k)  // the sharded parameter is never touched
             CHECK(g[static_cast<std::size_t>(D) + k] == 100.0 * r + static_cast<double>(k));
         }
@@ -472,7 +468,8 @@ TEST_CASE("sharding: Megatron's partition_stride pieces") {
   CHECK_THROWS_AS((void)par::tp_shard_pieces(12, 2, 2), weft::invalid_argument_error);
 }
 
-TEST_CASE("sharding: shards filled through placement equal the whole fill's slices bit for bit") {
+TEST_CASE(
+    "sharding: shards linear_filled through placement equal the whole fill's slices bit for bit") {
   index_t const out = 12, in = 5;
   weft::rng const gen(1234, /*stream*/ 7);
   for (int dim : {0, 1})  // column-parallel rows, row-parallel columns

@@ -2,6 +2,7 @@
 // forward and backward against the gathered single-device result, the conjugate pairs as adjoints
 // (<fwd x, y> summed over ranks equals <x, bwd y>), no communication at group size 1, and
 // divisibility errors that name the argument, the expected and the actual extent.
+#include "support/checks.hpp"
 #include <support/counting_communicator.hpp>
 #include <support/run_ranks.hpp>
 #include <weft/comm/threads/communicator.hpp>
@@ -18,6 +19,8 @@
 namespace {
 using weft::index_t;
 using weft::make_tensor;
+using weft::test::has;
+using weft::test::message_of;
 using weft::test::run_ranks;
 using comm_t = weft::comm::threads::communicator;
 namespace par = weft::parallel;
@@ -28,7 +31,7 @@ double value(int rank, index_t i, index_t j) {
                   0.053 * static_cast<double>(j));
 }
 
-weft::tensor<double, 2> filled(int rank, index_t rows, index_t cols) {
+weft::tensor<double, 2> mapping_filled(int rank, index_t rows, index_t cols) {
   auto t = make_tensor<double>(rows, cols);
   for (index_t i = 0; i < rows; ++i)
     for (index_t j = 0; j < cols; ++j) t.view()(i, j) = value(rank, i, j);
@@ -41,17 +44,6 @@ double dot(weft::tensor<double, 2> const& a, weft::tensor<double, 2> const& b) {
   return s;
 }
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (std::exception const& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(std::string const& s, std::string const& part) { return s.find(part) != s.npos; }
-
 index_t const n_tokens = 8, hidden = 12;  // both divisible by 1, 2 and 4
 }  // namespace
 
@@ -61,8 +53,8 @@ TEST_SUITE("threads") {
       std::vector<int> ok(static_cast<std::size_t>(p), 0);
       run_ranks(p, [&](comm_t& c) {
         int const r = c.rank();
-        auto x = filled(r, n_tokens, hidden);
-        auto y = filled(r, n_tokens, hidden);
+        auto x = mapping_filled(r, n_tokens, hidden);
+        auto y = mapping_filled(r, n_tokens, hidden);
         par::copy_to_tp_forward(c, x);  // identity
         bool good = x.view()(1, 2) == value(r, 1, 2);
         par::copy_to_tp_backward(c, x);  // SUM over ranks
@@ -87,7 +79,7 @@ TEST_SUITE("threads") {
       run_ranks(p, [&](comm_t& c) {
         int const r = c.rank();
         index_t const w = hidden / p;
-        auto part = filled(r, n_tokens, w);
+        auto part = mapping_filled(r, n_tokens, w);
         auto full = make_tensor<double>(n_tokens, hidden);
         par::gather_from_tp_forward(c, part, full);
         bool good = true;
@@ -95,7 +87,7 @@ TEST_SUITE("threads") {
           for (index_t j = 0; j < hidden; ++j)
             good = good && full.view()(i, j) == value(static_cast<int>(j / w), i, j % w);
         // scatter keeps this rank's columns of a replicated tensor (rank 0's values everywhere).
-        auto replicated = filled(0, n_tokens, hidden);
+        auto replicated = mapping_filled(0, n_tokens, hidden);
         auto mine = make_tensor<double>(n_tokens, w);
         par::scatter_to_tp_forward(c, replicated.view(), mine.view());
         for (index_t i = 0; i < n_tokens; ++i)
@@ -125,7 +117,7 @@ TEST_SUITE("threads") {
       run_ranks(p, [&](comm_t& c) {
         int const r = c.rank();
         index_t const rows = n_tokens / p;
-        auto x_local = filled(r, rows, hidden);
+        auto x_local = mapping_filled(r, rows, hidden);
         auto x_full = make_tensor<double>(n_tokens, hidden);
         par::gather_from_sp_forward(c, x_local, x_full);
         bool good = true;
@@ -133,7 +125,7 @@ TEST_SUITE("threads") {
           for (index_t j = 0; j < hidden; ++j)
             good = good && x_full.view()(i, j) == value(static_cast<int>(i / rows), i % rows, j);
         // gather_from_sp's backward sums the ranks' full-sequence partials, keeping own rows.
-        auto partial = filled(r + 10, n_tokens, hidden);
+        auto partial = mapping_filled(r + 10, n_tokens, hidden);
         auto d_local = make_tensor<double>(rows, hidden);
         par::gather_from_sp_backward(c, partial, d_local);
         for (index_t i = 0; i < rows; ++i)
@@ -173,7 +165,7 @@ TEST_SUITE("threads") {
   TEST_CASE("mappings: nothing is communicated at group size 1") {
     run_ranks(1, [](comm_t& inner) {
       weft::test::counting_communicator<comm_t> c(std::move(inner));
-      auto x = filled(0, 4, 6);
+      auto x = mapping_filled(0, 4, 6);
       auto y = make_tensor<double>(4, 6);
       par::copy_to_tp_backward(c, x);
       par::reduce_from_tp_forward(c, x);
@@ -189,13 +181,13 @@ TEST_SUITE("threads") {
   TEST_CASE("mappings: a split extent that does not divide by tp is a shape_error on every rank") {
     std::vector<std::string> messages(2);
     run_ranks(2, [&](comm_t& c) {
-      auto x = filled(c.rank(), 3, 4);  // 3 tokens over 2 ranks
+      auto x = mapping_filled(c.rank(), 3, 4);  // 3 tokens over 2 ranks
       auto full = make_tensor<double>(6, 4);
       auto local = make_tensor<double>(1, 4);
       messages[static_cast<std::size_t>(c.rank())] =
           message_of([&] { par::reduce_scatter_to_sp_forward(c, x, local); });
       CHECK_THROWS_AS(par::gather_from_sp_forward(c, local, full), weft::shape_error);
-      auto cols = filled(c.rank(), 2, 5);  // 5 hidden over 2 ranks
+      auto cols = mapping_filled(c.rank(), 2, 5);  // 5 hidden over 2 ranks
       auto half = make_tensor<double>(2, 2);
       CHECK_THROWS_AS(par::scatter_to_tp_forward(c, cols, half), weft::shape_error);
       CHECK(c.state() == weft::comm::comm_state::healthy);

@@ -3,6 +3,7 @@
 // and 3 (an uneven split), the embedding and the output layer with its loss against a dense
 // single-device f64 reference at tp 1, 2 and 4 with and without sequence parallelism (1e-12; f32
 // within 1e-5 relative), ignored targets, and bad ids raising on every rank.
+#include "support/checks.hpp"
 #include <support/run_ranks.hpp>
 #include <weft/comm/threads/communicator.hpp>
 #include <weft/core/tensor.hpp>
@@ -20,6 +21,8 @@
 namespace {
 using weft::index_t;
 using weft::tensor_view;
+using weft::test::has;
+using weft::test::message_of;
 using weft::test::run_ranks;
 using comm_t = weft::comm::threads::communicator;
 namespace par = weft::parallel;
@@ -50,7 +53,7 @@ std::vector<T> rows_of(std::vector<double> const& m, index_t cols, index_t r0, i
   return {m.begin() + r0 * cols, m.begin() + (r0 + nr) * cols};
 }
 
-std::vector<double> filled(std::size_t n, double seed) {
+std::vector<double> vocab_filled(std::size_t n, double seed) {
   std::vector<double> v(n);
   for (std::size_t k = 0; k < n; ++k)
     v[k] = static_cast<float>(std::sin(seed + 0.91 * static_cast<double>(k)));
@@ -58,7 +61,7 @@ std::vector<double> filled(std::size_t n, double seed) {
 }
 
 template <class T>
-double rel_err(std::vector<T> const& got, std::vector<double> const& want) {
+double vocab_rel_err(std::vector<T> const& got, std::vector<double> const& want) {
   if (got.size() != want.size()) return 1e300;
   double worst = 0, scale = 1e-300;
   for (double w : want) scale = std::max(scale, std::abs(w));
@@ -83,8 +86,8 @@ struct dense_head {
       : n(n_),
         h(h_),
         v(v_),
-        hid(filled(static_cast<std::size_t>(n * h), 0.3)),
-        w(filled(static_cast<std::size_t>(v * h), 1.7)) {
+        hid(vocab_filled(static_cast<std::size_t>(n * h), 0.3)),
+        w(vocab_filled(static_cast<std::size_t>(v * h), 1.7)) {
     loss.assign(static_cast<std::size_t>(n), 0.0);
     dh.assign(static_cast<std::size_t>(n * h), 0.0);
     dw.assign(static_cast<std::size_t>(v * h), 0.0);
@@ -116,16 +119,6 @@ struct dense_head {
   }
 };
 
-template <class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (std::exception const& e) {
-    return e.what();
-  }
-  return "";
-}
-bool has(std::string const& s, std::string const& part) { return s.find(part) != s.npos; }
 }  // namespace
 
 TEST_CASE("vocab: Megatron's padded vocabulary size") {
@@ -201,8 +194,8 @@ TEST_SUITE("threads") {
       "vocab: the embedding equals the dense lookup, forward and backward, with and without SP") {
     index_t const V = 10, H = 3, N = 8;
     std::vector<std::int64_t> const ids{3, 9, 0, 3, 7, 4, 9, 5};  // repeats, both ends
-    auto const table = filled(static_cast<std::size_t>(V * H), 2.5);
-    auto const dout = filled(static_cast<std::size_t>(N * H), 4.5);
+    auto const table = vocab_filled(static_cast<std::size_t>(V * H), 2.5);
+    auto const dout = vocab_filled(static_cast<std::size_t>(N * H), 4.5);
     std::vector<double> dense_dtable(static_cast<std::size_t>(V * H), 0.5);
     for (index_t k = 0; k < N; ++k)
       for (index_t j = 0; j < H; ++j)
@@ -286,9 +279,9 @@ TEST_SUITE("threads") {
           par::vocab_parallel_output_backward_weight(cview(dlogits, N, shard.size), cview(h, N, H),
                                                      mview(dw, shard.size, H));
         }
-        double e = rel_err(loss, d.loss);
-        e = std::max(e, rel_err(dh, rows_of<double>(d.dh, H, t0, n)));
-        e = std::max(e, rel_err(dw, rows_of<double>(d.dw, H, shard.begin, shard.size)));
+        double e = vocab_rel_err(loss, d.loss);
+        e = std::max(e, vocab_rel_err(dh, rows_of<double>(d.dh, H, t0, n)));
+        e = std::max(e, vocab_rel_err(dw, rows_of<double>(d.dw, H, shard.begin, shard.size)));
         worst[static_cast<std::size_t>(r)] = e;
       });
       return *std::max_element(worst.begin(), worst.end());

@@ -29,10 +29,10 @@ using weft::test::run_ranks;
 using comm_t = weft::comm::threads::communicator;
 
 // Odd sizes, so every bucket and most parameter starts are padded; biases do not decay.
-std::vector<param_info> const model{{.count = 37}, {.count = 129, .decay = false},
-                                    {.count = 5},  {.count = 300},
-                                    {.count = 64}, {.count = 17, .decay = false}};
-std::size_t const model_size = 552;
+std::vector<param_info> const zero1_model{{.count = 37}, {.count = 129, .decay = false},
+                                          {.count = 5},  {.count = 300},
+                                          {.count = 64}, {.count = 17, .decay = false}};
+std::size_t const zero1_model_size = 552;
 
 float grad_of(int rank, int step, std::size_t j) {
   return static_cast<float>(std::sin(0.37 * static_cast<double>(j) + 1.3 * rank + 0.7 * step) *
@@ -64,17 +64,17 @@ TEST_SUITE("threads") {
       std::vector<std::size_t> state(static_cast<std::size_t>(dp));
       run_ranks(dp, [&](comm_t& group) {
         int const r = group.rank();
-        std::vector<float> init(model_size);
-        for (std::size_t j = 0; j < model_size; ++j) init[j] = init_of(j);
+        std::vector<float> init(zero1_model_size);
+        for (std::size_t j = 0; j < zero1_model_size; ++j) init[j] = init_of(j);
 
         // Replicated: all-reduce (1/dp, SUM), then optim::adamw over the whole buffer.
-        bucket_plan rep_plan(model, {.bucket_size = 200, .dp = dp});
+        bucket_plan rep_plan(zero1_model, {.bucket_size = 200, .dp = dp});
         grad_sync<comm_t, float> rep_sync(group, rep_plan);
-        weft::optim::adamw<float> rep_opt(model, options);
-        std::vector<float> rep_params = init, rep_grads(model_size);
+        weft::optim::adamw<float> rep_opt(zero1_model, options);
+        std::vector<float> rep_params = init, rep_grads(zero1_model_size);
 
         // ZeRO-1: reduce-scatter, AdamW on the owned pieces, all-gather.
-        bucket_plan zero_plan(model, {.bucket_size = 200, .dp = dp, .shard = true});
+        bucket_plan zero_plan(zero1_model, {.bucket_size = 200, .dp = dp, .shard = true});
         grad_sync<comm_t, float> zero_sync(group, zero_plan);
         zero1<float> zero_opt(zero_plan, r, options);
         std::vector<float> zero_params = init;
@@ -89,7 +89,8 @@ TEST_SUITE("threads") {
                         std::span<float const>(zero_sync.buffer()), lr_at(step));
         }
         std::size_t mismatches = 0;
-        for (std::size_t j = 0; j < model_size; ++j) mismatches += zero_params[j] != rep_params[j];
+        for (std::size_t j = 0; j < zero1_model_size; ++j)
+          mismatches += zero_params[j] != rep_params[j];
         CHECK(mismatches == 0);
         CHECK(zero_params != init);
         CHECK(zero_opt.optimizer().steps() == 10);
@@ -101,7 +102,7 @@ TEST_SUITE("threads") {
       });
       std::size_t total = 0;
       for (auto s : state) total += s;
-      CHECK(total == model_size);
+      CHECK(total == zero1_model_size);
     }
   }
 
@@ -110,15 +111,15 @@ TEST_SUITE("threads") {
       int const r = group.rank();
       // With tp = pp = 1 the replicated optimizer's group (TP x PP) is this rank alone.
       comm_t alone = group.split(r, 0);
-      bucket_plan rep_plan(model, {.bucket_size = 200, .dp = 3});
-      bucket_plan zero_plan(model, {.bucket_size = 200, .dp = 3, .shard = true});
+      bucket_plan rep_plan(zero1_model, {.bucket_size = 200, .dp = 3});
+      bucket_plan zero_plan(zero1_model, {.bucket_size = 200, .dp = 3, .shard = true});
       grad_sync<comm_t, double> rep_sync(group, rep_plan), zero_sync(group, zero_plan);
       backward(rep_sync, r, 1);
       backward(zero_sync, r, 1);
-      std::vector<double> rep_grads(model_size);
+      std::vector<double> rep_grads(zero1_model_size);
       rep_sync.unpack(rep_grads);
       double const rep_norm = weft::optim::clip_grad_norm(
-          alone, model, std::span<double>(rep_grads), 0, /*max_norm*/ 1.0);
+          alone, zero1_model, std::span<double>(rep_grads), 0, /*max_norm*/ 1.0);
       zero1<double> opt(zero_plan, r, options);
       opt.load_grads(zero_sync.buffer());
       double const zero_norm = opt.clip_grad_norm(group, 0, 1.0);
@@ -133,8 +134,9 @@ TEST_SUITE("threads") {
       // The infinity norm too (MAX over the group; of gradients clipped by factors that may
       // differ in the last bit, as the 2-norms summed in different orders may).
       double const inf_zero = opt.grad_norm(group, 0, weft::optim::grad_norm_kind::inf);
-      double const inf_rep = weft::optim::global_grad_norm(
-          alone, model, std::span<double const>(rep_grads), 0, weft::optim::grad_norm_kind::inf);
+      double const inf_rep =
+          weft::optim::global_grad_norm(alone, zero1_model, std::span<double const>(rep_grads), 0,
+                                        weft::optim::grad_norm_kind::inf);
       CHECK(std::abs(inf_zero - inf_rep) <= 1e-14 * inf_rep);
     });
   }
@@ -191,18 +193,18 @@ TEST_SUITE("threads") {
 
   TEST_CASE("zero1: argument checks") {
     run_ranks(2, [&](comm_t& group) {
-      bucket_plan rep(model, {.dp = 2});
+      bucket_plan rep(zero1_model, {.dp = 2});
       CHECK_THROWS_AS(zero1<float>(rep, 0, options), weft::invalid_argument_error);
-      bucket_plan plan(model, {.dp = 2, .shard = true});
+      bucket_plan plan(zero1_model, {.dp = 2, .shard = true});
       CHECK_THROWS_AS(zero1<float>(plan, 2, options), weft::invalid_argument_error);
       CHECK_THROWS_AS(zero1<float>(plan, 0, adamw_options{.beta1 = 1.0}),
                       weft::invalid_argument_error);
       zero1<float> opt(plan, group.rank(), options);
-      std::vector<float> short_params(model_size - 1), grads(plan.buffer_size() + 1);
+      std::vector<float> short_params(zero1_model_size - 1), grads(plan.buffer_size() + 1);
       CHECK_THROWS_AS(opt.load_grads(grads), weft::shape_error);
       CHECK_THROWS_AS(opt.step(group, std::span<float>(short_params), 1e-3), weft::shape_error);
       comm_t alone = group.split(group.rank(), 0);
-      std::vector<float> params(model_size);
+      std::vector<float> params(zero1_model_size);
       CHECK_THROWS_AS(opt.step(alone, std::span<float>(params), 1e-3),
                       weft::invalid_argument_error);
       CHECK(opt.optimizer().steps() == 0);

@@ -24,7 +24,7 @@ using namespace weft::pipeline;
 
 namespace {
 
-std::vector<int> grid_m(int p) {
+std::vector<int> vocab_grid_m(int p) {
   std::vector<int> ms = {p, p + 1, 2 * p, 2 * p + 1, 4 * p};
   std::sort(ms.begin(), ms.end());
   ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
@@ -38,7 +38,7 @@ double max_of(std::vector<double> const& v) { return *std::max_element(v.begin()
 TEST_CASE("vocab: peak in-flight is p-r+1 with one barrier and p-r+2 with two") {
   for (auto variant : {vocab_variant::one_barrier, vocab_variant::two_barrier})
     for (int p : {2, 3, 4, 8})
-      for (int m : grid_m(p)) {
+      for (int m : vocab_grid_m(p)) {
         CAPTURE(to_string(variant));
         CAPTURE(p);
         CAPTURE(m);
@@ -60,7 +60,7 @@ TEST_CASE("vocab: peak in-flight is p-r+1 with one barrier and p-r+2 with two") 
 TEST_CASE("vocab: every pass once, one collective order, valid and deadlock-free") {
   for (auto variant : {vocab_variant::one_barrier, vocab_variant::two_barrier})
     for (int p : {2, 3, 4, 8})
-      for (int m : grid_m(p)) {
+      for (int m : vocab_grid_m(p)) {
         CAPTURE(to_string(variant));
         CAPTURE(p);
         CAPTURE(m);
@@ -113,7 +113,7 @@ TEST_CASE("vocab: the idle time is 1F1B's with free collectives and stays close 
     for (bound const& b : {bound{0.0, 1e-9}, bound{0.1, 0.5}, bound{0.25, 1.5}})
       for (auto const& st_tt : {std::pair{0.5, 0.25}, std::pair{0.25, 0.5}, std::pair{1.0, 1.0}})
         for (int p : {2, 3, 4, 8})
-          for (int m : grid_m(p)) {
+          for (int m : vocab_grid_m(p)) {
             double const c = b.c, slack = b.slack, st = st_tt.first, tt = st_tt.second;
             CAPTURE(to_string(variant));
             CAPTURE(c);

@@ -18,7 +18,7 @@
 using namespace weft::pipeline;
 
 namespace {
-std::vector<int> grid_m(int p) {
+std::vector<int> zb_grid_m(int p) {
   std::vector<int> ms = {p, 2 * p, 4 * p, p + 1, 2 * p - 1, 2 * p + 1, 3 * p - 1};
   std::sort(ms.begin(), ms.end());
   ms.erase(std::unique(ms.begin(), ms.end()), ms.end());
@@ -38,7 +38,7 @@ TEST_CASE("zero_bubble: ZB-H1 golden value p=4, m=8: 27 against 1F1B's 33") {
 
 TEST_CASE("zero_bubble: ZB-H1 closed form and memory over the grid") {
   for (int p : {2, 3, 4, 8})
-    for (int m : grid_m(p)) {
+    for (int m : zb_grid_m(p)) {
       CAPTURE(p);
       CAPTURE(m);
       auto const s = zero_bubble_h1(p, m);
@@ -80,7 +80,7 @@ TEST_CASE("zero_bubble: ZBV has zero bubble inside each rank's window") {
     }
   }
   for (int p : {2, 3, 4, 8})
-    for (int m : grid_m(p)) {
+    for (int m : zb_grid_m(p)) {
       CAPTURE(p);
       CAPTURE(m);
       auto const s = zero_bubble_v(p, m);

@@ -391,7 +391,7 @@ TEST_CASE("the reverse-scan form of GAE, discounted returns and ReMax follows th
   for (std::size_t tile : {std::size_t{1}, std::size_t{7}, std::size_t{64}, std::size_t{512}}) {
     CAPTURE(tile);
     double const tol = tile == 1 ? 0.0 : 1e-12;
-    for (auto const gl : {std::pair{1.0, 1.0}, std::pair{0.99, 0.95}, std::pair{0.9, 0.5}}) {
+    for (auto const& gl : {std::pair{1.0, 1.0}, std::pair{0.99, 0.95}, std::pair{0.9, 0.5}}) {
       // Variables, not a structured binding: CAPTURE's lambda cannot capture one before clang 16.
       double const gamma = gl.first, lambda = gl.second;
       CAPTURE(gamma);

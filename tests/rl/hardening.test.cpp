@@ -2,6 +2,7 @@
 // zero-variance groups with eps = 0, verl's names (aggregation modes, singleton groups, metrics),
 // vocabulary shards that do not tile, global counts smaller than the local ones, overflowing
 // sizes. Each compares against an independent reference (a naive formula or the masked batch).
+#include "support/checks.hpp"
 #include <support/run_ranks.hpp>
 #include <weft/comm/threads/communicator.hpp>
 #include <weft/rl/rl.hpp>
@@ -23,7 +24,7 @@ using weft::rl::policy_loss_config;
 using weft::rl::policy_loss_kind;
 using weft::rl::token_layout;
 using u8 = std::uint8_t;
-constexpr double inf = std::numeric_limits<double>::infinity();
+using weft::test::inf;
 
 // Naive dlogits of one row in long double: (g (1[v=o] - p_v) - gH p_v (log p_v + H)) / tau, with
 // the limit 0 where p_v = 0.

@@ -4,6 +4,7 @@
 // rl::log_prob_forward's (an independent, streamed implementation) at any temperature; -inf logits
 // are never drawn and add nothing to the entropy; a draw depends only on its row and coin, not on
 // the batch; bad input is refused naming the value, before anything is written.
+#include "support/checks.hpp"
 #include <weft/rl/logprobs.hpp>
 #include <weft/rl/sampling.hpp>
 
@@ -27,7 +28,7 @@
 namespace {
 namespace rl = weft::rl;
 using weft::index_t;
-constexpr double inf = std::numeric_limits<double>::infinity();
+using weft::test::inf;
 
 // softmax(z / tau) in long double, the reference probabilities.
 std::vector<long double> probabilities(std::vector<double> const& z, double tau) {

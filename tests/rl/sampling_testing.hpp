@@ -3,6 +3,7 @@
 // sums run in another order to draw the neighbouring token there and only there.
 #pragma once
 
+#include "support/checks.hpp"
 #include <weft/rl/sampling.hpp>
 
 #include <algorithm>
@@ -16,7 +17,6 @@ namespace weft::test {
 template <class T>
 double boundary_distance(T const* z, index_t vocab, double inv_tau, double coin) {
   auto const x = [&](index_t v) { return rl::detail::logit_as_double(z[v]) * inv_tau; };
-  double const inf = std::numeric_limits<double>::infinity();
   double mx = -inf, sum = 0, cum = 0, best = inf;
   for (index_t v = 0; v < vocab; ++v) mx = std::max(mx, x(v));
   for (index_t v = 0; v < vocab; ++v) sum += std::exp(x(v) - mx);
