@@ -17,10 +17,15 @@
 
 namespace weft::test {
 
+//! True when a CUDA device answers.
+inline bool cuda_device_present() {
+  int devices = 0;
+  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+}
+
 //! True when a CUDA device answers; otherwise says so (MESSAGE) and returns false.
 inline bool have_cuda_device() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+  if (!cuda_device_present()) {
     MESSAGE("no CUDA device: kernel comparison skipped");
     return false;
   }

@@ -4,6 +4,8 @@
 #include <weft/comm/nccl/communicator.cuh>
 #include <weft/comm/threads/world.hpp>
 
+#include "support/cuda_buffer.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
@@ -48,15 +50,10 @@ nc::options gpu_options() {
   return o;
 }
 
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
 }  // namespace
 
 TEST_CASE("gpu: a one-rank NCCL communicator runs every collective") {
-  REQUIRE_MESSAGE(have_gpu(), "this test needs a CUDA device (label gpu)");
+  REQUIRE_MESSAGE(weft::test::cuda_device_present(), "this test needs a CUDA device (label gpu)");
   wc::threads::world(1).run([](wc::threads::communicator& host) {
     auto c = nc::communicator::create(host, 0, gpu_options());
     REQUIRE(c.size() == 1);
@@ -109,7 +106,7 @@ TEST_CASE("gpu: a one-rank NCCL communicator runs every collective") {
 }
 
 TEST_CASE("gpu: host memory is rejected before NCCL sees it") {
-  REQUIRE_MESSAGE(have_gpu(), "this test needs a CUDA device (label gpu)");
+  REQUIRE_MESSAGE(weft::test::cuda_device_present(), "this test needs a CUDA device (label gpu)");
   wc::threads::world(1).run([](wc::threads::communicator& host) {
     auto c = nc::communicator::create(host, 0, gpu_options());
     std::vector<float> h(4);

@@ -10,6 +10,8 @@
 #if __has_include(<weft/attention/cuda/flash.cuh>)
 #include <weft/attention/cuda/ring.cuh>
 
+#include "support/cuda_buffer.hpp"
+
 #include <doctest/doctest.h>
 
 #include <cuda_runtime_api.h>
@@ -50,11 +52,6 @@ struct dbuf {
     return h;
   }
 };
-
-bool have_gpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
 
 //! Max |got - want| / max |want| (infinities must match exactly), with the first index over tol.
 void check_close(char const* name, std::vector<float> const& got, std::vector<float> const& want,
@@ -168,7 +165,7 @@ void gpu_case(nc::communicator& comm, std::int64_t b, std::int64_t s, std::int64
 }  // namespace
 
 TEST_CASE("gpu: ring attention over a one-rank NCCL communicator equals the flash kernels") {
-  REQUIRE_MESSAGE(have_gpu(), "this test needs a CUDA device (label gpu)");
+  REQUIRE_MESSAGE(weft::test::cuda_device_present(), "this test needs a CUDA device (label gpu)");
   wc::threads::world(1).run([](wc::threads::communicator& host) {
     nc::options o;
     o.timeout = 60s;
