@@ -23,7 +23,8 @@
 # test files of an area share most of their template instantiations, and compiling them once
 # takes about 2.5 times less CPU. The test files therefore keep their namespace-scope helpers
 # apart: shared ones live in tests/support (checks.hpp), file-specific ones get file-specific
-# names, so that two files' helpers can neither clash nor silently overload each other.
+# names, so that two files' helpers can neither clash nor silently overload each other (the test
+# ci/unity-names, scripts/check_unity_names.py, fails otherwise).
 
 include_guard(GLOBAL)
 

@@ -64,11 +64,11 @@ struct dbuf {
   void zero() { WEFT_CUDA_TRY(cudaMemset(p, 0, (n ? n : 1) * sizeof(T))); }
 };
 
-struct shape {
+struct kernel_shape {
   std::int64_t b, sq, sk, hq, hk, d;
 };
 
-std::string describe(char const* type, shape s, wa::mask_rule m) {
+std::string describe(char const* type, kernel_shape s, wa::mask_rule m) {
   std::ostringstream os;
   os << type << " b=" << s.b << " sq=" << s.sq << " sk=" << s.sk << " hq=" << s.hq
      << " hkv=" << s.hk << " d=" << s.d << " mask={causal=" << m.causal << ", offset=" << m.offset
@@ -188,7 +188,7 @@ struct cpu_result {
 };
 
 template <class T>
-cpu_result cpu_run(shape s, owned<T, 4>& q, owned<T, 4>& k, owned<T, 4>& v, owned<T, 4>& g,
+cpu_result cpu_run(kernel_shape s, owned<T, 4>& q, owned<T, 4>& k, owned<T, 4>& v, owned<T, 4>& g,
                    wa::mask_rule mask, float scale, bool backward) {
   cpu_result r;
   r.o.assign(std::size_t(s.b * s.sq * s.hq * s.d), 0.0f);
@@ -216,7 +216,8 @@ cpu_result cpu_run(shape s, owned<T, 4>& q, owned<T, 4>& k, owned<T, 4>& v, owne
 //! backward is measured alone) against the CPU kernel. unaligned_dq: the backward again with dq 4
 //! bytes off an 8-byte boundary (where a kernel adds dq by float2 atomics, its scalar form).
 template <class T>
-void check_problem(shape s, wa::mask_rule mask, std::uint64_t seed, bool unaligned_dq = false) {
+void check_problem(kernel_shape s, wa::mask_rule mask, std::uint64_t seed,
+                   bool unaligned_dq = false) {
   std::string const ctx = describe(type_name<T>(), s, mask);
   CAPTURE(ctx);
   auto q = random_tensor<T>(seed, 1.5, s.b, s.sq, s.hq, s.d);
@@ -282,7 +283,7 @@ void check_problem(shape s, wa::mask_rule mask, std::uint64_t seed, bool unalign
   expect_close("dv (unaligned dq)", gdv.host(), ref.dv, kdims, bwd_tol<T>(), ctx);
 }
 
-std::vector<shape> grid_shapes(std::int64_t d) {
+std::vector<kernel_shape> grid_shapes(std::int64_t d) {
   return {
       {1, 1, 1, 2, 1, d},      // single row and key, MQA
       {2, 17, 17, 4, 4, d},    // batch 2, MHA, one partial tile
@@ -313,7 +314,7 @@ void check_ring_offsets() {
     check_problem<bf16>({1, 80, 80, 2, 2, d}, {true, -100}, 9);  // every row empty
   }
   // Explicit: rows of a bottom_right mask with Sq > Sk that see no key give o = 0, lse = -inf.
-  shape const s{1, 100, 30, 2, 1, 64};
+  kernel_shape const s{1, 100, 30, 2, 1, 64};
   auto q = random_tensor<bf16>(1, 1.0, s.b, s.sq, s.hq, s.d);
   auto k = random_tensor<bf16>(2, 1.0, s.b, s.sk, s.hk, s.d);
   dbuf<bf16> dq_in(q.buf), dk_in(k.buf);
@@ -357,7 +358,7 @@ void check_varlen() {
   for (std::int64_t d : {64, 128})
     for (auto c :
          {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right}) {
-      shape const s{1, tq, tk, 4, 2, d};
+      kernel_shape const s{1, tq, tk, 4, 2, d};
       std::string const ctx =
           describe("bf16 varlen", s, wa::mask_rule{c != wa::causal_mode::none, int(c)});
       CAPTURE(ctx);
@@ -407,7 +408,8 @@ void check_varlen() {
 void check_unaligned_dq() {
   std::uint64_t seed = 1900;
   for (std::int64_t d : {64, 128})
-    for (shape const& s : std::vector<shape>{{1, 257, 100, 4, 1, d}, {1, 700, 1000, 4, 2, d}})
+    for (kernel_shape const& s :
+         std::vector<kernel_shape>{{1, 257, 100, 4, 1, d}, {1, 700, 1000, 4, 2, d}})
       check_problem<bf16>(s, wa::make_mask(wa::causal_mode::bottom_right, s.sq, s.sk), seed += 10,
                           true);
 }
@@ -482,7 +484,7 @@ TEST_CASE("CUDA flash backward accumulates (two calls give twice one) and chains
     MESSAGE("no CUDA device: skipped");
     return;
   }
-  shape const s{2, 150, 150, 4, 2, 128};
+  kernel_shape const s{2, 150, 150, 4, 2, 128};
   auto const mask = wa::make_mask(wa::causal_mode::top_left, s.sq, s.sk);
   auto q = random_tensor<bf16>(31, 1.5, s.b, s.sq, s.hq, s.d);
   auto k = random_tensor<bf16>(32, 1.5, s.b, s.sk, s.hk, s.d);
@@ -542,7 +544,7 @@ TEST_CASE("CUDA flash: exec::cuda entry points on cuda_space views") {
     MESSAGE("no CUDA device: skipped");
     return;
   }
-  shape const s{2, 90, 120, 4, 1, 64};
+  kernel_shape const s{2, 90, 120, 4, 1, 64};
   auto q = random_tensor<bf16>(51, 1.5, s.b, s.sq, s.hq, s.d);
   auto k = random_tensor<bf16>(52, 1.5, s.b, s.sk, s.hk, s.d);
   auto v = random_tensor<bf16>(53, 1.0, s.b, s.sk, s.hk, s.d);
@@ -701,7 +703,8 @@ void run_all_shapes() {
   check_varlen();
   std::uint64_t seed = 900;
   for (std::int64_t d : {64, 128})
-    for (shape const& s : std::vector<shape>{{1, 700, 1000, 4, 2, d}, {2, 384, 384, 2, 1, d}})
+    for (kernel_shape const& s :
+         std::vector<kernel_shape>{{1, 700, 1000, 4, 2, d}, {2, 384, 384, 2, 1, d}})
       for (auto c :
            {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
         check_problem<bf16>(s, wa::make_mask(c, s.sq, s.sk), seed += 10);

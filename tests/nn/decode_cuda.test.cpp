@@ -38,7 +38,7 @@ using weft::test::have_cuda_device;
 template <class T>
 using dbuf = weft::test::device_buffer<T>;
 
-nn::gpt_config config(index_t heads, index_t kv_heads, index_t layers) {
+nn::gpt_config twin_config(index_t heads, index_t kv_heads, index_t layers) {
   nn::gpt_config c;
   c.vocab = 14;
   c.context = 12;
@@ -51,7 +51,7 @@ nn::gpt_config config(index_t heads, index_t kv_heads, index_t layers) {
 
 // GPT-2's init scaled up so that attention is far from uniform (decode.test.cpp's).
 template <class T>
-nn::param_store<T> params(nn::gpt_config const& c) {
+nn::param_store<T> twin_params(nn::gpt_config const& c) {
   nn::param_store<T> s(nn::gpt_layout(c));
   nn::gpt_init(s, c, 5);
   for (std::size_t i = 0; i < s.params().size(); ++i)
@@ -83,7 +83,7 @@ struct twin {
 
   twin(nn::gpt_config const& config, index_t max_rows, index_t max_len)
       : c(config),
-        store(params<T>(config)),
+        store(twin_params<T>(config)),
         device_params(store.params().data(), store.params().size()),
         cpu(c, store, max_rows, max_len),
         gpu(c, device_params.p, max_rows, max_len) {}
@@ -138,7 +138,7 @@ void check_generation(index_t heads, index_t kv_heads, index_t layers, double to
   std::string const what = std::string(sizeof(T) == 8 ? "f64" : "f32") + ", heads " +
                            std::to_string(heads) + "/" + std::to_string(kv_heads) + ", layers " +
                            std::to_string(layers);
-  twin<T> t(config(heads, kv_heads, layers), 4, 10);
+  twin<T> t(twin_config(heads, kv_heads, layers), 4, 10);
   // A stale batch first: after reset its positions are not read.
   t.reset(4);
   t.step({1, 2, 3, 4});
@@ -184,7 +184,7 @@ TEST_CASE("nn/cuda: cuda_gpt_decoder gives nn::gpt_decoder's logits at every ste
 
 TEST_CASE("nn/cuda: cuda_gpt_decoder forks an empty cache into more rows") {
   if (!have_cuda_device()) return;
-  twin<double> t(config(4, 2, 2), 3, 4);
+  twin<double> t(twin_config(4, 2, 2), 3, 4);
   t.reset(2);
   t.fork({1, 1, 0});  // nothing cached yet: only the row count changes
   t.step({3, 4, 5}, true);
@@ -194,7 +194,7 @@ TEST_CASE("nn/cuda: cuda_gpt_decoder forks an empty cache into more rows") {
 
 TEST_CASE("nn/cuda: cuda_gpt_decoder reads the parameters at every step, refuses bad arguments") {
   if (!have_cuda_device()) return;
-  twin<double> t(config(4, 0, 2), 2, 4);
+  twin<double> t(twin_config(4, 0, 2), 2, 4);
   t.reset(2);
   t.step({2, 5});
   // An optimizer step between two generations, on both sides.

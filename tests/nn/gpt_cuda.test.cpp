@@ -66,10 +66,10 @@ using dbuf = weft::test::device_buffer<T>;
 
 // Packed documents of the given lengths: tokens from a fixed pattern, per-document positions,
 // next-token targets (-1 at each document's last row and at every row r ≡ 2 mod 5).
-struct batch_data {
+struct twin_batch {
   std::vector<std::int32_t> tokens, positions, targets;
   std::vector<std::int64_t> cu{0};
-  batch_data(std::vector<index_t> const& lengths, index_t vocab, int seed) {
+  twin_batch(std::vector<index_t> const& lengths, index_t vocab, int seed) {
     for (std::size_t n = 0; n < lengths.size(); ++n) {
       auto const first = static_cast<index_t>(tokens.size());
       for (index_t i = 0; i < lengths[n]; ++i) {
@@ -91,7 +91,7 @@ struct batch_data {
 
 // GPT-2's initialisation in f64, scaled up and jittered (as gpt.test.cpp) so that every path
 // carries a gradient, rounded to f32.
-nn::param_store<float> make_store(nn::gpt_config const& c, double scale_up) {
+nn::param_store<float> make_twin_store(nn::gpt_config const& c, double scale_up) {
   nn::param_store<double> s(nn::gpt_layout(c));
   nn::gpt_init(s, c, 1234);
   nn::param_store<float> out(nn::gpt_layout(c));
@@ -185,8 +185,8 @@ std::vector<gpt_case> cases() {
 
 // A copy of `good` changed by `edit` must make forward throw E naming `name`.
 template <class E, class Edit>
-void refuse(nn::cuda_gpt<float>& gpu, batch_data const& good, Edit edit, std::string const& name) {
-  batch_data data = good;
+void refuse(nn::cuda_gpt<float>& gpu, twin_batch const& good, Edit edit, std::string const& name) {
+  twin_batch data = good;
   edit(data);
   nn_test::expect_throw<E>([&] { (void)gpu.forward(data.view()); }, name);
 }
@@ -259,8 +259,8 @@ TEST_CASE("nn/cuda gpt: loss and every gradient equal nn::gpt<float>'s, two micr
   for (auto const& tc : cases()) {
     CAPTURE(tc.name);
     auto const& c = tc.config;
-    batch_data const a(tc.docs_a, c.vocab, 1), b(tc.docs_b, c.vocab, 5);
-    auto cpu_store = make_store(c, 4.0);
+    twin_batch const a(tc.docs_a, c.vocab, 1), b(tc.docs_b, c.vocab, 5);
+    auto cpu_store = make_twin_store(c, 4.0);
     nn::gpt<float> cpu(c, cpu_store);
     nn::cuda_gpt<float> gpu(c);
     gpu.upload_params(cpu_store);
@@ -304,8 +304,8 @@ TEST_CASE(
   for (auto const& tc : cases()) {
     CAPTURE(tc.name);
     auto const& c = tc.config;
-    batch_data const a(tc.docs_a, c.vocab, 3);
-    auto cpu_store = make_store(c, 4.0);
+    twin_batch const a(tc.docs_a, c.vocab, 3);
+    auto cpu_store = make_twin_store(c, 4.0);
     nn::gpt<float> cpu(c, cpu_store);
     nn::cuda_gpt<float> gpu(c);
     gpu.upload_params(cpu_store);
@@ -327,7 +327,7 @@ TEST_CASE(
     }
     double cpu_loss = 0;
     for (int parity = 0; parity < 2; ++parity) {
-      batch_data half = a;
+      twin_batch half = a;
       for (std::size_t k = 0; k < half.targets.size(); ++k)
         if (static_cast<int>(k % 2) != parity) half.targets[k] = -1;
       cpu_loss += cpu.forward(half.view(), parity == 0 ? w_even : w_odd);
@@ -376,7 +376,7 @@ TEST_CASE(
     // forward's values, so the gradient is the even pass's alone.
     gpu.zero_grad();
     cpu_store.zero_grad();
-    batch_data even = a;
+    twin_batch even = a;
     for (std::size_t k = 1; k < even.targets.size(); k += 2) even.targets[k] = -1;
     double const even_cpu = cpu.forward(even.view(), w_even);
     cpu.backward();
@@ -417,7 +417,7 @@ TEST_CASE(
 TEST_CASE("nn/cuda gpt: fused AdamW over the device buffers follows optim::adamw<float>") {
   if (!have_cuda_device()) return;
   auto const c = make_config(17, 16, 16, 4, 2, 2, 0);
-  batch_data const data({7, 1, 10, 4}, c.vocab, 3);
+  twin_batch const data({7, 1, 10, 4}, c.vocab, 3);
   optim::adamw_options opt;
   opt.lr = 1e-3;
   opt.weight_decay = 0.1;
@@ -425,11 +425,11 @@ TEST_CASE("nn/cuda gpt: fused AdamW over the device buffers follows optim::adamw
   constexpr int steps = 3;
 
   // The whole CPU path.
-  auto cpu_store = make_store(c, 4.0);
+  auto cpu_store = make_twin_store(c, 4.0);
   nn::gpt<float> cpu(c, cpu_store);
   optim::adamw<float> cpu_opt(infos, opt);
   // The device path, and a CPU optimizer fed the device's own gradients.
-  auto start = make_store(c, 4.0);
+  auto start = make_twin_store(c, 4.0);
   nn::cuda_gpt<float> gpu(c);
   gpu.upload_params(start);
   dbuf<float> m(gpu.size()), v(gpu.size());
@@ -489,7 +489,7 @@ TEST_CASE("nn/cuda gpt: bad configurations, stores and batches are refused befor
                                                       "`gpt_config::kv_heads`");
   if (!have_cuda_device()) return;
   auto const c = make_config(11, 8, 8, 2, 1, 2, 12);
-  auto store = make_store(c, 4.0);
+  auto store = make_twin_store(c, 4.0);
   nn::gpt<float> cpu(c, store);
   nn::cuda_gpt<float> gpu(c);
   nn_test::expect_throw<weft::invalid_argument_error>([&] { gpu.backward(); }, "`forward`");
@@ -508,7 +508,7 @@ TEST_CASE("nn/cuda gpt: bad configurations, stores and batches are refused befor
                                            "`store parameter 1`");
   gpu.upload_params(store);
 
-  batch_data const good({4, 5}, c.vocab, 2);
+  twin_batch const good({4, 5}, c.vocab, 2);
   double const l_cpu = cpu.forward(good.view());
   double const l_gpu = gpu.forward(good.view());
   expect_loss(l_gpu, l_cpu, "before the refused batches");
@@ -516,27 +516,27 @@ TEST_CASE("nn/cuda gpt: bad configurations, stores and batches are refused befor
   using bad_value = weft::invalid_argument_error;
   using bad_shape = weft::shape_error;
   refuse<bad_value>(
-      gpu, good, [](batch_data& d) { d.targets[2] = 11; }, "`targets[2]`");
+      gpu, good, [](twin_batch& d) { d.targets[2] = 11; }, "`targets[2]`");
   refuse<bad_value>(
-      gpu, good, [](batch_data& d) { d.targets[1] = -2; }, "`targets[1]`");
+      gpu, good, [](twin_batch& d) { d.targets[1] = -2; }, "`targets[1]`");
   refuse<bad_value>(
-      gpu, good, [](batch_data& d) { d.tokens[0] = 11; }, "`tokens[0]`");
+      gpu, good, [](twin_batch& d) { d.tokens[0] = 11; }, "`tokens[0]`");
   refuse<bad_value>(
-      gpu, good, [](batch_data& d) { d.positions[3] = 8; }, "`positions[3]`");
+      gpu, good, [](twin_batch& d) { d.positions[3] = 8; }, "`positions[3]`");
   refuse<bad_shape>(
-      gpu, good, [](batch_data& d) { d.positions.pop_back(); }, "`positions`");
+      gpu, good, [](twin_batch& d) { d.positions.pop_back(); }, "`positions`");
   refuse<bad_shape>(
-      gpu, good, [](batch_data& d) { d.targets.push_back(1); }, "`targets`");
+      gpu, good, [](twin_batch& d) { d.targets.push_back(1); }, "`targets`");
   refuse<bad_value>(
-      gpu, good, [](batch_data& d) { d.cu.back() = 8; }, "`cu_seqlens`");
+      gpu, good, [](twin_batch& d) { d.cu.back() = 8; }, "`cu_seqlens`");
   refuse<bad_value>(
       gpu, good,
-      [](batch_data& d) {
+      [](twin_batch& d) {
         d.cu = {0, 6, 5, 9};
       },
       "`cu_seqlens`");
   refuse<bad_value>(
-      gpu, good, [](batch_data& d) { d.cu = {9}; }, "`cu_seqlens`");
+      gpu, good, [](twin_batch& d) { d.cu = {9}; }, "`cu_seqlens`");
 
   // Nothing of the good forward was overwritten: its backward still gives the CPU's gradients.
   cpu.backward();
