@@ -5,6 +5,7 @@
 // messages to one's own rank, and one message text per argument check.
 #pragma once
 
+#include "support/checks.hpp"
 #include "support/conformance.hpp"
 
 #include <weft/comm/concepts.hpp>
@@ -38,9 +39,7 @@ using fault_clock = std::chrono::steady_clock;
 // the exception that escaped a rank's body in this process (threads: world::run's first; MPI: this
 // rank's own), or null. Bodies use CHECK and friends, which doctest allows from any thread.
 
-inline bool contains(std::string const& s, std::string const& part) {
-  return s.find(part) != std::string::npos;
-}
+using weft::test::has;
 
 inline double ms_since(fault_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(fault_clock::now() - t0).count();
@@ -156,10 +155,10 @@ void missing_rank(H& h, int n, std::chrono::milliseconds timeout = 200ms) {
       INFO("what(): " << std::string(e.what()));
       if constexpr (H::names_missing_ranks) {
         CHECK(e.missing_ranks() == std::vector<int>{missing});
-        CHECK(contains(e.what(), "[" + std::to_string(missing) + "]"));
+        CHECK(has(e.what(), "[" + std::to_string(missing) + "]"));
       } else {
         CHECK(e.missing_ranks().empty());
-        CHECK(contains(e.what(), "cannot tell which"));
+        CHECK(has(e.what(), "cannot tell which"));
       }
       CHECK(since_first >= 0.9 * static_cast<double>(timeout.count()));
       CHECK(waited < static_cast<double>(timeout.count()) + 1500.0);
@@ -196,10 +195,10 @@ void mismatched_call(H& h, int n) {
     } catch (mismatch_error const& e) {
       std::string const what = e.what();
       INFO("what(): " << what);
-      CHECK(contains(what, "mismatched collectives at seq "));
-      CHECK(contains(what, "rank 0 called all_reduce(dtype f32, count 4, op sum) but rank " +
-                               std::to_string(deviant) +
-                               " called all_gather(dtype f32, count 4); they differ in: op"));
+      CHECK(has(what, "mismatched collectives at seq "));
+      CHECK(has(what, "rank 0 called all_reduce(dtype f32, count 4, op sum) but rank " +
+                          std::to_string(deviant) +
+                          " called all_gather(dtype f32, count 4); they differ in: op"));
       thrown.fetch_add(1);
     } catch (comm_error const& e) {
       FAIL_CHECK("expected mismatch_error, got: " << std::string(e.what()));
@@ -214,7 +213,7 @@ void mismatched_call(H& h, int n) {
         FAIL_CHECK(std::string(op) << " on a poisoned communicator returned");
       } catch (mismatch_error const& e) {
         INFO(std::string(op) << ": " << std::string(e.what()));
-        CHECK(contains(e.what(), "differ in: op"));
+        CHECK(has(e.what(), "differ in: op"));
       } catch (std::exception const& e) {
         FAIL_CHECK(std::string(op)
                    << " on a poisoned communicator: expected the recorded mismatch_error, got: "
@@ -434,7 +433,7 @@ void self_message_rule(H& h, int n) {
           FAIL_CHECK(std::string(op) << " to one's own rank was accepted");
         } catch (invalid_argument_error const& e) {
           INFO(std::string(op) << ": " << std::string(e.what()));
-          CHECK(contains(e.what(), "argument `peer`"));
+          CHECK(has(e.what(), "argument `peer`"));
         } catch (std::exception const& e) {
           FAIL_CHECK(std::string(op) << " to one's own rank: expected invalid_argument_error, got: "
                                      << std::string(e.what()));
@@ -475,7 +474,7 @@ void one_message_per_check(H& h, int n) {
         FAIL_CHECK(std::string(check) << ": the invalid call was accepted");
       } catch (invalid_argument_error const& e) {
         INFO(std::string(check) << ": " << std::string(e.what()));
-        CHECK(contains(e.what(), text));
+        CHECK(has(e.what(), text));
       } catch (std::exception const& e) {
         FAIL_CHECK(std::string(check)
                    << ": expected invalid_argument_error, got: " << std::string(e.what()));
