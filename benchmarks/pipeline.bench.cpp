@@ -114,9 +114,20 @@ class sleepy_shard {
 };
 static_assert(pl::VocabShard<sleepy_shard>);
 
-enum class kind { gpipe, one_f_one_b, interleaved, zb_h1, zbv, vocab_1, vocab_2 };
-constexpr kind all_kinds[] = {kind::gpipe, kind::one_f_one_b, kind::interleaved, kind::zb_h1,
-                              kind::zbv,   kind::vocab_1,     kind::vocab_2};
+enum class kind {
+  gpipe,
+  one_f_one_b,
+  interleaved,
+  zb_h1,
+  zbv,
+  vocab_1,
+  vocab_2,
+  zb_h2,
+  dualpipe_v
+};
+constexpr kind all_kinds[] = {kind::gpipe,      kind::one_f_one_b, kind::interleaved,
+                              kind::zb_h1,      kind::zb_h2,       kind::zbv,
+                              kind::dualpipe_v, kind::vocab_1,     kind::vocab_2};
 
 char const* name_of(kind k) {
   switch (k) {
@@ -124,7 +135,9 @@ char const* name_of(kind k) {
     case kind::one_f_one_b: return "1f1b";
     case kind::interleaved: return "interleaved_v2";
     case kind::zb_h1: return "zb_h1";
+    case kind::zb_h2: return "zb_h2";
     case kind::zbv: return "zbv";
+    case kind::dualpipe_v: return "dualpipe_v";
     case kind::vocab_1: return "vocab_1barrier";
     case kind::vocab_2: return "vocab_2barrier";
   }
@@ -137,7 +150,9 @@ pl::schedule make(kind k, int m) {
     case kind::one_f_one_b: return pl::one_f_one_b(ranks, m);
     case kind::interleaved: return pl::interleaved_one_f_one_b(ranks, m, 2);
     case kind::zb_h1: return pl::zero_bubble_h1(ranks, m);
+    case kind::zb_h2: return pl::zero_bubble_h2(ranks, m);
     case kind::zbv: return pl::zero_bubble_v(ranks, m);
+    case kind::dualpipe_v: return pl::dualpipe_v(ranks, m);
     case kind::vocab_1: return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::one_barrier);
     case kind::vocab_2: return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::two_barrier);
   }

@@ -1,6 +1,7 @@
 // Tests for weft/pipeline/executor.hpp, stage.hpp and measured.hpp. A small f32 MLP (linear + tanh
 // layers with hand-written backward, a linear head and a squared-error loss) split into pipeline
-// stages runs under GPipe, 1F1B, interleaved 1F1B, ZB-H1 and ZBV on 1, 2 and 4 thread ranks, and
+// stages runs under GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZBV and DualPipeV (its full
+// backwards mixed with split ones on one stage) on 1, 2 and 4 thread ranks, and
 // its loss and every parameter gradient equal sequential gradient accumulation on one rank bit for
 // bit (the rule that makes this hold: each chunk accumulates its B/W in increasing microbatch
 // order, which the executor enforces). The vocabulary-balanced schedules (1 and 2 barriers) with
@@ -13,6 +14,7 @@
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/measured.hpp>
+#include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
@@ -64,9 +66,9 @@ struct case_schedule {
   pl::schedule compute;
 };
 
-// Every generator at (p, m) where it accepts the configuration. 1F1B and ZB-H1 refuse m < p only
-// as a performance rule (Megatron's), so m = 1 runs them unchecked; `validate` below still proves
-// the lowered program.
+// Every generator at (p, m) where it accepts the configuration. 1F1B, ZB-H1 and ZB-H2 refuse
+// m < p only as a performance rule (Megatron's), so m = 1 runs them unchecked; `validate` below
+// still proves the lowered program. DualPipeV's program is defined for m >= 2p only.
 std::vector<case_schedule> schedules_for(int p, int m) {
   std::vector<case_schedule> out;
   bool const small = m < p;
@@ -78,7 +80,9 @@ std::vector<case_schedule> schedules_for(int p, int m) {
     // Megatron's group rules refuse this m; covered at the m it allows.
   }
   out.push_back({"zb-h1", pl::zero_bubble_h1(p, m, pl::generator_options{small})});
+  out.push_back({"zb-h2", pl::zero_bubble_h2(p, m, pl::generator_options{small})});
   out.push_back({"zbv", pl::zero_bubble_v(p, m)});
+  if (m >= 2 * p) out.push_back({"dualpipe-v", pl::dualpipe_v(p, m)});
   return out;
 }
 
@@ -195,10 +199,11 @@ TEST_CASE("executor: pipelined loss and gradients equal sequential accumulation 
         ++cases;
       }
   }
-  // p = 1: m in {1, 2, 3}, all five generators (15); p = 2 and 4: m in {1, p, 2p, 2p + 1}, all
-  // five except interleaved at m = 1 and m = 2p + 1, which Megatron's group rules refuse (18 each).
+  // p = 1: m in {1, 2, 3}, all six generators and DualPipeV at m = 2, 3 (20); p = 2 and 4: m in
+  // {1, p, 2p, 2p + 1}, all six except interleaved at m = 1 and m = 2p + 1, which Megatron's
+  // group rules refuse, and DualPipeV at m = 2p and 2p + 1 (24 each).
   MESSAGE("schedules run: ", cases);
-  CHECK(cases == 51);
+  CHECK(cases == 68);
 }
 
 TEST_CASE("executor: the sequential reference is not trivially equal (a weight change shows)") {

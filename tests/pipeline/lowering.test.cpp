@@ -5,6 +5,7 @@
 #include "reference_replay.hpp"
 
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
@@ -34,7 +35,9 @@ std::vector<std::pair<std::string, schedule>> generators_p4_m8() {
       {"interleaved v2", interleaved_one_f_one_b(4, 8, 2)},
       {"interleaved v4", interleaved_one_f_one_b(4, 8, 4)},
       {"zb-h1", zero_bubble_h1(4, 8)},
+      {"zb-h2", zero_bubble_h2(4, 8)},
       {"zbv", zero_bubble_v(4, 8)},
+      {"dualpipe-v", dualpipe_v(4, 8)},
       {"vocab 1-barrier", vocab_one_f_one_b(4, 8, vocab_variant::one_barrier)},
       {"vocab 2-barrier", vocab_one_f_one_b(4, 8, vocab_variant::two_barrier)},
   };
@@ -48,6 +51,8 @@ TEST_CASE("lowering: generated schedules lower to valid programs with the same t
       std::vector<schedule> all = {gpipe(p, m), one_f_one_b(p, m),
                                    interleaved_one_f_one_b(p, m, 2, {m, false})};
       if (m % p == 0) all.push_back(interleaved_one_f_one_b(p, m, 4));
+      all.push_back(zero_bubble_h2(p, m));
+      if (m >= 2 * p) all.push_back(dualpipe_v(p, m));
       for (auto const& s : all) {
         CAPTURE(to_text(s));
         CHECK(check(s).ok);  // the compute-only form is valid too
@@ -191,9 +196,11 @@ TEST_CASE("lowering: every generator's schedules round-trip through text and CSV
                                    interleaved_one_f_one_b(p, m, 2, {m, false}),
                                    interleaved_one_f_one_b(p, m, 4, {m, false}),
                                    zero_bubble_h1(p, m),
+                                   zero_bubble_h2(p, m),
                                    zero_bubble_v(p, m),
                                    vocab_one_f_one_b(p, m, vocab_variant::one_barrier),
                                    vocab_one_f_one_b(p, m, vocab_variant::two_barrier)};
+      if (m >= 2 * p) all.push_back(dualpipe_v(p, m));
       for (auto const& s : all)
         for (auto const& form : {s, lower(s)}) {
           CHECK(parse_schedule(to_text(form)) == form);
@@ -201,5 +208,5 @@ TEST_CASE("lowering: every generator's schedules round-trip through text and CSV
           ++n;
         }
     }
-  CHECK(n == 4 * 4 * 8 * 2);
+  CHECK(n == 4 * 4 * 9 * 2 + 4 * 2 * 2);  // DualPipeV at m = 2p and 4p
 }

@@ -22,17 +22,21 @@ TEST_CASE("plan: comparing every schedule for the paper's 256k-vocabulary model"
   }
   auto const& one = *rows[1].sim;
   auto const& redis = *rows[2].sim;
-  auto const& vp1 = *rows[6].sim;
+  auto const& vp1 = *rows[8].sim;
   CHECK(rows[1].throughput == doctest::Approx(1.0));
-  CHECK(rows[6].throughput > rows[2].throughput);
+  CHECK(rows[8].throughput > rows[2].throughput);
   CHECK(redis.makespan / vp1.makespan == doctest::Approx(1.30).epsilon(0.02));
   CHECK(ranges::max(vp1.peak_memory_bytes) < ranges::max(one.peak_memory_bytes));
   // Peak activations p-r+1 for the 1-barrier schedule, p-r+2 for the 2-barrier one.
   CHECK(vp1.peak_in_flight.front() == 9);
-  CHECK(rows[7].sim->peak_in_flight.front() == 10);
+  CHECK(rows[9].sim->peak_in_flight.front() == 10);
   auto const table = plan::markdown_table(rows);
   CHECK(table.find("| VP 1F1B, 1 barrier |") != std::string::npos);
   CHECK(table.find("| ZBV |") != std::string::npos);
+  CHECK(table.find("| ZB-H2 |") != std::string::npos);
+  CHECK(table.find("| DualPipeV |") != std::string::npos);
+  CHECK(rows[8].name == "VP 1F1B, 1 barrier");
+  CHECK(rows[9].name == "VP 1F1B, 2 barriers");
 }
 
 TEST_CASE("plan: configurations a generator rejects are reported, not thrown") {

@@ -160,6 +160,38 @@ inline std::string to_csv(schedule const& s) {
   return out;
 }
 
+namespace detail {
+
+//! One CSV cell into `row`: an action, or PyTorch's `(F;B)OVERLAP_F_B` pair as its two actions.
+inline void push_csv_cell(std::vector<action>& row, std::string_view cell) {
+  constexpr std::string_view overlap = ")OVERLAP_F_B";
+  if (cell.front() != '(') {
+    row.push_back(parse_action(cell));
+    return;
+  }
+  auto const semicolon = cell.find(';');
+  bool const shaped =
+      cell.size() > overlap.size() && cell.substr(cell.size() - overlap.size()) == overlap &&
+      semicolon != std::string_view::npos && semicolon < cell.size() - overlap.size();
+  if (!shaped)
+    WEFT_THROW(schedule_error,
+               "argument `text`: expected an overlapped pair such as `(0F7;7B3)OVERLAP_F_B`, "
+               "actual `",
+               cell, "`");
+  action const f = parse_action(cell.substr(1, semicolon - 1));
+  action const b =
+      parse_action(cell.substr(semicolon + 1, cell.size() - overlap.size() - semicolon - 1));
+  if (f.kind != op::forward || (b.kind != op::backward && b.kind != op::backward_input))
+    WEFT_THROW(schedule_error,
+               "argument `text`: expected an overlapped pair of a forward and a backward (B or "
+               "I), actual `",
+               cell, "`");
+  row.push_back(f);
+  row.push_back(b);
+}
+
+}  // namespace detail
+
 //! What a CSV does not say. Negative values (the defaults) are inferred: stages from the largest
 //! stage index (rounded up to a multiple of the rank count), microbatches from the largest
 //! microbatch, the placement from where the stages are, the vocabulary variant from the S/C1 ops.
@@ -171,7 +203,9 @@ struct csv_options {
 };
 
 //! Parses a CSV schedule (PyTorch's compute-only or compute+comms files, or `to_csv`'s output).
-//! Empty cells (PyTorch's idle slots) are skipped; every line, empty or not, is one rank.
+//! Empty cells (PyTorch's idle slots) are skipped; every line, empty or not, is one rank. A cell
+//! `(aFx;bBy)OVERLAP_F_B` (PyTorch's overlapped pair, as in its DualPipeV files) is read as its
+//! two actions, the forward then the backward (B or I): weft runs such a pair one after the other.
 inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
   std::vector<std::vector<action>> rows;
   // Every line is a rank's row, an empty one included (a rank with nothing to do).
@@ -183,7 +217,7 @@ inline schedule parse_csv(std::string_view text, csv_options const& opt = {}) {
       auto cell = detail::trim(line.substr(0, comma));
       if (cell.size() >= 2 && cell.front() == '"' && cell.back() == '"')
         cell = cell.substr(1, cell.size() - 2);
-      if (!cell.empty()) row.push_back(parse_action(cell));
+      if (!cell.empty()) detail::push_csv_cell(row, cell);
       if (comma == std::string_view::npos) break;
       line.remove_prefix(comma + 1);
     }

@@ -12,6 +12,7 @@
 #include <weft/pipeline/cost_model.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/schedule.hpp>
+#include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
@@ -38,7 +39,9 @@ enum class kind : std::uint8_t {
   redistribution,  //!< 1F1B with the VP paper's layer-redistribution baseline partition
   interleaved,
   zero_bubble_h1,
+  zero_bubble_h2,
   zero_bubble_v,
+  dualpipe_v,
   vocab_one_barrier,
   vocab_two_barrier,
 };
@@ -50,7 +53,9 @@ inline std::string to_string(kind k) {
     case kind::redistribution: return "1F1B + layer redistribution";
     case kind::interleaved: return "interleaved 1F1B";
     case kind::zero_bubble_h1: return "ZB-H1";
+    case kind::zero_bubble_h2: return "ZB-H2";
     case kind::zero_bubble_v: return "ZBV";
+    case kind::dualpipe_v: return "DualPipeV";
     case kind::vocab_one_barrier: return "VP 1F1B, 1 barrier";
     case kind::vocab_two_barrier: return "VP 1F1B, 2 barriers";
   }
@@ -58,9 +63,16 @@ inline std::string to_string(kind k) {
 }
 
 inline std::vector<kind> all_kinds() {
-  return {
-      kind::gpipe,          kind::one_f_one_b,   kind::redistribution,    kind::interleaved,
-      kind::zero_bubble_h1, kind::zero_bubble_v, kind::vocab_one_barrier, kind::vocab_two_barrier};
+  return {kind::gpipe,
+          kind::one_f_one_b,
+          kind::redistribution,
+          kind::interleaved,
+          kind::zero_bubble_h1,
+          kind::zero_bubble_h2,
+          kind::zero_bubble_v,
+          kind::dualpipe_v,
+          kind::vocab_one_barrier,
+          kind::vocab_two_barrier};
 }
 
 //! One comparison: p ranks, m microbatches, v chunks for the interleaved schedule, the model and
@@ -105,7 +117,9 @@ inline schedule build(kind k, config const& c) {
     case kind::redistribution: return one_f_one_b(c.p, c.m);
     case kind::interleaved: return interleaved_one_f_one_b(c.p, c.m, c.v);
     case kind::zero_bubble_h1: return zero_bubble_h1(c.p, c.m);
+    case kind::zero_bubble_h2: return zero_bubble_h2(c.p, c.m);
     case kind::zero_bubble_v: return zero_bubble_v(c.p, c.m);
+    case kind::dualpipe_v: return dualpipe_v(c.p, c.m);
     case kind::vocab_one_barrier: return vocab_schedule(vocab_variant::one_barrier);
     case kind::vocab_two_barrier: return vocab_schedule(vocab_variant::two_barrier);
   }
