@@ -30,7 +30,9 @@
 #include <weft/parallel/gpt_pipeline.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 
@@ -74,7 +76,7 @@ struct options {
 
 void usage(std::ostream& os) {
   os << "usage: gpt_parallel [--dp N] [--tp N] [--cp N] [--pp N] [--microbatches M]\n"
-        "                    [--schedule 1f1b|gpipe|zb-h1] [--sp] [--steps N] [--batch B]\n"
+        "                    [--schedule NAME] [--sp] [--steps N] [--batch B]\n"
         "                    [--seq-len S] [--layers L] [--d-model D] [--heads H] [--kv-heads K]\n"
         "                    [--vocab V] [--lr X] [--seed N] [--f64] [--check] [--help]\n\n"
         "Trains a GPT on pp x dp x cp x tp thread ranks and prints the loss per step.\n"
@@ -85,8 +87,11 @@ void usage(std::ostream& os) {
         "                    evenly, run by weft's pipeline executor\n"
         "  --microbatches    microbatches per dp rank and step under --pp (default: one sequence\n"
         "                    each); divides batch / dp; 1f1b and zb-h1 need at least pp\n"
-        "  --schedule        1f1b (default), gpipe or zb-h1 (runs, without its benefit: the\n"
-        "                    GPT's backward is fused)\n"
+        "  --schedule        1f1b (default), gpipe, zb-h1, zb-h2 (these two run without their\n"
+        "                    benefit: the GPT's backward is fused), or with two chunks a\n"
+        "                    rank (2 x pp virtual stages, at most --layers): interleaved\n"
+        "                    (Megatron's interleaved 1F1B; microbatches a multiple of pp), zbv,\n"
+        "                    dualpipe-v (at least 2 x pp microbatches)\n"
         "  --sp              sequence parallelism between the tensor-parallel layers\n"
         "  --steps           training steps (default 20)\n"
         "  --batch           sequences per step over all dp ranks (default 8)\n"
@@ -101,6 +106,28 @@ void usage(std::ostream& os) {
 
 using weft::examples::bad_argument;
 using weft::examples::parse_number;
+
+bool is_schedule(std::string_view s) {
+  return s == "1f1b" || s == "gpipe" || s == "zb-h1" || s == "zb-h2" || s == "interleaved" ||
+         s == "zbv" || s == "dualpipe-v";
+}
+
+// Model chunks a rank holds under the schedule.
+int chunks_of(std::string_view s) {
+  return s == "interleaved" || s == "zbv" || s == "dualpipe-v" ? 2 : 1;
+}
+
+// The compute-only schedule; weft::schedule_error (naming the rule) where it refuses (pp, m).
+weft::pipeline::schedule make_schedule(std::string_view s, int pp, int m) {
+  namespace pl = weft::pipeline;
+  if (s == "gpipe") return pl::gpipe(pp, m);
+  if (s == "zb-h1") return pl::zero_bubble_h1(pp, m);
+  if (s == "zb-h2") return pl::zero_bubble_h2(pp, m);
+  if (s == "interleaved") return pl::interleaved_one_f_one_b(pp, m, 2);
+  if (s == "zbv") return pl::zero_bubble_v(pp, m);
+  if (s == "dualpipe-v") return pl::dualpipe_v(pp, m);
+  return pl::one_f_one_b(pp, m);
+}
 
 options parse(int argc, char** argv) {
   options o;
@@ -122,9 +149,11 @@ options parse(int argc, char** argv) {
       o.microbatches = parse_number(a, value(), 1, 4096);
     } else if (a == "--schedule") {
       o.schedule = std::string(value());
-      if (o.schedule != "1f1b" && o.schedule != "gpipe" && o.schedule != "zb-h1")
-        throw bad_argument{"argument `--schedule`: expected 1f1b, gpipe or zb-h1, actual `" +
-                           o.schedule + "`"};
+      if (!is_schedule(o.schedule))
+        throw bad_argument{
+            "argument `--schedule`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv or "
+            "dualpipe-v, actual `" +
+            o.schedule + "`"};
     } else if (a == "--sp") {
       o.sp = true;
     } else if (a == "--steps") {
@@ -164,6 +193,11 @@ options parse(int argc, char** argv) {
   if (o.pp > o.layers)
     throw bad_argument{"argument `--pp`: expected at most --layers = " + std::to_string(o.layers) +
                        " (every stage holds a block), actual " + std::to_string(o.pp)};
+  if (o.pp > 1 && chunks_of(o.schedule) * o.pp > o.layers)
+    throw bad_argument{
+        "argument `--layers`: expected at least " + std::to_string(chunks_of(o.schedule) * o.pp) +
+        " (" + o.schedule + " holds " + std::to_string(chunks_of(o.schedule)) +
+        " chunks a rank, each at least a block), actual " + std::to_string(o.layers)};
   int const per = o.batch / o.dp;
   if (o.microbatches == 0) o.microbatches = o.pp > 1 ? per : 1;
   if (per % o.microbatches != 0)
@@ -178,6 +212,15 @@ options parse(int argc, char** argv) {
     throw bad_argument{
         "argument `--microbatches`: expected at least --pp = " + std::to_string(o.pp) + " for " +
         o.schedule + ", actual " + std::to_string(o.microbatches)};
+  if (o.pp > 1) {
+    try {
+      (void)make_schedule(o.schedule, o.pp, o.microbatches);
+    } catch (weft::schedule_error const& e) {
+      throw bad_argument{"arguments `--pp " + std::to_string(o.pp) + " --microbatches " +
+                         std::to_string(o.microbatches) + "`: " + o.schedule +
+                         " refuses them: " + e.message()};
+    }
+  }
   return o;
 }
 
@@ -294,10 +337,26 @@ std::vector<double> train_parallel(options const& o) {
     auto& model_group = mesh.group({"pp", "tp"});
     par::gpt_parallelism const p{tp.size(), tp.rank(), o.sp,     cp.size(),
                                  cp.rank(), pp.size(), pp.rank()};
-    nn::param_store<T> store(par::gpt_shard_layout(c, p));
-    par::gpt_init_shard(store, c, p, o.seed);
-    auto const infos = store.layout().infos();
-    optim::adamw<T> opt(infos, adam_of(o));
+    // One parameter store (and optimizer) per model chunk this rank holds: one, or two for the
+    // schedules with two chunks a rank (each a virtual stage of 2 x pp).
+    std::optional<pl::schedule> sched;
+    if (o.pp > 1) sched = make_schedule(o.schedule, o.pp, o.microbatches);
+    auto const chunks =
+        sched ? par::gpt_chunks(p, *sched, pp.rank()) : std::vector<par::gpt_parallelism>{p};
+    std::vector<nn::param_store<T>> stores;
+    std::vector<std::vector<optim::param_info>> infos;
+    std::vector<optim::adamw<T>> opts;
+    stores.reserve(chunks.size());  // the stages below hold pointers to the stores
+    infos.reserve(chunks.size());
+    opts.reserve(chunks.size());
+    for (auto const& q : chunks) {
+      stores.emplace_back(par::gpt_shard_layout(c, q));
+      par::gpt_init_shard(stores.back(), c, q, o.seed);
+      infos.push_back(stores.back().layout().infos());
+      opts.emplace_back(infos.back(), adam_of(o));
+    }
+    std::vector<optim::grad_group<T>> groups;
+    for (std::size_t k = 0; k < stores.size(); ++k) groups.push_back({infos[k], stores[k].grads()});
     int const dpr = mesh.local_rank("dp");
     auto const per = static_cast<std::size_t>(o.batch / o.dp * o.seq_len);
     auto const mb_len = per / static_cast<std::size_t>(o.microbatches);
@@ -313,22 +372,25 @@ std::vector<double> train_parallel(options const& o) {
     };
     std::optional<par::gpt<T, comm_t, comm_t>> model;
     std::optional<par::gpt_pipeline_stage<T, comm_t, comm_t>> stage;
+    std::optional<par::gpt_pipeline_chunks<T, comm_t, comm_t>> chunked;
     std::optional<pl::step_plan> plan;
     if (o.pp == 1) {
-      model.emplace(c, p, tp, cp, store);
+      model.emplace(c, p, tp, cp, stores.front());
+    } else if (chunks.size() == 1) {
+      stage.emplace(c, p, tp, cp, stores.front(), microbatch);
+      plan = pl::prepare_step(pl::lower(*sched), pp.rank(), *stage);
     } else {
-      stage.emplace(c, p, tp, cp, store, microbatch);
-      auto const sched = o.schedule == "gpipe"   ? pl::gpipe(o.pp, o.microbatches)
-                         : o.schedule == "zb-h1" ? pl::zero_bubble_h1(o.pp, o.microbatches)
-                                                 : pl::one_f_one_b(o.pp, o.microbatches);
-      plan = pl::prepare_step(pl::lower(sched), pp.rank(), *stage);
+      std::vector<nn::param_store<T>*> ptrs;
+      for (auto& s : stores) ptrs.push_back(&s);
+      chunked.emplace(c, chunks, tp, cp, ptrs, microbatch);
+      plan = pl::prepare_step(pl::lower(*sched), pp.rank(), *chunked);
     }
     for (int step = 0; step < o.steps; ++step) {
       auto const t0 = std::chrono::steady_clock::now();
       b = make_batch(o, step);
       auto const counted =
           std::count_if(b.targets.begin(), b.targets.end(), [](std::int32_t t) { return t >= 0; });
-      store.zero_grad();
+      for (auto& s : stores) s.zero_grad();
       double loss = 0.0;
       if (model) {
         loss = model->forward(microbatch(0), 1.0 / static_cast<double>(counted));
@@ -336,12 +398,15 @@ std::vector<double> train_parallel(options const& o) {
       } else {
         pl::step_options so;
         so.total_tokens = static_cast<double>(counted);  // the mean over the global batch
-        auto const r = pl::run_step(*plan, *stage, pp, so);
+        auto const r =
+            stage ? pl::run_step(*plan, *stage, pp, so) : pl::run_step(*plan, *chunked, pp, so);
         loss = r.has_loss ? r.loss : 0.0;
       }
-      par::reduce_gpt_grads(tp, data, store);
-      double const norm = optim::clip_grad_norm(model_group, infos, store.grads(), tp.rank(), 1.0);
-      opt.step(store.params(), store.grads(), lr_at(o, step));
+      for (auto& s : stores) par::reduce_gpt_grads(tp, data, s);
+      // One norm over every chunk of every pp x tp rank, one all-reduce.
+      double const norm = optim::clip_grad_norm(model_group, groups, tp.rank(), 1.0);
+      for (std::size_t k = 0; k < stores.size(); ++k)
+        opts[k].step(stores[k].params(), stores[k].grads(), lr_at(o, step));
       // The loss: each tp rank of the last stage holds its rows' part; count one per tp group.
       if (tp.rank() != 0) loss = 0.0;
       weft::comm::all_reduce(world, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum)

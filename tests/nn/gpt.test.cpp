@@ -150,6 +150,15 @@ TEST_CASE("nn gpt: bad configurations, stores and batches throw") {
   other.layers = 1;
   nn::param_store<float> small(nn::gpt_layout(other));
   CHECK_THROWS_AS(nn::gpt<float>(c, small), weft::shape_error);
+  // The same parameter count and total, one name different: another layout all the same.
+  nn::param_layout renamed;
+  nn::param_layout const layout = nn::gpt_layout(c);
+  for (auto const& e : layout.entries())
+    renamed.add(e.name == "wpe" ? std::string("wpx") : e.name, e.shape, e.info);
+  nn::param_store<float> impostor(renamed);
+  CHECK_THROWS_WITH_AS(nn::gpt<float>(c, impostor),
+                       doctest::Contains("argument `store parameter 1`: expected wpe"),
+                       weft::shape_error);
   nn::param_store<float> store(nn::gpt_layout(c));
   nn::gpt<float> model(c, store);
   batch_data data;

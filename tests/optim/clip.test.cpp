@@ -200,3 +200,40 @@ TEST_SUITE("threads") {
     });
   }
 }
+
+TEST_SUITE("threads") {
+  TEST_CASE("clip: several buffers (grad_group) count as their concatenation, bit for bit") {
+    // The golden layout cut into two groups (the sharded parameter, then the replicated one), as
+    // a pipeline rank with two model chunks holds two stores: the same norm to the bit, one
+    // collective, and the same scaling of both.
+    run_ranks(2, [](comm_t& tp) {
+      auto const whole = golden_grads<double>(tp.rank());
+      double const want = weft::optim::global_grad_norm(tp, golden_params,
+                                                        std::span<double const>(whole), tp.rank());
+      std::vector<double> a(whole.begin(), whole.begin() + 2), b(whole.begin() + 2, whole.end());
+      std::vector<weft::optim::grad_group<double>> groups{
+          {std::span<param_info const>(golden_params).first(1), a},
+          {std::span<param_info const>(golden_params).last(1), b}};
+      double const got = weft::optim::global_grad_norm(tp, groups, tp.rank());
+      CHECK(got == want);
+      CHECK(close_rel(got, golden_norm, 1e-15));
+      CHECK(weft::optim::global_grad_norm(tp, groups, tp.rank(), grad_norm_kind::inf) == 12.0);
+      double const norm = weft::optim::clip_grad_norm(tp, groups, tp.rank(), 10.0);
+      CHECK(norm == want);
+      double const coeff = weft::optim::clip_coefficient(norm, 10.0);
+      CHECK(a[0] == whole[0] * coeff);
+      CHECK(a[1] == whole[1] * coeff);
+      CHECK(b[0] == whole[2] * coeff);
+      CHECK(b[1] == whole[3] * coeff);
+      // A buffer that does not match its descriptions is refused before the collective, on
+      // every rank alike (each rank checks its own groups before any all-reduce).
+      std::vector<double> short_b(1, 0.0);
+      std::vector<weft::optim::grad_group<double>> bad{
+          {std::span<param_info const>(golden_params).first(1), a},
+          {std::span<param_info const>(golden_params).last(1), short_b}};
+      CHECK_THROWS_AS((void)weft::optim::global_grad_norm(tp, bad, tp.rank()), weft::shape_error);
+      CHECK_THROWS_WITH_AS(weft::optim::clip_grad_norm(tp, groups, tp.rank(), -1.0),
+                           doctest::Contains("max_norm"), weft::invalid_argument_error);
+    });
+  }
+}

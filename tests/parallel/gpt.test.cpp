@@ -4,8 +4,10 @@
 // parallelism, cp = 2 and 4 (zigzag ring attention), dp = 2, and the 3-D 8-rank layout
 // dp 2 x cp 2 x tp 2 with SP; every shard's initialisation is bitwise the single-device one's
 // slice; the argument checks name what is wrong. Pipeline parallelism (gpt_pipeline_stage under
-// the executor: 1F1B, GPipe, ZB-H1; pp 2 alone, with tp 2 + SP, and the 4-D 16-rank layout
-// pp 2 x dp 2 x cp 2 x tp 2 + SP) gives the same numbers within the same tolerances.
+// the executor: 1F1B, GPipe, ZB-H1, ZB-H2; pp 2 alone, with tp 2 + SP, and the 4-D 16-rank layout
+// pp 2 x dp 2 x cp 2 x tp 2 + SP; gpt_pipeline_chunks, two chunks a rank on a 4-layer model:
+// interleaved 1F1B, ZBV and DualPipeV, alone and with tp 2 + SP) gives the same numbers within
+// the same tolerances.
 #include <support/run_ranks.hpp>
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/communicator.hpp>
@@ -15,7 +17,9 @@
 #include <weft/parallel/gpt_pipeline.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 
@@ -37,14 +41,14 @@ using comm_t = weft::comm::threads::communicator;
 namespace nn = weft::nn;
 namespace par = weft::parallel;
 
-nn::gpt_config small() {
+nn::gpt_config small(index_t layers = 2) {
   nn::gpt_config c;
   c.vocab = 11;  // uneven over tp = 2: shards of 6 and 5 rows
   c.context = 16;
   c.d_model = 16;
   c.heads = 4;
   c.kv_heads = 2;
-  c.layers = 2;
+  c.layers = layers;
   c.mlp_hidden = 24;
   return c;
 }
@@ -109,25 +113,32 @@ struct layout_case {
   int dp, cp, tp;
   bool sp;
   int pp = 1;
-  char const* schedule = "1f1b";  // with pp > 1: 1f1b, gpipe or zb-h1
+  char const* schedule = "1f1b";  // with pp > 1: 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv,
+                                  // dualpipe-v (the last three: two chunks a rank)
+  index_t layers = 2;
 };
 
 std::string describe(layout_case const& l) {
   return "dp " + std::to_string(l.dp) + " cp " + std::to_string(l.cp) + " tp " +
          std::to_string(l.tp) + (l.sp ? " +SP" : "") +
-         (l.pp > 1 ? " pp " + std::to_string(l.pp) + " " + l.schedule : "");
+         (l.pp > 1 ? " pp " + std::to_string(l.pp) + " " + l.schedule : "") + " layers " +
+         std::to_string(l.layers);
 }
 
 weft::pipeline::schedule schedule_of(std::string const& name, int p, int m) {
   if (name == "gpipe") return weft::pipeline::gpipe(p, m);
   if (name == "zb-h1") return weft::pipeline::zero_bubble_h1(p, m);
+  if (name == "zb-h2") return weft::pipeline::zero_bubble_h2(p, m);
+  if (name == "interleaved") return weft::pipeline::interleaved_one_f_one_b(p, m, 2);
+  if (name == "zbv") return weft::pipeline::zero_bubble_v(p, m);
+  if (name == "dualpipe-v") return weft::pipeline::dualpipe_v(p, m);
   return weft::pipeline::one_f_one_b(p, m);
 }
 
 // Runs one step on the layout and checks loss and gradients against the single device.
 template <class T>
 void check_layout(layout_case const& l, double tol) {
-  auto const c = small();
+  auto const c = small(l.layers);
   data_t const data;
   auto ref = single_device<T>(c, data);
   auto whole = reference_params<T>(c);
@@ -143,8 +154,17 @@ void check_layout(layout_case const& l, double tol) {
     auto& data_group = mesh.group({"dp", "cp"});
     par::gpt_parallelism const p{tp.size(), tp.rank(), l.sp,     cp.size(),
                                  cp.rank(), pp.size(), pp.rank()};
-    nn::param_store<T> store(par::gpt_shard_layout(c, p));
-    par::gpt_load_shard(store, whole, c, p);
+    // One store per chunk this rank holds (one unless the schedule puts several on a rank).
+    int const per_dp = static_cast<int>(kSeqs / l.dp);
+    auto const sched = schedule_of(l.schedule, l.pp, per_dp);
+    auto const chunks =
+        l.pp > 1 ? par::gpt_chunks(p, sched, pp.rank()) : std::vector<par::gpt_parallelism>{p};
+    std::vector<nn::param_store<T>> stores;
+    for (auto const& q : chunks) {
+      stores.emplace_back(par::gpt_shard_layout(c, q));
+      par::gpt_load_shard(stores.back(), whole, c, q);
+    }
+    auto& store = stores.front();
     // This dp rank's sequences.
     int const dpr = mesh.local_rank("dp");
     index_t const per = kSeqs / l.dp;
@@ -164,23 +184,26 @@ void check_layout(layout_case const& l, double tol) {
         return par::gpt_sequences{std::span(data.tokens).subspan(at, kSeq),
                                   std::span(data.targets).subspan(at, kSeq), kSeq};
       };
-      par::gpt_pipeline_stage<T, comm_t, comm_t> stage(c, p, tp, cp, store, mb);
       weft::pipeline::step_options opt;
       opt.total_tokens = static_cast<double>(data.counted());
-      auto const r = weft::pipeline::run_step(
-          weft::pipeline::lower(schedule_of(l.schedule, l.pp, static_cast<int>(per))), stage, pp,
-          opt);
+      weft::pipeline::step_result r;
+      if (chunks.size() == 1) {
+        par::gpt_pipeline_stage<T, comm_t, comm_t> stage(c, p, tp, cp, store, mb);
+        r = weft::pipeline::run_step(weft::pipeline::lower(sched), stage, pp, opt);
+      } else {
+        std::vector<nn::param_store<T>*> ptrs;
+        for (auto& s : stores) ptrs.push_back(&s);
+        par::gpt_pipeline_chunks<T, comm_t, comm_t> stage(c, chunks, tp, cp, ptrs, mb);
+        r = weft::pipeline::run_step(weft::pipeline::lower(sched), stage, pp, opt);
+      }
       // The loss lives on the last stage's ranks: sum it there over the data group, then share it.
       loss = r.has_loss ? r.loss : 0.0;
     }
-    par::reduce_gpt_grads(tp, data_group, store);
+    for (auto& s : stores) par::reduce_gpt_grads(tp, data_group, s);
     weft::comm::all_reduce(data_group, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum)
         .wait();
     if (l.pp > 1)
       weft::comm::all_reduce(pp, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum).wait();
-    // The expected shard of the gradient.
-    nn::param_store<T> expect(par::gpt_shard_layout(c, p));
-    par::gpt_load_shard(expect, ref.grads_as_params, c, p);
     std::vector<std::string> bad;
     if (!(std::abs(loss - ref.loss) <= tol * std::abs(ref.loss)))
       bad.push_back("loss " + std::to_string(loss) + " vs " + std::to_string(ref.loss));
@@ -189,18 +212,23 @@ void check_layout(layout_case const& l, double tol) {
     double model_scale = 0.0;
     for (auto g : ref.grads_as_params.params())
       model_scale = std::max(model_scale, std::abs(static_cast<double>(g)));
-    for (auto const& e : store.layout().entries()) {
-      auto const got = store.grad_span(e.name);
-      auto const want = expect.param_span(e.name);
-      double scale = 0.0, err = 0.0;
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-        err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      // The expected shard of the gradient.
+      nn::param_store<T> expect(par::gpt_shard_layout(c, chunks[k]));
+      par::gpt_load_shard(expect, ref.grads_as_params, c, chunks[k]);
+      for (auto const& e : stores[k].layout().entries()) {
+        auto const got = stores[k].grad_span(e.name);
+        auto const want = expect.param_span(e.name);
+        double scale = 0.0, err = 0.0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+          err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+        }
+        scale = std::max(scale, 0.01 * model_scale);
+        if (!(err <= tol * scale))
+          bad.push_back("rank " + std::to_string(world.rank()) + " " + e.name + ": max error " +
+                        std::to_string(err / scale) + " relative");
       }
-      scale = std::max(scale, 0.01 * model_scale);
-      if (!(err <= tol * scale))
-        bad.push_back("rank " + std::to_string(world.rank()) + " " + e.name + ": max error " +
-                      std::to_string(err / scale) + " relative");
     }
     std::lock_guard lock(m);
     failures.insert(failures.end(), bad.begin(), bad.end());
@@ -216,7 +244,15 @@ layout_case const kLayouts[] = {
 
 layout_case const kPipelineLayouts[] = {
     {1, 1, 1, false, 2, "1f1b"}, {1, 1, 1, false, 2, "gpipe"}, {1, 1, 1, false, 2, "zb-h1"},
-    {1, 1, 2, true, 2, "1f1b"},  {2, 2, 2, true, 2, "1f1b"},
+    {1, 1, 2, true, 2, "1f1b"},  {2, 2, 2, true, 2, "1f1b"},   {1, 1, 1, false, 2, "zb-h2"},
+};
+
+// Two chunks a rank: 4 virtual stages of one block each over pp = 2 (m = 4 microbatches, what
+// DualPipeV's m >= 2p needs).
+layout_case const kChunkLayouts[] = {
+    {1, 1, 1, false, 2, "interleaved", 4}, {1, 1, 1, false, 2, "zbv", 4},
+    {1, 1, 1, false, 2, "dualpipe-v", 4},  {1, 1, 2, true, 2, "dualpipe-v", 4},
+    {1, 1, 2, true, 2, "interleaved", 4},
 };
 
 }  // namespace
@@ -234,6 +270,55 @@ TEST_SUITE("threads") {
   TEST_CASE("parallel gpt: pipeline stages under the executor equal the single device") {
     for (auto const& l : kPipelineLayouts) check_layout<double>(l, 1e-12);
     for (auto const& l : kPipelineLayouts) check_layout<float>(l, 1e-5);
+  }
+
+  TEST_CASE("parallel gpt: two chunks a rank (gpt_pipeline_chunks) equal the single device") {
+    for (auto const& l : kChunkLayouts) check_layout<double>(l, 1e-12);
+    for (auto const& l : kChunkLayouts) check_layout<float>(l, 1e-5);
+  }
+
+  TEST_CASE("parallel gpt: gpt_pipeline_chunks refuses chunks and stores that do not match") {
+    auto const c = small(4);
+    run_ranks(1, [&](comm_t& world) {
+      auto const sched = weft::pipeline::zero_bubble_v(2, 4);
+      auto const chunks = par::gpt_chunks(par::gpt_parallelism{}, sched, 1);
+      REQUIRE(chunks.size() == 2);
+      CHECK(chunks[0].pp == 4);
+      CHECK(chunks[0].pp_rank == 1);  // rank 1 holds stages 1 and 2 of the V
+      CHECK(chunks[1].pp_rank == 2);
+      nn::param_store<double> s0(par::gpt_shard_layout(c, chunks[0]));
+      nn::param_store<double> s1(par::gpt_shard_layout(c, chunks[1]));
+      auto const mb = [](int) { return par::gpt_sequences{}; };
+      using chunks_t = par::gpt_pipeline_chunks<double, comm_t, comm_t>;
+      CHECK_THROWS_WITH_AS(chunks_t(c, chunks, world, world, {&s0}, mb),
+                           doctest::Contains("argument `stores`: expected 2 (one per chunk)"),
+                           weft::invalid_argument_error);
+      CHECK_THROWS_WITH_AS(chunks_t(c, {chunks[0], chunks[0]}, world, world, {&s0, &s0}, mb),
+                           doctest::Contains("distinct stages"), weft::invalid_argument_error);
+      auto other = chunks;
+      other[1].sequence_parallel = true;
+      CHECK_THROWS_WITH_AS(chunks_t(c, other, world, world, {&s0, &s1}, mb),
+                           doctest::Contains("chunk 1 differs from chunk 0"),
+                           weft::invalid_argument_error);
+      CHECK_THROWS_WITH_AS(chunks_t(c, chunks, world, world, {&s0, nullptr}, mb),
+                           doctest::Contains("null at chunk 1"), weft::invalid_argument_error);
+      // Stores in the wrong order: chunk 0's model refuses chunk 1's layout, which has the same
+      // size (one block each) but other names.
+      CHECK(s0.layout().size() == s1.layout().size());
+      CHECK_THROWS_WITH_AS(chunks_t(c, chunks, world, world, {&s1, &s0}, mb),
+                           doctest::Contains("argument `store parameter 0`: expected h1."),
+                           weft::shape_error);
+      chunks_t ok(c, chunks, world, world, {&s0, &s1}, mb);
+      CHECK(ok.num_chunks() == 2);
+      CHECK_THROWS_WITH_AS(ok.reserve_slots(2, 1), doctest::Contains("argument `chunk`"),
+                           weft::invalid_argument_error);
+      weft::pipeline::stage_call call;
+      call.chunk = 1;
+      call.stage = 1;  // chunk 1 is stage 2
+      call.num_stages = 4;
+      CHECK_THROWS_WITH_AS((void)ok.input_layout(call), doctest::Contains("stage_call::stage"),
+                           weft::invalid_argument_error);
+    });
   }
 
   TEST_CASE("parallel gpt: bad layouts and batches are refused with the value named") {

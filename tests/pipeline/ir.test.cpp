@@ -69,6 +69,20 @@ TEST_CASE("ir: derived fields come from the stage mapping") {
   CHECK(recv.peer == 1);
   CHECK(recv.chunk == 1);
   CHECK(loop.make(op::recv_forward, 4, 0).peer == 3);
+  // stage_at inverts the mapping: every (rank, chunk) names the stage that maps back to it.
+  for (auto const* s : {&loop, &vee, &v4})
+    for (int r = 0; r < s->num_ranks(); ++r)
+      for (int k = 0; k < s->num_chunks(); ++k) {
+        int const st = s->stage_at(r, k);
+        CHECK(s->stage_to_rank(st) == r);
+        CHECK(s->chunk_of(st) == k);
+      }
+  CHECK(vee.stage_at(0, 1) == 7);
+  CHECK(v4.stage_at(1, 2) == 9);
+  CHECK_THROWS_WITH_AS((void)vee.stage_at(0, 2),
+                       doctest::Contains("argument `chunk`: expected in [0, 2), actual 2"),
+                       weft::schedule_error);
+  CHECK_THROWS_AS((void)vee.stage_at(4, 0), weft::schedule_error);
 }
 
 TEST_CASE("ir: schedule construction checks its sizes") {

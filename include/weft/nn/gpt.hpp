@@ -163,10 +163,7 @@ class gpt {
  public:
   gpt(gpt_config const& config, param_store<T>& store) : c_(config), store_(&store) {
     validate(c_);
-    auto const want = gpt_layout(c_);
-    WEFT_EXPECTS_SHAPE(store.layout().size() == want.size(), "store",
-                       ::weft::detail::concat(want.size(), " parameters (gpt_layout(config))"),
-                       store.layout().size());
+    detail::expect_layout(store.layout(), gpt_layout(c_), "gpt_layout(config)");
   }
 
   [[nodiscard]] gpt_config const& config() const noexcept { return c_; }

@@ -105,6 +105,32 @@ class param_layout {
   std::size_t size_ = 0;
 };
 
+namespace detail {
+
+//! shape_error unless `got` holds `want`'s parameters: the same names, shapes and offsets in the
+//! same order (equal totals alone could be another configuration's, or another pipeline
+//! stage's); `origin` says where `want` comes from, e.g. "gpt_layout(config)".
+inline void expect_layout(param_layout const& got, param_layout const& want,
+                          std::string_view origin) {
+  WEFT_EXPECTS_SHAPE(
+      got.entries().size() == want.entries().size() && got.size() == want.size(), "store",
+      ::weft::detail::concat(want.entries().size(), " parameters of ", want.size(), " elements (",
+                             origin, ")"),
+      ::weft::detail::concat(got.entries().size(), " parameters of ", got.size(), " elements"));
+  auto const w = want.entries();
+  auto const g = got.entries();
+  for (std::size_t k = 0; k < w.size(); ++k)
+    WEFT_EXPECTS_SHAPE(
+        g[k].name == w[k].name && g[k].shape == w[k].shape && g[k].offset == w[k].offset,
+        ::weft::detail::concat("store parameter ", k),
+        ::weft::detail::concat(w[k].name, " ", ::weft::detail::array_string(w[k].shape), " at ",
+                               w[k].offset, " (", origin, ")"),
+        ::weft::detail::concat(g[k].name, " ", ::weft::detail::array_string(g[k].shape), " at ",
+                               g[k].offset));
+}
+
+}  // namespace detail
+
 //! Parameters and gradients of one layout in two flat host buffers (64-byte aligned, gradients
 //! zeroed, parameters zeroed until initialised). Move-only; views stay valid while it lives.
 template <class T>

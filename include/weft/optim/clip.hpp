@@ -18,6 +18,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <ranges>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -49,8 +50,8 @@ void expect_norm_args(std::span<param_info const> params, std::size_t grads, int
 //! second entry is 1 if a counted element is NaN (a max all-reduce need not propagate NaN).
 template <class T>
 std::array<double, 2> local_norm_part(std::span<param_info const> params, std::span<T const> grads,
-                                      int tp_rank, grad_norm_kind kind) {
-  std::array<double, 2> acc{0.0, 0.0};
+                                      int tp_rank, grad_norm_kind kind,
+                                      std::array<double, 2> acc = {0.0, 0.0}) {
   std::size_t offset = 0;
   for (auto const& p : params) {
     if (counts_in_norm(p, tp_rank)) {
@@ -130,6 +131,64 @@ double clip_grad_norm(C& stats_group, std::span<param_info const> params, std::s
   T* g = grads.data();
   weft::detail::for_each_blocked(0, static_cast<index_t>(grads.size()),
                                  [&](index_t j) WEFT_LAMBDA_INLINE { g[j] *= f; });
+  return norm;
+}
+
+//! One of several gradient buffers of a rank (a pipeline rank's model chunks, each its own
+//! parameter store): its `params` descriptions and its gradients, as global_grad_norm takes them.
+template <class T>
+struct grad_group {
+  using value_type = T;
+  std::span<param_info const> params;
+  std::span<T> grads;
+};
+
+namespace detail {
+template <class G>
+inline constexpr bool is_grad_group = false;
+template <class T>
+inline constexpr bool is_grad_group<grad_group<T>> = true;
+}  // namespace detail
+
+//! A range of grad_group (a std::vector, a span, an array).
+template <class R>
+concept GradGroups = std::ranges::forward_range<R const> &&
+    detail::is_grad_group<std::ranges::range_value_t<R const>>;
+
+//! global_grad_norm over several buffers of this rank, counted as one buffer made of them in
+//! `groups` order (the same double sum, so one group gives global_grad_norm's bits): one
+//! all-reduce for all of them. Every buffer is checked before the collective.
+template <comm::CollectiveIn<host_space> C, GradGroups R>
+[[nodiscard]] double global_grad_norm(C& stats_group, R const& groups, int tp_rank,
+                                      grad_norm_kind kind = grad_norm_kind::l2) {
+  using T = typename std::ranges::range_value_t<R const>::value_type;
+  for (auto const& g : groups) detail::expect_norm_args<T>(g.params, g.grads.size(), tp_rank);
+  std::array<double, 2> local{0.0, 0.0};
+  for (auto const& g : groups)
+    local = detail::local_norm_part(g.params, std::span<T const>(g.grads), tp_rank, kind, local);
+  std::array<double, 2> global{};
+  comm::all_reduce(stats_group, std::as_const(local), global,
+                   kind == grad_norm_kind::l2 ? comm::reduce_kind::sum : comm::reduce_kind::max)
+      .wait();
+  if (kind == grad_norm_kind::l2) return std::sqrt(global[0]);
+  return global[1] > 0.0 ? std::numeric_limits<double>::quiet_NaN() : global[0];
+}
+
+//! clip_grad_norm over several buffers of this rank (grad_group): the norm of all of them as
+//! global_grad_norm(groups) computes it, then every gradient of every group scaled by the one
+//! clip_coefficient. Returns the norm before clipping.
+template <comm::CollectiveIn<host_space> C, GradGroups R>
+double clip_grad_norm(C& stats_group, R const& groups, int tp_rank, double max_norm,
+                      grad_norm_kind kind = grad_norm_kind::l2) {
+  WEFT_EXPECTS(max_norm >= 0.0, "max_norm", ">= 0", max_norm);
+  double const norm = global_grad_norm(stats_group, groups, tp_rank, kind);
+  using T = typename std::ranges::range_value_t<R const>::value_type;
+  T const f = static_cast<T>(clip_coefficient(norm, max_norm));
+  for (auto const& group : groups) {
+    T* g = group.grads.data();
+    weft::detail::for_each_blocked(0, static_cast<index_t>(group.grads.size()),
+                                   [&](index_t j) WEFT_LAMBDA_INLINE { g[j] *= f; });
+  }
   return norm;
 }
 

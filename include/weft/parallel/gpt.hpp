@@ -98,11 +98,8 @@ class gpt {
     WEFT_EXPECTS(p_.cp == cp.size() && p_.cp_rank == cp.rank(), "parallelism.cp, cp_rank",
                  ::weft::detail::concat(cp.size(), ", ", cp.rank(), " (the cp group's)"),
                  ::weft::detail::concat(p_.cp, ", ", p_.cp_rank));
-    auto const want = gpt_shard_layout(c_, p_);
-    WEFT_EXPECTS_SHAPE(
-        store.layout().size() == want.size(), "store",
-        ::weft::detail::concat(want.size(), " elements (gpt_shard_layout(config, parallelism))"),
-        store.layout().size());
+    nn::detail::expect_layout(store.layout(), gpt_shard_layout(c_, p_),
+                              "gpt_shard_layout(config, parallelism)");
     layers_ = gpt_stage_layers(c_.layers, p_.pp, p_.pp_rank);
   }
 

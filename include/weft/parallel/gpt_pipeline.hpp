@@ -3,7 +3,9 @@
 // first stage also the embeddings, the last the final norm, head and loss (cross-entropy or a
 // token loss on the targets' log-probabilities), with one model
 // instance per stash slot over the rank's one parameter store, so that every microbatch in
-// flight keeps its own activations while the gradients accumulate in one buffer.
+// flight keeps its own activations while the gradients accumulate in one buffer; and
+// gpt_pipeline_chunks, the same for a rank that holds several chunks (virtual stages) of the
+// model, as interleaved 1F1B, ZBV and DualPipeV place them, one parameter store per chunk.
 #pragma once
 
 #include <weft/comm/concepts.hpp>
@@ -13,12 +15,14 @@
 #include <weft/nn/params.hpp>
 #include <weft/parallel/gpt.hpp>
 #include <weft/parallel/gpt_shard.hpp>
+#include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/stage.hpp>
 
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <span>
 #include <utility>
 #include <vector>
@@ -26,8 +30,9 @@
 namespace weft::parallel {
 
 //! One pipeline rank's share of a GPT (parallelism.pp stages, one chunk per rank: the plain
-//! schedules GPipe, 1F1B, ZB-H1; not the interleaved ones, whose ranks hold several chunks, nor
-//! the vocabulary-balanced ones, whose output layer is sharded over the pipeline) over its tensor-
+//! schedules GPipe, 1F1B, ZB-H1, ZB-H2; a rank of interleaved 1F1B, ZBV or DualPipeV holds one of
+//! these per chunk in gpt_pipeline_chunks; not the vocabulary-balanced schedules, whose output
+//! layer is sharded over the pipeline) over its tensor-
 //! and context-parallel groups. `microbatch(i)` gives microbatch i's sequences, the same on every
 //! stage, and must stay valid during the step (the spans are read in forward and the shapes in
 //! the layouts). The last stage's loss is Σ loss_weight · CE over its rows (the executor's
@@ -84,7 +89,8 @@ class gpt_pipeline_stage {
 
   void reserve_slots(int chunk, int slots) {
     WEFT_EXPECTS(chunk == 0, "chunk",
-                 "0 (gpt_pipeline_stage holds one chunk per rank: no interleaved schedules)",
+                 "0 (gpt_pipeline_stage holds one chunk per rank: gpt_pipeline_chunks holds "
+                 "several)",
                  chunk);
     WEFT_EXPECTS(slots >= 1, "slots", ">= 1", slots);
     while (models_.size() < static_cast<std::size_t>(slots))
@@ -116,7 +122,7 @@ class gpt_pipeline_stage {
  private:
   void check(pipeline::stage_call const& c) const {
     WEFT_EXPECTS(c.num_stages == p_.pp, "stage_call::num_stages",
-                 ::weft::detail::concat(p_.pp, " (parallelism.pp: one chunk per rank)"),
+                 ::weft::detail::concat(p_.pp, " (parallelism.pp: the schedule's stages)"),
                  c.num_stages);
     WEFT_EXPECTS(c.stage == p_.pp_rank, "stage_call::stage",
                  ::weft::detail::concat(p_.pp_rank, " (parallelism.pp_rank)"), c.stage);
@@ -149,6 +155,106 @@ class gpt_pipeline_stage {
   std::function<gpt_sequences(int)> microbatch_;
   microbatch_loss_fn token_loss_;
   std::vector<std::unique_ptr<model_type>> models_;
+};
+
+//! The parallelism of each chunk pipeline rank `rank` holds under schedule `s`, in chunk order:
+//! `base`'s tensor, context and sequence-parallel settings with pp = s.num_stages() (the model's
+//! blocks split over every virtual stage, gpt_stage_layers) and pp_rank = that chunk's stage
+//! (schedule::stage_at). One chunk per rank (GPipe, 1F1B, ZB-H1/H2) gives {base with pp = p and
+//! pp_rank = rank}. Each chunk's parameters are laid out by gpt_shard_layout(config, chunk).
+[[nodiscard]] inline std::vector<gpt_parallelism> gpt_chunks(gpt_parallelism const& base,
+                                                             pipeline::schedule const& s,
+                                                             int rank) {
+  std::vector<gpt_parallelism> out;
+  for (int k = 0; k < s.num_chunks(); ++k) {
+    gpt_parallelism q = base;
+    q.pp = s.num_stages();
+    q.pp_rank = s.stage_at(rank, k);
+    out.push_back(q);
+  }
+  return out;
+}
+
+//! A pipeline rank that holds several chunks of a GPT (interleaved 1F1B: v chunks in a loop; ZBV
+//! and DualPipeV: two in a V): chunk k is gpt_pipeline_stage over `chunks[k]` (gpt_chunks: pp =
+//! the schedule's stages, pp_rank = the chunk's stage) and its own parameter store `stores[k]`,
+//! and every call goes to the chunk stage_call::chunk names. The virtual stages hold contiguous
+//! block ranges in stage order, so the model is the one a plain pipeline of that many stages
+//! would hold, and a step gives its numbers. Everything else is gpt_pipeline_stage's: the
+//! microbatches, the token loss, the fused backward, gradients accumulated per chunk in
+//! microbatch order, the reductions and the optimizer the caller's (per store; clip over all
+//! of a rank's stores with optim::clip_grad_norm over grad_group).
+template <class T, comm::CollectiveIn<host_space> TP, comm::PointToPointIn<host_space> CP>
+class gpt_pipeline_chunks {
+ public:
+  using stage_concept = pipeline::stage_tag;
+  using chunk_type = gpt_pipeline_stage<T, TP, CP>;
+  using microbatch_loss_fn = typename chunk_type::microbatch_loss_fn;
+
+  //! invalid_argument_error when `chunks` is empty, its sizes differ from `stores`', a store is
+  //! null, two chunks name the same stage, or the chunks disagree on anything but pp_rank; a
+  //! store whose layout is not gpt_shard_layout(config, chunks[k]) is refused by its chunk.
+  gpt_pipeline_chunks(nn::gpt_config const& config, std::vector<gpt_parallelism> const& chunks,
+                      TP& tp, CP& cp, std::vector<nn::param_store<T>*> const& stores,
+                      std::function<gpt_sequences(int)> microbatch,
+                      microbatch_loss_fn token_loss = {}) {
+    WEFT_EXPECTS(!chunks.empty(), "chunks", "at least one chunk", "none");
+    WEFT_EXPECTS_SHAPE(stores.size() == chunks.size(), "stores",
+                       ::weft::detail::concat(chunks.size(), " (one per chunk)"), stores.size());
+    for (std::size_t k = 0; k < chunks.size(); ++k) {
+      auto const& q = chunks[k];
+      auto const& q0 = chunks.front();
+      WEFT_EXPECTS(stores[k] != nullptr, "stores", "a store per chunk",
+                   ::weft::detail::concat("null at chunk ", k));
+      WEFT_EXPECTS(q.tp == q0.tp && q.tp_rank == q0.tp_rank &&
+                       q.sequence_parallel == q0.sequence_parallel && q.cp == q0.cp &&
+                       q.cp_rank == q0.cp_rank && q.pp == q0.pp,
+                   "chunks", "the same tp, cp, sequence parallelism and pp in every chunk",
+                   ::weft::detail::concat("chunk ", k, " differs from chunk 0"));
+      for (std::size_t j = 0; j < k; ++j)
+        WEFT_EXPECTS(chunks[j].pp_rank != q.pp_rank, "chunks", "distinct stages (pp_rank)",
+                     ::weft::detail::concat("stage ", q.pp_rank, " in chunks ", j, " and ", k));
+      chunks_.push_back(
+          std::make_unique<chunk_type>(config, q, tp, cp, *stores[k], microbatch, token_loss));
+    }
+  }
+
+  [[nodiscard]] int num_chunks() const noexcept { return static_cast<int>(chunks_.size()); }
+  //! Chunk k's stage (its stash slots' model instances, its parallelism).
+  [[nodiscard]] chunk_type& chunk(int k) { return *chunks_.at(static_cast<std::size_t>(k)); }
+
+  [[nodiscard]] pipeline::message_layout input_layout(pipeline::stage_call const& c) const {
+    return of(c).input_layout(c);
+  }
+  [[nodiscard]] pipeline::message_layout output_layout(pipeline::stage_call const& c) const {
+    return of(c).output_layout(c);
+  }
+  void reserve_slots(int chunk, int slots) {
+    WEFT_EXPECTS(chunk >= 0 && chunk < num_chunks(), "chunk",
+                 ::weft::detail::concat("in [0, ", num_chunks(), ")"), chunk);
+    chunks_[static_cast<std::size_t>(chunk)]->reserve_slots(0, slots);
+  }
+  double forward(pipeline::stage_call const& c, comm::buffer_view in, comm::buffer_view out) {
+    return of(c).forward(c, in, out);
+  }
+  void backward(pipeline::stage_call const& c, comm::buffer_view dout, comm::buffer_view din) {
+    of(c).backward(c, dout, din);
+  }
+  void backward_input(pipeline::stage_call const& c, comm::buffer_view dout,
+                      comm::buffer_view din) {
+    of(c).backward_input(c, dout, din);
+  }
+  void backward_weight(pipeline::stage_call const& c) { of(c).backward_weight(c); }
+
+ private:
+  // The chunk a call is for; its stage_call::stage is checked by the chunk (its pp_rank).
+  chunk_type& of(pipeline::stage_call const& c) const {
+    WEFT_EXPECTS(c.chunk >= 0 && c.chunk < num_chunks(), "stage_call::chunk",
+                 ::weft::detail::concat("in [0, ", num_chunks(), ")"), c.chunk);
+    return *chunks_[static_cast<std::size_t>(c.chunk)];
+  }
+
+  std::vector<std::unique_ptr<chunk_type>> chunks_;
 };
 
 }  // namespace weft::parallel

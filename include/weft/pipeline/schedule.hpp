@@ -82,6 +82,18 @@ class schedule {
     return pipeline::stage_to_rank(style_, ranks_, stage);
   }
   [[nodiscard]] int chunk_of(int stage) const noexcept { return stage / ranks_; }
+  //! The stage that chunk `chunk` of rank `rank` is (the inverse of stage_to_rank and chunk_of):
+  //! chunk * ranks + rank, or chunk * ranks + ranks - 1 - rank on an odd chunk of a V.
+  //! schedule_error unless 0 <= rank < num_ranks() and 0 <= chunk < num_chunks().
+  [[nodiscard]] int stage_at(int rank, int chunk) const {
+    check_rank(rank);
+    if (chunk < 0 || chunk >= num_chunks())
+      WEFT_THROW(schedule_error, ::weft::detail::expectation_message(
+                                     "0 <= chunk < num_chunks", "chunk",
+                                     ::weft::detail::concat("in [0, ", num_chunks(), ")"), chunk));
+    bool const reversed = style_ == placement::v && chunk % 2 == 1;
+    return chunk * ranks_ + (reversed ? ranks_ - 1 - rank : rank);
+  }
 
   //! Rank `rank`'s program; schedule_error unless 0 <= rank < num_ranks().
   [[nodiscard]] std::vector<action> const& actions(int rank) const {

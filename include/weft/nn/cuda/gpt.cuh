@@ -359,24 +359,7 @@ class cuda_gpt {
   //! offsets (equal totals alone could be another config's).
   template <class Store>
   void check_store(Store const& store) const {
-    WEFT_EXPECTS_SHAPE(store.layout().entries().size() == layout_.entries().size() &&
-                           store.layout().size() == layout_.size(),
-                       "store",
-                       ::weft::detail::concat(layout_.entries().size(), " parameters of ",
-                                              layout_.size(), " elements (gpt_layout(config))"),
-                       ::weft::detail::concat(store.layout().entries().size(), " parameters of ",
-                                              store.layout().size(), " elements"));
-    auto const& want = layout_.entries();
-    auto const& got = store.layout().entries();
-    for (std::size_t k = 0; k < want.size(); ++k)
-      WEFT_EXPECTS_SHAPE(
-          got[k].name == want[k].name && got[k].shape == want[k].shape &&
-              got[k].offset == want[k].offset,
-          ::weft::detail::concat("store parameter ", k),
-          ::weft::detail::concat(want[k].name, " ", ::weft::detail::array_string(want[k].shape),
-                                 " at ", want[k].offset),
-          ::weft::detail::concat(got[k].name, " ", ::weft::detail::array_string(got[k].shape),
-                                 " at ", got[k].offset));
+    ::weft::nn::detail::expect_layout(store.layout(), layout_, "gpt_layout(config)");
   }
 
   //! nn::gpt's checks, plus the ones its layers make on the way (ids in range, cu_seqlens), all
