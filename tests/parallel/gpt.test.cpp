@@ -277,6 +277,56 @@ TEST_SUITE("threads") {
     for (auto const& l : kChunkLayouts) check_layout<float>(l, 1e-5);
   }
 
+  TEST_CASE("parallel gpt: the split backward (I then W) is the fused one bit for bit") {
+    // One stage holding everything (embeddings, both blocks, head), on tp 1 and on tp 2 with
+    // SP (the all-gathered gradients and the embedding's collective in I): backward_input_stage
+    // writes the fused backward's input gradient and accumulates no gradient at all, and
+    // backward_weight_stage then adds exactly the fused backward's, bit for bit.
+    auto const c = small();
+    data_t const data;
+    auto whole = reference_params<double>(c);
+    for (int tp_size : {1, 2}) {
+      CAPTURE(tp_size);
+      std::mutex m;
+      int checked = 0;
+      run_ranks(tp_size, [&](comm_t& tp) {
+        auto solo = tp.split(tp.rank(), 0);
+        par::gpt_parallelism const p{tp.size(), tp.rank(), tp_size > 1, 1, 0};
+        nn::param_store<double> fused(par::gpt_shard_layout(c, p));
+        nn::param_store<double> split(par::gpt_shard_layout(c, p));
+        par::gpt_load_shard(fused, whole, c, p);
+        par::gpt_load_shard(split, whole, c, p);
+        par::gpt<double, comm_t, comm_t> a(c, p, tp, solo, fused), b(c, p, tp, solo, split);
+        par::gpt_sequences const batch{data.tokens, data.targets, kSeq};
+        double const la = a.forward_stage(batch, 0.01, {}, {});
+        double const lb = b.forward_stage(batch, 0.01, {}, {});
+        a.backward_stage({}, {});
+        b.backward_input_stage({}, {});
+        bool nothing_yet = true;
+        for (double g : split.grads()) nothing_yet = nothing_yet && g == 0.0;
+        // Pending weight gradients: no forward, no other backward until W.
+        CHECK_THROWS_WITH_AS(b.forward_stage(batch, 0.01, {}, {}),
+                             doctest::Contains("backward_weight_stage first"),
+                             weft::invalid_argument_error);
+        CHECK_THROWS_AS(b.backward_input_stage({}, {}), weft::invalid_argument_error);
+        b.backward_weight_stage();
+        CHECK_THROWS_WITH_AS(b.backward_weight_stage(),
+                             doctest::Contains("a backward_input_stage before it"),
+                             weft::invalid_argument_error);
+        bool same = la == lb && nothing_yet;
+        for (std::size_t i = 0; i < fused.grads().size(); ++i)
+          same = same && std::memcmp(&fused.grads()[i], &split.grads()[i], sizeof(double)) == 0;
+        bool nonzero = false;
+        for (double g : fused.grads()) nonzero = nonzero || g != 0.0;
+        std::lock_guard lock(m);
+        CHECK(same);
+        CHECK(nonzero);
+        ++checked;
+      });
+      CHECK(checked == tp_size);
+    }
+  }
+
   TEST_CASE("parallel gpt: gpt_pipeline_chunks refuses chunks and stores that do not match") {
     auto const c = small(4);
     run_ranks(1, [&](comm_t& world) {

@@ -154,6 +154,7 @@ class gpt {
   //! microbatch in flight, over the same store: see gpt_pipeline_stage).
   double forward_stage(gpt_sequences const& b, double token_weight, std::span<T const> in,
                        std::span<T> out) {
+    expect_no_pending("forward_stage");
     prepare(b, token_weight);
     auto const want = static_cast<std::size_t>(m_ * c_.d_model);
     if (!p_.first_stage())
@@ -169,6 +170,7 @@ class gpt {
   //! last stage seeds it from the loss, the others read the gradient of their output from `dout`;
   //! every stage but the first writes the gradient of its input to `din` (boundary_size each).
   void backward_stage(std::span<T const> dout, std::span<T> din) {
+    if (!defer_) expect_no_pending("backward_stage");
     auto const want = static_cast<std::size_t>(m_ * c_.d_model);
     if (!p_.last_stage())
       WEFT_EXPECTS_SHAPE(dout.size() == want, "dout",
@@ -179,6 +181,36 @@ class gpt {
     run_backward(dout, din);
   }
 
+  //! backward_stage in two parts, as the zero-bubble schedules split it: backward_input_stage
+  //! computes the input gradient (`din`, as backward_stage) and keeps what the weight gradients
+  //! need (a copy of each layer's output gradient; the activations stay the model's until the
+  //! next forward); backward_weight_stage then accumulates every weight gradient into the store.
+  //! Together they make backward_stage's gradients bit for bit (the same calls on the same
+  //! values). All of the backward's collectives run in backward_input_stage, none in
+  //! backward_weight_stage. invalid_argument_error for backward_weight_stage without a pending
+  //! backward_input_stage, and for a forward_stage or another backward while one is pending.
+  void backward_input_stage(std::span<T const> dout, std::span<T> din) {
+    expect_no_pending("backward_input_stage");
+    defer_ = true;
+    try {
+      backward_stage(dout, din);
+    } catch (...) {
+      defer_ = false;
+      deferred_.clear();
+      throw;
+    }
+    defer_ = false;
+    pending_ = true;
+  }
+  void backward_weight_stage() {
+    WEFT_EXPECTS(pending_, "backward_weight_stage", "a backward_input_stage before it",
+                 "none pending");
+    pending_ = false;
+    auto work = std::move(deferred_);
+    deferred_.clear();
+    for (auto& f : work) f();
+  }
+
   //! Accumulates this rank's part of the gradient of the last forward's weighted loss.
   void backward() {
     WEFT_EXPECTS(p_.pp == 1, "parallelism.pp",
@@ -187,6 +219,23 @@ class gpt {
   }
 
  private:
+  void expect_no_pending(char const* call) const {
+    WEFT_EXPECTS(!pending_, call, "no pending weight gradients (backward_weight_stage first)",
+                 "a backward_input_stage without its backward_weight_stage");
+  }
+
+  // A weight-gradient computation `f(scratch)`: now, or while backward_input_stage defers them,
+  // later on `saved`, a copy of `scratch` (a buffer the rest of the backward overwrites).
+  template <class F>
+  void weight_grad(std::vector<T>& scratch, std::vector<T>& saved, F f) {
+    if (!defer_) {
+      f(scratch);
+      return;
+    }
+    saved.assign(scratch.begin(), scratch.end());
+    deferred_.emplace_back([f = std::move(f), &saved]() mutable { f(saved); });
+  }
+
   double run_forward(std::span<T const> in, std::span<T> out) {
     index_t const d = c_.d_model;
     bool const sp = p_.sequence_parallel;
@@ -257,12 +306,23 @@ class gpt {
       return;
     }
     auto const tokens = std::span<std::int32_t const>(tokens_);
-    if (sp) {
+    if (sp && !defer_) {
       vocab_parallel_embedding_backward_sp(*tp_, tokens, shard_, rows_of(dx, d), g2("wte"));
+    } else if (sp) {
+      // The same two steps, the all-gather (collective) now and the scatter-add deferred.
+      reduce_scatter_to_sp_backward(*tp_, tensor_view<T const, 2>(rows_of(dx, d)),
+                                    rows_of(g_.full, d));
+      weight_grad(g_.full, w_.wte, [this, tokens, d](std::vector<T>& full) {
+        vocab_parallel_embedding_backward(tokens, shard_, rows_of(full, d), g2("wte"));
+      });
     } else {
-      vocab_parallel_embedding_backward(tokens, shard_, rows_of(dx, d), g2("wte"));
+      weight_grad(dx, w_.wte, [this, tokens, d](std::vector<T>& g) {
+        vocab_parallel_embedding_backward(tokens, shard_, rows_of(g, d), g2("wte"));
+      });
     }
-    nn::embedding_backward(slice_positions(), rows_of(dx, d), g2("wpe"));
+    weight_grad(dx, w_.wpe, [this, d](std::vector<T>& g) {
+      nn::embedding_backward(slice_positions(), rows_of(g, d), g2("wpe"));
+    });
   }
 
   // The last stage's backward from the loss to d(last block's output) in g_.dx.
@@ -287,17 +347,20 @@ class gpt {
     if (sp) {
       vocab_parallel_output_backward_input_sp(*tp_, rows_of(dlogits, vs), p2("head"),
                                               rows_of(dln, d));
-      vocab_parallel_output_backward_weight(rows_of(dlogits, vs), rows_of(lnf_total_, d),
-                                            g2("head"));
     } else {
       vocab_parallel_output_backward_input(*tp_, rows_of(dlogits, vs), p2("head"), rows_of(dln, d));
-      vocab_parallel_output_backward_weight(rows_of(dlogits, vs), rows_of(lnf_, d), g2("head"));
     }
+    weight_grad(dlogits, w_.dlogits, [this, d, vs, sp](std::vector<T>& g) {
+      vocab_parallel_output_backward_weight(
+          rows_of(g, vs), sp ? rows_of(lnf_total_, d) : rows_of(lnf_, d), g2("head"));
+    });
     auto& last = x_[static_cast<std::size_t>(layers_.size())];
     nn::layer_norm_backward_input(rows_of(dln, d), rows_of(last, d), p1("lnf.w"), vec(lnf_mean_),
                                   vec(lnf_rstd_), rows_of(dx, d));
-    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(last, d), vec(lnf_mean_),
-                                   vec(lnf_rstd_), g1("lnf.w"), g1("lnf.b"));
+    weight_grad(dln, w_.dlnf, [this, d, &last](std::vector<T>& g) {
+      nn::layer_norm_backward_weight(rows_of(g, d), rows_of(last, d), vec(lnf_mean_),
+                                     vec(lnf_rstd_), g1("lnf.w"), g1("lnf.b"));
+    });
   }
 
   struct layer_acts {
@@ -384,6 +447,7 @@ class gpt {
     for (auto& x : x_) x.resize(n(m_, d));
     tmp_m_.resize(n(m_, d));
     acts_.resize(static_cast<std::size_t>(layers_.size()));
+    w_.layers.resize(acts_.size());
     for (auto& a : acts_) {
       a.ln1.resize(n(m_, d));
       a.ln1_total.resize(sp ? n(n_, d) : 0);
@@ -462,16 +526,19 @@ class gpt {
   // Row-parallel backward from dy [m, d]: dx [N, in/tp] and the weight gradients.
   template <class X, class DX>
   void row_backward(std::vector<T>& dy, X const& x, std::string const& w, std::string const& b,
-                    DX const& dx) {
+                    DX const& dx, std::vector<T>& saved) {
     index_t const d = c_.d_model;
+    auto weight = [this, x, w, b, d](std::vector<T>& g) {
+      row_parallel_backward_weight(rows_of(g, d), x, g2(w), g1(b));
+    };
     if (p_.sequence_parallel) {
       auto& total = g_.total;
       row_parallel_backward_input_sp(*tp_, tensor_view<T const, 2>(rows_of(dy, d)), p2(w),
                                      rows_of(total, d), dx);
-      row_parallel_backward_weight(rows_of(total, d), x, g2(w), g1(b));
+      weight_grad(total, saved, weight);
     } else {
       row_parallel_backward_input(*tp_, rows_of(dy, d), p2(w), dx);
-      row_parallel_backward_weight(rows_of(dy, d), x, g2(w), g1(b));
+      weight_grad(dy, saved, weight);
     }
   }
 
@@ -555,25 +622,29 @@ class gpt {
     auto& dln = g_.dln;
     auto& dmid = g_.dmid;
     auto& tmp = g_.tmp;
+    auto& saved = w_.layers[static_cast<std::size_t>(l)];
     // MLP: y = x_mid + proj(gelu(fc(ln2(x_mid)))).
-    row_backward(dx, rows_of(a.act, hl), p + "proj.w", p + "proj.b", rows_of(dact, hl));
+    row_backward(dx, rows_of(a.act, hl), p + "proj.w", p + "proj.b", rows_of(dact, hl), saved.proj);
     nn::gelu_backward(rows_of(a.fc, hl), rows_of(dact, hl), rows_of(dfc, hl));
     nn::linear_backward_input(rows_of(dfc, hl), p2(p + "fc.w"), rows_of(full, d));
     column_input_backward(full, dln);
-    column_parallel_backward_weight(rows_of(dfc, hl),
-                                    sp ? rows_of(a.ln2_total, d) : rows_of(a.ln2, d),
-                                    g2(p + "fc.w"), g1(p + "fc.b"));
+    auto const in2 = sp ? rows_of(a.ln2_total, d) : rows_of(a.ln2, d);
+    weight_grad(dfc, saved.fc, [this, in2, hl, p](std::vector<T>& g) {
+      column_parallel_backward_weight(rows_of(g, hl), in2, g2(p + "fc.w"), g1(p + "fc.b"));
+    });
     nn::layer_norm_backward_input(rows_of(dln, d), rows_of(a.x_mid, d), p1(p + "ln2.w"),
                                   vec(a.ln2_mean), vec(a.ln2_rstd), rows_of(tmp, d));
-    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(a.x_mid, d), vec(a.ln2_mean),
-                                   vec(a.ln2_rstd), g1(p + "ln2.w"), g1(p + "ln2.b"));
+    weight_grad(dln, saved.ln2, [this, &a, d, p](std::vector<T>& g) {
+      nn::layer_norm_backward_weight(rows_of(g, d), rows_of(a.x_mid, d), vec(a.ln2_mean),
+                                     vec(a.ln2_rstd), g1(p + "ln2.w"), g1(p + "ln2.b"));
+    });
     nn::residual_backward(rows_of(dx, d), rows_of(tmp, d), rows_of(dmid, d));
     // Attention: x_mid = x + o(attn(q(ln1 x), k(ln1 x), v(ln1 x))).
     auto& dout = g_.dout;
     auto& dq = g_.dq;
     auto& dk = g_.dk;
     auto& dv = g_.dv;
-    row_backward(dmid, rows_of(a.o, dl), p + "o.w", p + "o.b", rows_of(dout, dl));
+    row_backward(dmid, rows_of(a.o, dl), p + "o.w", p + "o.b", rows_of(dout, dl), saved.o);
     attention_backward(a, dout, dq, dk, dv);
     // The three column-parallel input gradients are summed locally, then reduced once.
     auto& part = g_.part;
@@ -584,13 +655,21 @@ class gpt {
     nn::residual_forward(rows_of(full, d), rows_of(part, d), rows_of(full, d));
     column_input_backward(full, dln);
     auto const in1 = sp ? rows_of(a.ln1_total, d) : rows_of(a.ln1, d);
-    column_parallel_backward_weight(rows_of(dq, dl), in1, g2(p + "q.w"), g1(p + "q.b"));
-    column_parallel_backward_weight(rows_of(dk, kvl), in1, g2(p + "k.w"), g1(p + "k.b"));
-    column_parallel_backward_weight(rows_of(dv, kvl), in1, g2(p + "v.w"), g1(p + "v.b"));
+    weight_grad(dq, saved.q, [this, in1, dl, p](std::vector<T>& g) {
+      column_parallel_backward_weight(rows_of(g, dl), in1, g2(p + "q.w"), g1(p + "q.b"));
+    });
+    weight_grad(dk, saved.k, [this, in1, kvl, p](std::vector<T>& g) {
+      column_parallel_backward_weight(rows_of(g, kvl), in1, g2(p + "k.w"), g1(p + "k.b"));
+    });
+    weight_grad(dv, saved.v, [this, in1, kvl, p](std::vector<T>& g) {
+      column_parallel_backward_weight(rows_of(g, kvl), in1, g2(p + "v.w"), g1(p + "v.b"));
+    });
     nn::layer_norm_backward_input(rows_of(dln, d), rows_of(x, d), p1(p + "ln1.w"), vec(a.ln1_mean),
                                   vec(a.ln1_rstd), rows_of(tmp, d));
-    nn::layer_norm_backward_weight(rows_of(dln, d), rows_of(x, d), vec(a.ln1_mean), vec(a.ln1_rstd),
-                                   g1(p + "ln1.w"), g1(p + "ln1.b"));
+    weight_grad(dln, saved.ln1, [this, &a, &x, d, p](std::vector<T>& g) {
+      nn::layer_norm_backward_weight(rows_of(g, d), rows_of(x, d), vec(a.ln1_mean), vec(a.ln1_rstd),
+                                     g1(p + "ln1.w"), g1(p + "ln1.b"));
+    });
     nn::residual_backward(rows_of(dmid, d), rows_of(tmp, d), rows_of(dx, d));
   }
 
@@ -643,6 +722,18 @@ class gpt {
   struct {
     std::vector<T> dlogits, dln, dx, dact, dfc, full, part, total, dmid, tmp, dout, dq, dk, dv;
   } g_;
+  // backward_input_stage's copies of the output gradients the weight gradients read (each
+  // layer's, the head's, the embeddings'), kept until backward_weight_stage; sized on first use.
+  struct layer_saved {
+    std::vector<T> proj, fc, ln2, o, q, k, v, ln1;
+  };
+  struct {
+    std::vector<layer_saved> layers;
+    std::vector<T> dlogits, dlnf, wte, wpe;
+  } w_;
+  std::vector<std::function<void()>> deferred_;
+  bool defer_ = false;    // inside backward_input_stage: weight gradients go to deferred_
+  bool pending_ = false;  // deferred_ waits for backward_weight_stage
 };
 
 //! The step's gradient from every rank's partial one, in place: the sequence-parallel parameters'

@@ -39,11 +39,13 @@ namespace weft::parallel {
 //! weights: token_mean with step_options::total_tokens = the step's targets over every data
 //! rank gives the mean over the global batch).
 //!
-//! Backward is fused: B computes the input and the weight gradients together (so a split
-//! backward's I does all the work and W nothing: zero-bubble schedules run, with the same
-//! numbers, but without their benefit). Gradients accumulate in `store`'s gradient buffer in
-//! microbatch order; zeroing them between steps, the sequence-parallel and data-parallel
-//! reductions (reduce_gpt_grads) and the optimizer are the caller's, after run_step.
+//! B runs the fused backward; a split schedule's I computes the input gradient and keeps each
+//! layer's output gradient, and its W then computes the weight gradients from them (so the
+//! zero-bubble schedules move that work into their bubbles, at the memory cost of the kept
+//! gradients until W). The two forms give the same gradients bit for bit. Gradients accumulate
+//! in `store`'s gradient buffer in microbatch order; zeroing them between steps, the
+//! sequence-parallel and data-parallel reductions (reduce_gpt_grads) and the optimizer are the
+//! caller's, after run_step.
 template <class T, comm::CollectiveIn<host_space> TP, comm::PointToPointIn<host_space> CP>
 class gpt_pipeline_stage {
  public:
@@ -112,12 +114,18 @@ class gpt_pipeline_stage {
     check(c);
     slot(c).backward_stage(typed<T const>(dout), typed<T>(din));
   }
+  //! I of a split backward: the input gradient, the weight gradients kept for backward_weight
+  //! (gpt::backward_input_stage).
   void backward_input(pipeline::stage_call const& c, comm::buffer_view dout,
                       comm::buffer_view din) {
-    backward(c, dout, din);
+    check(c);
+    slot(c).backward_input_stage(typed<T const>(dout), typed<T>(din));
   }
-  //! Nothing: the weight gradients were accumulated by backward_input (see the class comment).
-  void backward_weight(pipeline::stage_call const& c) { check(c); }
+  //! W: the weight gradients backward_input kept, accumulated into the store.
+  void backward_weight(pipeline::stage_call const& c) {
+    check(c);
+    slot(c).backward_weight_stage();
+  }
 
  private:
   void check(pipeline::stage_call const& c) const {
@@ -181,7 +189,7 @@ class gpt_pipeline_stage {
 //! and every call goes to the chunk stage_call::chunk names. The virtual stages hold contiguous
 //! block ranges in stage order, so the model is the one a plain pipeline of that many stages
 //! would hold, and a step gives its numbers. Everything else is gpt_pipeline_stage's: the
-//! microbatches, the token loss, the fused backward, gradients accumulated per chunk in
+//! microbatches, the token loss, the fused or split backward, gradients accumulated per chunk in
 //! microbatch order, the reductions and the optimizer the caller's (per store; clip over all
 //! of a rank's stores with optim::clip_grad_norm over grad_group).
 template <class T, comm::CollectiveIn<host_space> TP, comm::PointToPointIn<host_space> CP>
