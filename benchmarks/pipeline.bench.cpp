@@ -22,11 +22,20 @@
 // (the vocabulary generator's planning ratios), IF and IB free. Each rank thread sets its timer
 // slack to 1 ns (Linux), so a 2 ms sleep overshoots by the wake-up latency only (~30-60 us on the
 // shared VM; the default 50 us slack doubles that). Figures and commands: benchmarks/RESULTS.md.
-// bm_search: search::search_schedule at p = 8, m = 32 (the bound: under 10 s) with
-// non-uniform stage costs, a p2p latency and a memory limit of 2p-1 microbatches per rank (arg
-// 1) or none (arg 0); counters makespan, best_hand (ZB-H1 there) and gain_pct.
+// bm_gpt: one training step's forward and backward of a real GPT (parallel::gpt over pp = 2
+// thread ranks: 4 blocks, d 256, 4 heads, MLP 1024, vocabulary 1024, 8 microbatches of one
+// 128-token sequence; f32) under each one- and two-chunk schedule, the zero-bubble ones also
+// with every backward fused (split:0, the stage before its split backward, where a W does
+// nothing): time = the slowest rank's step; counters fitted_ms (simulate(lowered,
+// fit_costs(measured)): the program under the op times this run measured) and i_ms, w_ms (the mean
+// measured I and W of the split schedules). Two ranks on two cores; run with
+// OPENBLAS_NUM_THREADS=1. bm_search: search::search_schedule at p = 8, m = 32 (the bound:
+// under 10 s) with non-uniform stage costs, a p2p latency and a memory limit of 2p-1 microbatches
+// per rank (arg 1) or none (arg 0); counters makespan, best_hand (ZB-H1 there) and gain_pct.
 //   weft.bench.pipeline --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <weft/comm/threads/world.hpp>
+#include <weft/nn/gpt.hpp>
+#include <weft/parallel/gpt_pipeline.hpp>
 #include <weft/pipeline/pipeline.hpp>
 
 #include <benchmark/benchmark.h>
@@ -34,6 +43,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -293,8 +304,157 @@ void bm_search(benchmark::State& state) {
   state.counters["evaluations"] = evaluations;
 }
 
+// ---- a real GPT under the schedules -------------------------------------------------------------
+
+enum class gpt_kind { one_f_one_b, zb_h1, zb_h2, interleaved, zbv, dualpipe_v };
+constexpr gpt_kind gpt_kinds[] = {gpt_kind::one_f_one_b, gpt_kind::zb_h1, gpt_kind::zb_h2,
+                                  gpt_kind::interleaved, gpt_kind::zbv,   gpt_kind::dualpipe_v};
+
+char const* gpt_name(gpt_kind k) {
+  switch (k) {
+    case gpt_kind::one_f_one_b: return "1f1b";
+    case gpt_kind::zb_h1: return "zb_h1";
+    case gpt_kind::zb_h2: return "zb_h2";
+    case gpt_kind::interleaved: return "interleaved_v2";
+    case gpt_kind::zbv: return "zbv";
+    case gpt_kind::dualpipe_v: return "dualpipe_v";
+  }
+  return "?";
+}
+
+pl::schedule gpt_schedule(gpt_kind k, int p, int m) {
+  switch (k) {
+    case gpt_kind::one_f_one_b: return pl::one_f_one_b(p, m);
+    case gpt_kind::zb_h1: return pl::zero_bubble_h1(p, m);
+    case gpt_kind::zb_h2: return pl::zero_bubble_h2(p, m);
+    case gpt_kind::interleaved: return pl::interleaved_one_f_one_b(p, m, 2);
+    case gpt_kind::zbv: return pl::zero_bubble_v(p, m);
+    case gpt_kind::dualpipe_v: return pl::dualpipe_v(p, m);
+  }
+  return {};
+}
+
+// The GPT stage as it was before its backward was split: every backward action runs the fused
+// backward (a split schedule's I does all the work, its W nothing), the baseline of bm_gpt's
+// split:0 rows.
+template <class S>
+class fused_only {
+ public:
+  using stage_concept = pl::stage_tag;
+  explicit fused_only(S& s) : s_(&s) {}
+  pl::message_layout input_layout(pl::stage_call const& c) const { return s_->input_layout(c); }
+  pl::message_layout output_layout(pl::stage_call const& c) const { return s_->output_layout(c); }
+  void reserve_slots(int chunk, int slots) { s_->reserve_slots(chunk, slots); }
+  double forward(pl::stage_call const& c, wc::buffer_view in, wc::buffer_view out) {
+    return s_->forward(c, in, out);
+  }
+  void backward_input(pl::stage_call const& c, wc::buffer_view dout, wc::buffer_view din) {
+    s_->backward(c, dout, din);
+  }
+  void backward_weight(pl::stage_call const&) {}
+
+ private:
+  S* s_;
+};
+
+void bm_gpt(benchmark::State& state) {
+  namespace par = weft::parallel;
+  namespace nn = weft::nn;
+  using comm_t = wc::threads::communicator;
+  auto const k = static_cast<gpt_kind>(state.range(0));
+  bool const split = state.range(1) != 0;
+  constexpr int p = 2, m = 8, seq = 128;
+  nn::gpt_config c;
+  c.vocab = 1024;
+  c.context = seq;
+  c.d_model = 256;
+  c.heads = 4;
+  c.layers = 4;
+  c.mlp_hidden = 1024;
+  std::vector<std::int32_t> tokens, targets;
+  for (int i = 0; i < m * seq; ++i) {
+    tokens.push_back((i * 37 + 11) % c.vocab);
+    targets.push_back((i * 53 + 7) % c.vocab);
+  }
+  auto const compute = gpt_schedule(k, p, m);
+  auto const lowered = pl::lower(compute);
+  // Per rank: its chunks' stores and the stage, built once (the first step allocates).
+  struct rank_state {
+    std::vector<nn::param_store<float>> stores;
+    std::unique_ptr<par::gpt_pipeline_chunks<float, comm_t, comm_t>> stage;
+  };
+  std::vector<pl::step_result> results(p);
+  double fitted = 0.0, i_ms = 0.0, w_ms = 0.0;
+  int steps = 0;
+  auto const microbatch = [&](int i) {
+    auto const at = static_cast<std::size_t>(i * seq);
+    return par::gpt_sequences{std::span<std::int32_t const>(tokens).subspan(at, seq),
+                              std::span<std::int32_t const>(targets).subspan(at, seq), seq};
+  };
+  std::vector<double> step_ms;
+  // All the steps run inside one world, so the thread start-ups are not timed.
+  int const iterations = static_cast<int>(state.max_iterations);
+  wc::threads::world(p).run([&](comm_t& pp) {
+    auto solo = pp.split(pp.rank(), 0);
+    auto const chunks = par::gpt_chunks(par::gpt_parallelism{}, compute, pp.rank());
+    rank_state rs;
+    rs.stores.reserve(chunks.size());
+    std::vector<nn::param_store<float>*> ptrs;
+    for (auto const& q : chunks) {
+      rs.stores.emplace_back(par::gpt_shard_layout(c, q));
+      par::gpt_init_shard(rs.stores.back(), c, q, 1);
+      ptrs.push_back(&rs.stores.back());
+    }
+    rs.stage = std::make_unique<par::gpt_pipeline_chunks<float, comm_t, comm_t>>(
+        c, chunks, solo, solo, ptrs, microbatch);
+    fused_only<par::gpt_pipeline_chunks<float, comm_t, comm_t>> fused(*rs.stage);
+    auto plan = split ? pl::prepare_step(lowered, pp.rank(), *rs.stage)
+                      : pl::prepare_step(lowered, pp.rank(), fused);
+    pl::step_options so;
+    so.total_tokens = static_cast<double>(m * seq);
+    for (int it = 0; it <= iterations; ++it) {  // the first step warms up, untimed
+      for (auto& s : rs.stores) s.zero_grad();
+      results[static_cast<std::size_t>(pp.rank())] =
+          split ? pl::run_step(plan, *rs.stage, pp, so) : pl::run_step(plan, fused, pp, so);
+      pp.barrier().wait();
+      if (pp.rank() == 0 && it > 0) {
+        std::chrono::nanoseconds slowest{0};
+        for (auto const& r : results) slowest = std::max(slowest, r.metrics.step);
+        step_ms.push_back(std::chrono::duration<double, std::milli>(slowest).count());
+        auto const timeline = pl::merge_timelines(results);
+        fitted += pl::simulate(lowered, pl::fit_costs(lowered, timeline)).makespan;
+        auto const costs = pl::fit_costs(lowered, timeline);
+        i_ms += costs.backward_input.front();
+        w_ms += costs.backward_weight.front();
+        ++steps;
+      }
+      pp.barrier().wait();
+    }
+  });
+  std::size_t next = 0;
+  for (auto _ : state) state.SetIterationTime(step_ms.at(next++) * 1e-3);
+  state.SetLabel(std::string(gpt_name(k)) + (split ? "" : " fused") + " p=2 m=8");
+  state.counters["fitted_ms"] = fitted / steps;
+  state.counters["i_ms"] = i_ms / steps;
+  state.counters["w_ms"] = w_ms / steps;
+}
+
+void gpt_schedules(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"schedule", "split"});
+  for (gpt_kind k : gpt_kinds) {
+    b->Args({static_cast<long>(k), 1});
+    if (k != gpt_kind::one_f_one_b && k != gpt_kind::interleaved)
+      b->Args({static_cast<long>(k), 0});
+  }
+}
+
 }  // namespace
 
+BENCHMARK(bm_gpt)
+    ->Apply(gpt_schedules)
+    ->UseManualTime()
+    ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_search)->ArgName("limited")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_step)->Apply(schedules)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_overhead)
