@@ -274,7 +274,10 @@ TEST_SUITE("threads") {
 
   TEST_CASE("parallel gpt: two chunks a rank (gpt_pipeline_chunks) equal the single device") {
     for (auto const& l : kChunkLayouts) check_layout<double>(l, 1e-12);
-    for (auto const& l : kChunkLayouts) check_layout<float>(l, 1e-5);
+    // Twice the blocks of the other layouts, so twice the f32 rounding on the way to the first
+    // block's weights: h1.q.w reached 1.2e-5 of its largest gradient under clang's TSan build
+    // (1e-5 elsewhere); f64 above is the check of the arithmetic.
+    for (auto const& l : kChunkLayouts) check_layout<float>(l, 2e-5);
   }
 
   TEST_CASE("parallel gpt: the split backward (I then W) is the fused one bit for bit") {
