@@ -78,6 +78,26 @@ std::array<double, 2> local_norm_part(std::span<param_info const> params, std::s
   return acc;
 }
 
+//! The global norm from this rank's local part: one SUM (l2) or MAX (inf) all-reduce over
+//! `stats_group`, then the square root, or NaN where a rank saw a NaN.
+template <comm::CollectiveIn<host_space> C>
+double reduce_norm(C& stats_group, std::array<double, 2> const& local, grad_norm_kind kind) {
+  std::array<double, 2> global{};
+  comm::all_reduce(stats_group, local, global,
+                   kind == grad_norm_kind::l2 ? comm::reduce_kind::sum : comm::reduce_kind::max)
+      .wait();
+  if (kind == grad_norm_kind::l2) return std::sqrt(global[0]);
+  return global[1] > 0.0 ? std::numeric_limits<double>::quiet_NaN() : global[0];
+}
+
+//! grads *= f, element by element.
+template <class T>
+void scale(std::span<T> grads, T f) {
+  T* g = grads.data();
+  weft::detail::for_each_blocked(0, static_cast<index_t>(grads.size()),
+                                 [&](index_t j) WEFT_LAMBDA_INLINE { g[j] *= f; });
+}
+
 }  // namespace detail
 
 //! The global norm of the gradients of a model spread over `stats_group`, on every rank of it.
@@ -97,13 +117,8 @@ template <comm::CollectiveIn<host_space> C, class T>
                                       std::span<T const> grads, int tp_rank,
                                       grad_norm_kind kind = grad_norm_kind::l2) {
   detail::expect_norm_args<T>(params, grads.size(), tp_rank);
-  auto const local = detail::local_norm_part(params, grads, tp_rank, kind);
-  std::array<double, 2> global{};
-  comm::all_reduce(stats_group, std::as_const(local), global,
-                   kind == grad_norm_kind::l2 ? comm::reduce_kind::sum : comm::reduce_kind::max)
-      .wait();
-  if (kind == grad_norm_kind::l2) return std::sqrt(global[0]);
-  return global[1] > 0.0 ? std::numeric_limits<double>::quiet_NaN() : global[0];
+  return detail::reduce_norm(stats_group, detail::local_norm_part(params, grads, tp_rank, kind),
+                             kind);
 }
 
 //! The factor clip_grad_norm multiplies the gradients by: min(max_norm / (norm + 1e-6), 1), as
@@ -127,10 +142,7 @@ double clip_grad_norm(C& stats_group, std::span<param_info const> params, std::s
   WEFT_EXPECTS(max_norm >= 0.0, "max_norm", ">= 0", max_norm);
   double const norm =
       global_grad_norm(stats_group, params, std::span<T const>(grads), tp_rank, kind);
-  T const f = static_cast<T>(clip_coefficient(norm, max_norm));
-  T* g = grads.data();
-  weft::detail::for_each_blocked(0, static_cast<index_t>(grads.size()),
-                                 [&](index_t j) WEFT_LAMBDA_INLINE { g[j] *= f; });
+  detail::scale(grads, static_cast<T>(clip_coefficient(norm, max_norm)));
   return norm;
 }
 
@@ -166,12 +178,7 @@ template <comm::CollectiveIn<host_space> C, GradGroups R>
   std::array<double, 2> local{0.0, 0.0};
   for (auto const& g : groups)
     local = detail::local_norm_part(g.params, std::span<T const>(g.grads), tp_rank, kind, local);
-  std::array<double, 2> global{};
-  comm::all_reduce(stats_group, std::as_const(local), global,
-                   kind == grad_norm_kind::l2 ? comm::reduce_kind::sum : comm::reduce_kind::max)
-      .wait();
-  if (kind == grad_norm_kind::l2) return std::sqrt(global[0]);
-  return global[1] > 0.0 ? std::numeric_limits<double>::quiet_NaN() : global[0];
+  return detail::reduce_norm(stats_group, local, kind);
 }
 
 //! clip_grad_norm over several buffers of this rank (grad_group): the norm of all of them as
@@ -184,11 +191,7 @@ double clip_grad_norm(C& stats_group, R const& groups, int tp_rank, double max_n
   double const norm = global_grad_norm(stats_group, groups, tp_rank, kind);
   using T = typename std::ranges::range_value_t<R const>::value_type;
   T const f = static_cast<T>(clip_coefficient(norm, max_norm));
-  for (auto const& group : groups) {
-    T* g = group.grads.data();
-    weft::detail::for_each_blocked(0, static_cast<index_t>(group.grads.size()),
-                                   [&](index_t j) WEFT_LAMBDA_INLINE { g[j] *= f; });
-  }
+  for (auto const& group : groups) detail::scale(group.grads, f);
   return norm;
 }
 
