@@ -22,8 +22,8 @@ namespace weft::pipeline {
 //!   3. p-r-1 x (I1, W, F1)
 //!   4. m-2p+r+1 x (F0, B1, F1, B0)   (F0 with B1 and F1 with B0: the overlapped pairs)
 //!   5. p-r-1 x (B1, F1, B0)
-//!   6. r+1 x (B1, B0), the backwards from the ((r+1)/2)-th on split into I (on odd ranks from
-//!      its B1, on even ranks from its B0)
+//!   6. r+1 x (B1, B0), split into I from iteration (r+1)/2 (counting from 0) on: from that
+//!      iteration's B1 on odd ranks, from its B0 on even ones
 //!   7. p-r-1 x (W, I0)
 //!   8. r+1 x W
 //! Each overlapped pair is two actions here, forward first (dualpipev.py's order without an
