@@ -1,13 +1,17 @@
 // tests/comm/mpi/cleanup_program.cpp — after a timeout_error a surviving rank can clean up and
 // exit. Usage: cleanup_program late|missing abort|return [all_reduce|send]
-//   late:    the last rank takes part 1 s late; missing: it never does (hangs 2 s, then goes to
-//            MPI_Finalize). The others give up after 200 ms (timeout_error).
+//   late:    the last rank takes part 1 s late; missing: it never does (under `return` it hangs
+//            2 s, then goes to MPI_Finalize). The others give up after 200 ms (timeout_error).
 //   abort:   rank 0 ends the job with MPI_Abort(3) (the recommended pattern when a peer may
-//            never come back) once it has reported its timeout; any other survivor goes on as
-//            under `return` (if it aborted too, it could kill rank 0 before rank 0's report,
-//            which the test's expected output names; seen under load at np 3); return: it frees its
-//            buffers, destroys its communicator and returns from main, which finalizes MPI
-//            (weft::comm::mpi::environment) and exits 0.
+//            never come back) once it has reported its timeout. Every other process waits to be
+//            killed by that abort (10 s, then it aborts too) and never enters MPI_Finalize:
+//            - if another survivor aborted at once, it could kill rank 0 before rank 0's report,
+//              which the test's expected output names (seen under load at np 3);
+//            - a process inside MPI_Finalize while the job aborts makes Open MPI 4.1's mpiexec
+//              crash in PMIx_server_finalize or hang (seen under load at np 3, 7 runs in 60:
+//              a launcher fault, not one of weft's).
+//   return:  every survivor frees its buffers, destroys its communicator and returns from main,
+//            which finalizes MPI (weft::comm::mpi::environment) and exits 0.
 //   send:    instead of an all_reduce, rank 0 sends 1 MiB to the last rank (rendezvous protocol:
 //            the data moves only once the receive is posted, late).
 // A request MPI cannot cancel stays posted after the deadline; before options::own_buffers it
@@ -41,8 +45,9 @@ int main(int argc, char** argv) {
       try {
         if (!takes_part) {
         } else if (c.rank() == last && when == "missing") {
-          // Never calls it: hung for 2 s (MPI_Abort ends it here), then finalizes.
-          std::this_thread::sleep_for(std::chrono::seconds(2));
+          // Never calls it: hung for 2 s, then finalizes (`return`); under `abort` hung until
+          // rank 0's MPI_Abort ends it.
+          std::this_thread::sleep_for(std::chrono::seconds(then == "abort" ? 10 : 2));
         } else {
           if (c.rank() == last) std::this_thread::sleep_for(std::chrono::seconds(1));
           std::vector<float> in(1 << 18, 1.0f);  // 1 MiB: freed memory goes back to the system
@@ -59,7 +64,10 @@ int main(int argc, char** argv) {
       } catch (weft::timeout_error const& e) {
         std::fprintf(stderr, "rank %d: timeout_error: %s\n", rank, e.what());
         std::fflush(stderr);
-        if (then == "abort" && rank == 0) MPI_Abort(MPI_COMM_WORLD, 3);
+        if (then == "abort") {
+          if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(10));  // killed here
+          MPI_Abort(MPI_COMM_WORLD, 3);
+        }
       }
     }  // the vectors went first, now the communicator
   }    // MPI_Finalize
