@@ -30,6 +30,7 @@
 #include <weft/parallel/gpt_pipeline.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
 #include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
@@ -91,6 +92,7 @@ void usage(std::ostream& os) {
         "                    W, W deferred), or with two chunks a\n"
         "                    rank (2 x pp virtual stages, at most --layers): interleaved\n"
         "                    (Megatron's interleaved 1F1B; microbatches a multiple of pp), zbv,\n"
+        "                    v-half, v-min (ZBV's V at about 1/2 and 1/3 of its activations),\n"
         "                    dualpipe-v (at least 2 x pp microbatches)\n"
         "  --sp              sequence parallelism between the tensor-parallel layers\n"
         "  --steps           training steps (default 20)\n"
@@ -109,12 +111,13 @@ using weft::examples::parse_number;
 
 bool is_schedule(std::string_view s) {
   return s == "1f1b" || s == "gpipe" || s == "zb-h1" || s == "zb-h2" || s == "interleaved" ||
-         s == "zbv" || s == "dualpipe-v";
+         s == "zbv" || s == "v-half" || s == "v-min" || s == "dualpipe-v";
 }
 
 // Model chunks a rank holds under the schedule.
 int chunks_of(std::string_view s) {
-  return s == "interleaved" || s == "zbv" || s == "dualpipe-v" ? 2 : 1;
+  return s == "interleaved" || s == "zbv" || s == "v-half" || s == "v-min" || s == "dualpipe-v" ? 2
+                                                                                                : 1;
 }
 
 // The compute-only schedule; weft::schedule_error (naming the rule) where it refuses (pp, m).
@@ -125,6 +128,8 @@ weft::pipeline::schedule make_schedule(std::string_view s, int pp, int m) {
   if (s == "zb-h2") return pl::zero_bubble_h2(pp, m);
   if (s == "interleaved") return pl::interleaved_one_f_one_b(pp, m, 2);
   if (s == "zbv") return pl::zero_bubble_v(pp, m);
+  if (s == "v-half") return pl::v_half(pp, m);
+  if (s == "v-min") return pl::v_min(pp, m);
   if (s == "dualpipe-v") return pl::dualpipe_v(pp, m);
   return pl::one_f_one_b(pp, m);
 }
@@ -151,8 +156,8 @@ options parse(int argc, char** argv) {
       o.schedule = std::string(value());
       if (!is_schedule(o.schedule))
         throw bad_argument{
-            "argument `--schedule`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv or "
-            "dualpipe-v, actual `" +
+            "argument `--schedule`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv, v-half, "
+            "v-min or dualpipe-v, actual `" +
             o.schedule + "`"};
     } else if (a == "--sp") {
       o.sp = true;

@@ -104,6 +104,8 @@ std::string file_name(weft::pipeline::plan::kind k) {
     case kind::zero_bubble_h1: return "zb_h1";
     case kind::zero_bubble_h2: return "zb_h2";
     case kind::zero_bubble_v: return "zbv";
+    case kind::v_half: return "v_half";
+    case kind::v_min: return "v_min";
     case kind::dualpipe_v: return "dualpipe_v";
     case kind::vocab_one_barrier: return "vocab_1_barrier";
     case kind::vocab_two_barrier: return "vocab_2_barriers";

@@ -18,6 +18,7 @@
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/measured.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
 #include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
@@ -64,6 +65,8 @@ constexpr schedule_kind kinds[] = {
     {"zb-h1", "ZB-H1: backward split into I and W, W filling the bubbles"},
     {"zb-h2", "ZB-H2: I and W split, 2P-1 in flight, no bubble inside a rank's window"},
     {"zbv", "ZBV: zero bubble with 2 chunks per rank in a V"},
+    {"v-half", "V-Half: ZBV's V and split backward at about half of 1F1B's activations"},
+    {"v-min", "V-Min: ZBV's V and split backward at about a third of 1F1B's activations"},
     {"dualpipe-v", "DualPipeV: 2 chunks per rank in a V, F paired with B (DeepSeek's order)"},
     {"vocab-1", "vocabulary-balanced 1F1B, 1 barrier (the VP paper's Vocab-2)"},
     {"vocab-2", "vocabulary-balanced 1F1B, 2 barriers (the VP paper's Vocab-1)"},
@@ -79,6 +82,8 @@ pl::schedule make_schedule(std::string_view name, int p, int m) {
   if (name == "zb-h1") return pl::zero_bubble_h1(p, m);
   if (name == "zb-h2") return pl::zero_bubble_h2(p, m);
   if (name == "zbv") return pl::zero_bubble_v(p, m);
+  if (name == "v-half") return pl::v_half(p, m);
+  if (name == "v-min") return pl::v_min(p, m);
   if (name == "dualpipe-v") return pl::dualpipe_v(p, m);
   if (name == "vocab-1") return pl::vocab_one_f_one_b(p, m, pl::vocab_variant::one_barrier);
   return pl::vocab_one_f_one_b(p, m, pl::vocab_variant::two_barrier);

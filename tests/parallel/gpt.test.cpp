@@ -6,7 +6,8 @@
 // slice; the argument checks name what is wrong. Pipeline parallelism (gpt_pipeline_stage under
 // the executor: 1F1B, GPipe, ZB-H1, ZB-H2; pp 2 alone, with tp 2 + SP, and the 4-D 16-rank layout
 // pp 2 x dp 2 x cp 2 x tp 2 + SP; gpt_pipeline_chunks, two chunks a rank on a 4-layer model:
-// interleaved 1F1B, ZBV and DualPipeV, alone and with tp 2 + SP) gives the same numbers within
+// interleaved 1F1B, ZBV and DualPipeV, alone and with tp 2 + SP, and V-Half with tp 2 + SP) gives
+// the same numbers within
 // the same tolerances.
 #include <support/run_ranks.hpp>
 #include <weft/comm/collectives.hpp>
@@ -17,6 +18,7 @@
 #include <weft/parallel/gpt_pipeline.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
 #include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
@@ -114,7 +116,7 @@ struct layout_case {
   bool sp;
   int pp = 1;
   char const* schedule = "1f1b";  // with pp > 1: 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv,
-                                  // dualpipe-v (the last three: two chunks a rank)
+                                  // v-half, dualpipe-v (the last four: two chunks a rank)
   index_t layers = 2;
 };
 
@@ -131,6 +133,7 @@ weft::pipeline::schedule schedule_of(std::string const& name, int p, int m) {
   if (name == "zb-h2") return weft::pipeline::zero_bubble_h2(p, m);
   if (name == "interleaved") return weft::pipeline::interleaved_one_f_one_b(p, m, 2);
   if (name == "zbv") return weft::pipeline::zero_bubble_v(p, m);
+  if (name == "v-half") return weft::pipeline::v_half(p, m);
   if (name == "dualpipe-v") return weft::pipeline::dualpipe_v(p, m);
   return weft::pipeline::one_f_one_b(p, m);
 }
@@ -252,7 +255,7 @@ layout_case const kPipelineLayouts[] = {
 layout_case const kChunkLayouts[] = {
     {1, 1, 1, false, 2, "interleaved", 4}, {1, 1, 1, false, 2, "zbv", 4},
     {1, 1, 1, false, 2, "dualpipe-v", 4},  {1, 1, 2, true, 2, "dualpipe-v", 4},
-    {1, 1, 2, true, 2, "interleaved", 4},
+    {1, 1, 2, true, 2, "interleaved", 4},  {1, 1, 2, true, 2, "v-half", 4},
 };
 
 }  // namespace

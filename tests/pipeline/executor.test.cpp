@@ -1,11 +1,11 @@
 // Tests for weft/pipeline/executor.hpp, stage.hpp and measured.hpp. A small f32 MLP (linear + tanh
 // layers with hand-written backward, a linear head and a squared-error loss) split into pipeline
-// stages runs under GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZBV and DualPipeV (its full
-// backwards mixed with split ones on one stage) on 1, 2 and 4 thread ranks, and
-// its loss and every parameter gradient equal sequential gradient accumulation on one rank bit for
-// bit (the rule that makes this hold: each chunk accumulates its B/W in increasing microbatch
-// order, which the executor enforces). The vocabulary-balanced schedules (1 and 2 barriers) with
-// a vocabulary-parallel embedding and output layer match the single-device model within fp32
+// stages runs under GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-H2, ZBV, V-Half, V-Min and DualPipeV
+// (its full backwards mixed with split ones on one stage) on 1, 2 and 4 thread ranks, and its loss
+// and every parameter gradient equal sequential gradient accumulation on one rank bit for bit (the
+// rule that makes this hold: each chunk accumulates its B/W in increasing microbatch order, which
+// the executor enforces). The vocabulary-balanced schedules (1 and 2 barriers) with a
+// vocabulary-parallel embedding and output layer match the single-device model within fp32
 // tolerances. A stage or vocabulary pass that throws on one rank, a rank that never runs, and a
 // layout mismatch make every rank throw within the deadline, naming rank, action and microbatch.
 // One full-batch step (all microbatches stacked in one pass) agrees within 1e-5 relative. Sleeping
@@ -14,6 +14,7 @@
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/measured.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
 #include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
@@ -82,6 +83,8 @@ std::vector<case_schedule> schedules_for(int p, int m) {
   out.push_back({"zb-h1", pl::zero_bubble_h1(p, m, pl::generator_options{small})});
   out.push_back({"zb-h2", pl::zero_bubble_h2(p, m, pl::generator_options{small})});
   out.push_back({"zbv", pl::zero_bubble_v(p, m)});
+  out.push_back({"v-half", pl::v_half(p, m)});
+  out.push_back({"v-min", pl::v_min(p, m)});
   if (m >= 2 * p) out.push_back({"dualpipe-v", pl::dualpipe_v(p, m)});
   return out;
 }
@@ -199,11 +202,11 @@ TEST_CASE("executor: pipelined loss and gradients equal sequential accumulation 
         ++cases;
       }
   }
-  // p = 1: m in {1, 2, 3}, all six generators and DualPipeV at m = 2, 3 (20); p = 2 and 4: m in
-  // {1, p, 2p, 2p + 1}, all six except interleaved at m = 1 and m = 2p + 1, which Megatron's
-  // group rules refuse, and DualPipeV at m = 2p and 2p + 1 (24 each).
+  // p = 1: m in {1, 2, 3}, all eight generators and DualPipeV at m = 2, 3 (26); p = 2 and 4: m in
+  // {1, p, 2p, 2p + 1}, all eight except interleaved at m = 1 and m = 2p + 1, which Megatron's
+  // group rules refuse, and DualPipeV at m = 2p and 2p + 1 (32 each).
   MESSAGE("schedules run: ", cases);
-  CHECK(cases == 68);
+  CHECK(cases == 90);
 }
 
 TEST_CASE("executor: the sequential reference is not trivially equal (a weight change shows)") {

@@ -5,6 +5,7 @@
 #include "reference_replay.hpp"
 
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
 #include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
@@ -37,6 +38,8 @@ std::vector<std::pair<std::string, schedule>> generators_p4_m8() {
       {"zb-h1", zero_bubble_h1(4, 8)},
       {"zb-h2", zero_bubble_h2(4, 8)},
       {"zbv", zero_bubble_v(4, 8)},
+      {"v-half", v_half(4, 8)},
+      {"v-min", v_min(4, 8)},
       {"dualpipe-v", dualpipe_v(4, 8)},
       {"vocab 1-barrier", vocab_one_f_one_b(4, 8, vocab_variant::one_barrier)},
       {"vocab 2-barrier", vocab_one_f_one_b(4, 8, vocab_variant::two_barrier)},
@@ -198,6 +201,8 @@ TEST_CASE("lowering: every generator's schedules round-trip through text and CSV
                                    zero_bubble_h1(p, m),
                                    zero_bubble_h2(p, m),
                                    zero_bubble_v(p, m),
+                                   v_half(p, m),
+                                   v_min(p, m),
                                    vocab_one_f_one_b(p, m, vocab_variant::one_barrier),
                                    vocab_one_f_one_b(p, m, vocab_variant::two_barrier)};
       if (m >= 2 * p) all.push_back(dualpipe_v(p, m));
@@ -208,5 +213,5 @@ TEST_CASE("lowering: every generator's schedules round-trip through text and CSV
           ++n;
         }
     }
-  CHECK(n == 4 * 4 * 9 * 2 + 4 * 2 * 2);  // DualPipeV at m = 2p and 4p
+  CHECK(n == 4 * 4 * 11 * 2 + 4 * 2 * 2);  // DualPipeV at m = 2p and 4p
 }

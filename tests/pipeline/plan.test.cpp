@@ -20,23 +20,40 @@ TEST_CASE("plan: comparing every schedule for the paper's 256k-vocabulary model"
     CAPTURE(r.error);
     REQUIRE(r.sim.has_value());
   }
-  auto const& one = *rows[1].sim;
-  auto const& redis = *rows[2].sim;
-  auto const& vp1 = *rows[8].sim;
-  CHECK(rows[1].throughput == doctest::Approx(1.0));
-  CHECK(rows[8].throughput > rows[2].throughput);
+  auto by = [&](plan::kind k) -> plan::row const& {
+    for (auto const& r : rows)
+      if (r.which == k) return r;
+    FAIL("no row for ", plan::to_string(k));
+    return rows.front();
+  };
+  auto const& one = *by(plan::kind::one_f_one_b).sim;
+  auto const& redis = *by(plan::kind::redistribution).sim;
+  auto const& vp1 = *by(plan::kind::vocab_one_barrier).sim;
+  CHECK(by(plan::kind::one_f_one_b).throughput == doctest::Approx(1.0));
+  CHECK(by(plan::kind::vocab_one_barrier).throughput > by(plan::kind::redistribution).throughput);
   CHECK(redis.makespan / vp1.makespan == doctest::Approx(1.30).epsilon(0.02));
   CHECK(ranges::max(vp1.peak_memory_bytes) < ranges::max(one.peak_memory_bytes));
   // Peak activations p-r+1 for the 1-barrier schedule, p-r+2 for the 2-barrier one.
   CHECK(vp1.peak_in_flight.front() == 9);
-  CHECK(rows[9].sim->peak_in_flight.front() == 10);
+  CHECK(by(plan::kind::vocab_two_barrier).sim->peak_in_flight.front() == 10);
+  // The V schedules of controllable memory: V-Min holds less than V-Half, which holds less than
+  // ZBV (2p chunk-microbatches), and each is slower than the one holding more.
+  auto const& zbv = *by(plan::kind::zero_bubble_v).sim;
+  auto const& half = *by(plan::kind::v_half).sim;
+  auto const& vmin = *by(plan::kind::v_min).sim;
+  CHECK(ranges::max(zbv.peak_in_flight) == 16);
+  CHECK(ranges::max(half.peak_in_flight) < ranges::max(zbv.peak_in_flight));
+  CHECK(ranges::max(vmin.peak_in_flight) < ranges::max(half.peak_in_flight));
+  CHECK(ranges::max(half.peak_activation_bytes) < ranges::max(zbv.peak_activation_bytes));
+  CHECK(zbv.makespan <= half.makespan);
+  CHECK(half.makespan <= vmin.makespan);
   auto const table = plan::markdown_table(rows);
   CHECK(table.find("| VP 1F1B, 1 barrier |") != std::string::npos);
   CHECK(table.find("| ZBV |") != std::string::npos);
   CHECK(table.find("| ZB-H2 |") != std::string::npos);
+  CHECK(table.find("| V-Half |") != std::string::npos);
+  CHECK(table.find("| V-Min |") != std::string::npos);
   CHECK(table.find("| DualPipeV |") != std::string::npos);
-  CHECK(rows[8].name == "VP 1F1B, 1 barrier");
-  CHECK(rows[9].name == "VP 1F1B, 2 barriers");
 }
 
 TEST_CASE("plan: configurations a generator rejects are reported, not thrown") {

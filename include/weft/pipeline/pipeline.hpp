@@ -10,6 +10,7 @@
 #include <weft/pipeline/measured.hpp>
 #include <weft/pipeline/render.hpp>
 #include <weft/pipeline/schedule.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
 #include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>

@@ -12,6 +12,7 @@
 #include <weft/pipeline/cost_model.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/schedule.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
 #include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
@@ -41,6 +42,8 @@ enum class kind : std::uint8_t {
   zero_bubble_h1,
   zero_bubble_h2,
   zero_bubble_v,
+  v_half,
+  v_min,
   dualpipe_v,
   vocab_one_barrier,
   vocab_two_barrier,
@@ -55,6 +58,8 @@ inline std::string to_string(kind k) {
     case kind::zero_bubble_h1: return "ZB-H1";
     case kind::zero_bubble_h2: return "ZB-H2";
     case kind::zero_bubble_v: return "ZBV";
+    case kind::v_half: return "V-Half";
+    case kind::v_min: return "V-Min";
     case kind::dualpipe_v: return "DualPipeV";
     case kind::vocab_one_barrier: return "VP 1F1B, 1 barrier";
     case kind::vocab_two_barrier: return "VP 1F1B, 2 barriers";
@@ -63,16 +68,10 @@ inline std::string to_string(kind k) {
 }
 
 inline std::vector<kind> all_kinds() {
-  return {kind::gpipe,
-          kind::one_f_one_b,
-          kind::redistribution,
-          kind::interleaved,
-          kind::zero_bubble_h1,
-          kind::zero_bubble_h2,
-          kind::zero_bubble_v,
-          kind::dualpipe_v,
-          kind::vocab_one_barrier,
-          kind::vocab_two_barrier};
+  return {
+      kind::gpipe,          kind::one_f_one_b,    kind::redistribution,    kind::interleaved,
+      kind::zero_bubble_h1, kind::zero_bubble_h2, kind::zero_bubble_v,     kind::v_half,
+      kind::v_min,          kind::dualpipe_v,     kind::vocab_one_barrier, kind::vocab_two_barrier};
 }
 
 //! One comparison: p ranks, m microbatches, v chunks for the interleaved schedule, the model and
@@ -119,6 +118,8 @@ inline schedule build(kind k, config const& c) {
     case kind::zero_bubble_h1: return zero_bubble_h1(c.p, c.m);
     case kind::zero_bubble_h2: return zero_bubble_h2(c.p, c.m);
     case kind::zero_bubble_v: return zero_bubble_v(c.p, c.m);
+    case kind::v_half: return v_half(c.p, c.m);
+    case kind::v_min: return v_min(c.p, c.m);
     case kind::dualpipe_v: return dualpipe_v(c.p, c.m);
     case kind::vocab_one_barrier: return vocab_schedule(vocab_variant::one_barrier);
     case kind::vocab_two_barrier: return vocab_schedule(vocab_variant::two_barrier);
