@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 namespace weft::pipeline {
