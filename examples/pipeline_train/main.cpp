@@ -361,6 +361,12 @@ int main(int argc, char** argv) {
           "bubble %.0f%% measured, %.0f%% simulated\n",
           measured.makespan, predicted.makespan, 100.0 * measured.bubble_rate,
           100.0 * predicted.bubble_rate);
+      // Activation memory: the most (stage, microbatch) activations a rank held, in blocks (a
+      // stage of a 2-chunk schedule holds half the blocks of a 1-chunk one).
+      auto const& held = measured.peak_in_flight;
+      auto const most = std::max_element(held.begin(), held.end());
+      std::printf("  activations held at most: %d microbatch-blocks (rank %d)\n",
+                  *most * (cfg.blocks / stages), static_cast<int>(most - held.begin()));
       if (!o.svg_dir.empty()) write_svg(r, o.svg_dir);
     }
   } catch (std::exception const& e) {
