@@ -373,8 +373,8 @@ void bm_gpt(benchmark::State& state) {
   c.mlp_hidden = 1024;
   std::vector<std::int32_t> tokens, targets;
   for (int i = 0; i < m * seq; ++i) {
-    tokens.push_back((i * 37 + 11) % c.vocab);
-    targets.push_back((i * 53 + 7) % c.vocab);
+    tokens.push_back(static_cast<std::int32_t>((i * 37 + 11) % c.vocab));
+    targets.push_back(static_cast<std::int32_t>((i * 53 + 7) % c.vocab));
   }
   auto const compute = gpt_schedule(k, p, m);
   auto const lowered = pl::lower(compute);
