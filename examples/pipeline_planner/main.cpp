@@ -5,7 +5,9 @@
 //
 //   pipeline_planner [--p 8] [--m 128] [--v 2] [--layers 32] [--hidden 3072] [--ffn 12288]
 //                    [--seq 2048] [--vocab 256000] [--last-stage-layers 0]
-//                    [--collective-latency 0] [--p2p-latency 0] [--out DIR] [--text]
+//                    [--collective-latency 0] [--p2p-latency 0] [--memory-gb G] [--out DIR]
+//                    [--text]
+// --memory-gb G also names the fastest schedule whose peak memory fits G GB on every rank.
 #include <weft/pipeline/plan/compare.hpp>
 #include <weft/pipeline/render.hpp>
 
@@ -22,14 +24,16 @@ struct options {
   weft::pipeline::plan::config config;
   std::string out = ".";
   bool text = false;
+  double memory_gb = 0;  // 0: no budget
 };
 
 void usage(char const* argv0) {
   std::cerr
       << "usage: " << argv0
       << " [--p N] [--m N] [--v N] [--layers N] [--hidden N] [--ffn N] [--seq N] [--vocab N]\n"
-         "       [--last-stage-layers K] [--collective-latency T] [--p2p-latency T] [--out DIR] "
-         "[--text]\n";
+         "       [--last-stage-layers K] [--collective-latency T] [--p2p-latency T] [--memory-gb G]\n"
+         "       [--out DIR] [--text]\n"
+         "  --memory-gb G  also name the fastest schedule whose peak memory fits G GB per rank\n";
 }
 
 bool parse_number(std::string_view text, double& out) {
@@ -86,6 +90,13 @@ bool parse(int argc, char** argv, options& o) {
       c.costs.collective_latency = x;
     else if (flag == "--p2p-latency")
       c.costs.p2p_latency = x;
+    else if (flag == "--memory-gb") {
+      if (!(x > 0)) {
+        std::cerr << "argument `--memory-gb`: expected > 0, actual " << value << "\n";
+        return false;
+      }
+      o.memory_gb = x;
+    }
     else {
       std::cerr << "argument `" << flag << "`: expected one of the flags below, actual unknown\n";
       return false;
@@ -135,6 +146,15 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::cout << weft::pipeline::plan::markdown_table(rows) << "\n";
+  if (o.memory_gb > 0) {
+    if (auto const* best = weft::pipeline::plan::fastest_within(rows, o.memory_gb * 1e9))
+      std::printf("fastest within %g GB per rank: %s (makespan %.1f, throughput %.3f vs 1F1B, %.1f "
+                  "GB)\n\n",
+                  o.memory_gb, best->name.c_str(), best->sim->makespan, best->throughput,
+                  ranges::max(best->sim->peak_memory_bytes) / 1e9);
+    else
+      std::printf("no schedule fits %g GB per rank\n\n", o.memory_gb);
+  }
   for (auto const& r : rows) {
     if (!r.sim) continue;
     auto const path = o.out + "/pipeline_" + file_name(r.which) + ".svg";

@@ -56,6 +56,35 @@ TEST_CASE("plan: comparing every schedule for the paper's 256k-vocabulary model"
   CHECK(table.find("| DualPipeV |") != std::string::npos);
 }
 
+TEST_CASE("plan: the fastest schedule within a memory budget (32k vocabulary)") {
+  plan::config c;  // the same model with a 32k vocabulary: the output layer no longer dominates
+  c.shape.vocab = 32000;
+  auto const rows = plan::compare(c);
+  auto name_within = [&](double gb) {
+    auto const* r = plan::fastest_within(rows, gb * 1e9);
+    return r == nullptr ? std::string("none") : r->name;
+  };
+  auto max_gb = [&](plan::kind k) {
+    for (auto const& r : rows)
+      if (r.which == k) return ranges::max(r.sim->peak_memory_bytes) / 1e9;
+    return 0.0;
+  };
+  // Peak memory: V-Min < V-Half < VP 1 barrier < 1F1B < ZBV; makespan: VP < ZBV < V-Half < V-Min.
+  double const vmin = max_gb(plan::kind::v_min), vhalf = max_gb(plan::kind::v_half);
+  double const vp = max_gb(plan::kind::vocab_one_barrier), one = max_gb(plan::kind::one_f_one_b);
+  REQUIRE(vmin < vhalf);
+  REQUIRE(vhalf < vp);
+  REQUIRE(vp < one);
+  CHECK(name_within(1000) == "VP 1F1B, 1 barrier");
+  CHECK(name_within(vp) == "VP 1F1B, 1 barrier");
+  CHECK(name_within((vhalf + vp) / 2) == "V-Half");  // 1F1B and ZBV do not fit either
+  CHECK(name_within((vmin + vhalf) / 2) == "V-Min");
+  CHECK(name_within(vmin * 0.99) == "none");
+  CHECK_THROWS_WITH_AS(plan::fastest_within(rows, 0.0),
+                       doctest::Contains("argument `max_bytes`: expected > 0, actual 0"),
+                       weft::invalid_argument_error);
+}
+
 TEST_CASE("plan: configurations a generator rejects are reported, not thrown") {
   plan::config c;
   c.p = 4;

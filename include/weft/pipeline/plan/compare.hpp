@@ -9,6 +9,7 @@
     "weft/pipeline/plan/: host-only planning code (range-v3 0.12 does not parse under nvcc); include it from a host translation unit"
 #endif
 
+#include <weft/core/error.hpp>
 #include <weft/pipeline/cost_model.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/schedule.hpp>
@@ -156,6 +157,20 @@ inline std::vector<row> compare(config const& c, std::vector<kind> const& kinds 
   for (auto& r : rows)
     if (r.sim && r.sim->makespan > 0) r.throughput = base / r.sim->makespan;
   return rows;
+}
+
+//! The fastest schedule of `rows` (least makespan; the first on a tie) whose peak memory is at
+//! most `max_bytes` on every rank, or nullptr when none of them fits: the choice the V schedules
+//! of controllable memory exist for (V-Half or V-Min where ZBV and 1F1B do not fit).
+inline row const* fastest_within(std::vector<row> const& rows, double max_bytes) {
+  WEFT_EXPECTS(max_bytes > 0, "max_bytes", "> 0", max_bytes);
+  row const* best = nullptr;
+  for (auto const& r : rows) {
+    if (!r.sim || r.sim->peak_memory_bytes.empty()) continue;
+    if (ranges::max(r.sim->peak_memory_bytes) > max_bytes) continue;
+    if (best == nullptr || r.sim->makespan < best->sim->makespan) best = &r;
+  }
+  return best;
 }
 
 //! The table as Markdown: schedule, makespan, bubble, throughput vs 1F1B, peak in-flight
