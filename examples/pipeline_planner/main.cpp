@@ -31,7 +31,8 @@ void usage(char const* argv0) {
   std::cerr
       << "usage: " << argv0
       << " [--p N] [--m N] [--v N] [--layers N] [--hidden N] [--ffn N] [--seq N] [--vocab N]\n"
-         "       [--last-stage-layers K] [--collective-latency T] [--p2p-latency T] [--memory-gb G]\n"
+         "       [--last-stage-layers K] [--collective-latency T] [--p2p-latency T] [--memory-gb "
+         "G]\n"
          "       [--out DIR] [--text]\n"
          "  --memory-gb G  also name the fastest schedule whose peak memory fits G GB per rank\n";
 }
@@ -96,8 +97,7 @@ bool parse(int argc, char** argv, options& o) {
         return false;
       }
       o.memory_gb = x;
-    }
-    else {
+    } else {
       std::cerr << "argument `" << flag << "`: expected one of the flags below, actual unknown\n";
       return false;
     }
@@ -148,10 +148,11 @@ int main(int argc, char** argv) {
   std::cout << weft::pipeline::plan::markdown_table(rows) << "\n";
   if (o.memory_gb > 0) {
     if (auto const* best = weft::pipeline::plan::fastest_within(rows, o.memory_gb * 1e9))
-      std::printf("fastest within %g GB per rank: %s (makespan %.1f, throughput %.3f vs 1F1B, %.1f "
-                  "GB)\n\n",
-                  o.memory_gb, best->name.c_str(), best->sim->makespan, best->throughput,
-                  ranges::max(best->sim->peak_memory_bytes) / 1e9);
+      std::printf(
+          "fastest within %g GB per rank: %s (makespan %.1f, throughput %.3f vs 1F1B, %.1f "
+          "GB)\n\n",
+          o.memory_gb, best->name.c_str(), best->sim->makespan, best->throughput,
+          ranges::max(best->sim->peak_memory_bytes) / 1e9);
     else
       std::printf("no schedule fits %g GB per rank\n\n", o.memory_gb);
   }
