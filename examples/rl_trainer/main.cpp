@@ -40,6 +40,7 @@
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/pipeline/schedules/zero_bubble.hpp>
 #include <weft/rl/advantages.hpp>
 #include <weft/rl/aggregation.hpp>
 #include <weft/rl/policy_loss.hpp>
@@ -111,7 +112,8 @@ struct options {
   int eval_prompts = 1000;
   int dp = 1, pp = 1, tp = 1, cp = 1;
   bool sp = false;
-  std::string out;  // output folder ("" = none)
+  std::string schedule = "1f1b";  // the pipeline schedule under --pp > 1: 1f1b | gpipe | zb-h1 | zb-h2
+  std::string out;                // output folder ("" = none)
   bool check = false;
   bool quiet = false;
   bool f64 = false;
@@ -144,6 +146,7 @@ void usage(std::ostream& os) {
         "[--group G]\n"
         "                  [--max-rounds N] [--refill whole|sized] [--zero-advantage]\n"
         "                  [--eval-prompts N] [--dp N] [--pp N] [--tp N] [--cp N] [--sp]\n"
+        "                  [--schedule 1f1b|gpipe|zb-h1|zb-h2]\n"
         "                  [--out DIR] [--save DIR] [--save-every N] [--resume DIR]\n"
         "                  [--backend threads|mpi] [--device cpu|cpu-engine|cuda] [--check]\n"
         "                  [--f64] [--quiet] [--help]\n\n"
@@ -167,6 +170,10 @@ void usage(std::ostream& os) {
         "  --eval-prompts    held-out prompts evaluated after SFT and after RL (default 1000)\n"
         "  --dp --pp --tp --cp  the layout (default 1 each; at most 64 thread ranks); --sp:\n"
         "                    sequence parallelism; pp <= 2 (the model's layers), tp divides 4\n"
+        "  --schedule        the pipeline schedule under --pp 2: 1f1b (default), gpipe, zb-h1 or\n"
+        "                    zb-h2 (the backward split into I and W, W deferred); a batch of\n"
+        "                    fewer microbatches than pp runs GPipe; every one gives the same\n"
+        "                    parameters bit for bit (each stage adds its microbatches in order)\n"
         "  --out DIR         write metrics.csv, summary.json and plots (SVG) to DIR\n"
         "  --check           also run the one-rank trainer and compare: identical rollouts and\n"
         "                    losses within float tolerance (dp alone: bit for bit)\n"
@@ -248,6 +255,12 @@ options parse(int argc, char** argv) {
       o.cp = parse_number(a, value(), 1, 4);
     } else if (a == "--sp") {
       o.sp = true;
+    } else if (a == "--schedule") {
+      o.schedule = std::string(value());
+      if (o.schedule != "1f1b" && o.schedule != "gpipe" && o.schedule != "zb-h1" &&
+          o.schedule != "zb-h2")
+        throw bad_argument{"argument `--schedule`: expected 1f1b, gpipe, zb-h1 or zb-h2, actual `" +
+                           o.schedule + "`"};
     } else if (a == "--out") {
       o.out = std::string(value());
     } else if (a == "--check") {
@@ -302,6 +315,10 @@ options parse(int argc, char** argv) {
                            ", actual " + std::to_string(seqs * seq / o.cp)};
   }
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
+  if (o.schedule != "1f1b" && o.pp == 1)
+    throw bad_argument{"argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
+                       "pipeline to schedule), actual `" +
+                       o.schedule + "`"};
   if (o.device != "cpu" && o.pp * o.tp * o.cp != 1)
     throw bad_argument{"argument `--device`: expected cpu with --pp " + std::to_string(o.pp) +
                        " --tp " + std::to_string(o.tp) + " --cp " + std::to_string(o.cp) + " (" +
@@ -794,8 +811,13 @@ class trainer {
       };
     par::gpt_pipeline_stage<T, Comm, Comm> stage(
         c_, p_, *tp_, *cp_, store_, [&](int i) { return unit(a + i); }, mloss);
-    // 1F1B needs at least pp microbatches; fewer (a small DAPO batch) run GPipe.
-    auto const sched = m >= o_.pp ? pl::one_f_one_b(o_.pp, m) : pl::gpipe(o_.pp, m);
+    // 1F1B, ZB-H1 and ZB-H2 need at least pp microbatches; fewer (a small DAPO batch) run GPipe.
+    auto const sched = [&] {
+      if (m < o_.pp || o_.schedule == "gpipe") return pl::gpipe(o_.pp, m);
+      if (o_.schedule == "zb-h1") return pl::zero_bubble_h1(o_.pp, m);
+      if (o_.schedule == "zb-h2") return pl::zero_bubble_h2(o_.pp, m);
+      return pl::one_f_one_b(o_.pp, m);
+    }();
     pl::step_options so;
     so.weighting = pl::loss_weighting::token_mean;
     so.total_tokens = 1.0 / ce_weight;  // w_i = ce_weight (unused under a token loss)
