@@ -112,8 +112,9 @@ struct options {
   int eval_prompts = 1000;
   int dp = 1, pp = 1, tp = 1, cp = 1;
   bool sp = false;
-  std::string schedule = "1f1b";  // the pipeline schedule under --pp > 1: 1f1b | gpipe | zb-h1 | zb-h2
-  std::string out;                // output folder ("" = none)
+  std::string schedule =
+      "1f1b";       // the pipeline schedule under --pp > 1: 1f1b | gpipe | zb-h1 | zb-h2
+  std::string out;  // output folder ("" = none)
   bool check = false;
   bool quiet = false;
   bool f64 = false;
@@ -316,9 +317,10 @@ options parse(int argc, char** argv) {
   }
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
   if (o.schedule != "1f1b" && o.pp == 1)
-    throw bad_argument{"argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
-                       "pipeline to schedule), actual `" +
-                       o.schedule + "`"};
+    throw bad_argument{
+        "argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
+        "pipeline to schedule), actual `" +
+        o.schedule + "`"};
   if (o.device != "cpu" && o.pp * o.tp * o.cp != 1)
     throw bad_argument{"argument `--device`: expected cpu with --pp " + std::to_string(o.pp) +
                        " --tp " + std::to_string(o.tp) + " --cp " + std::to_string(o.cp) + " (" +
@@ -499,11 +501,13 @@ struct run_result {
   double seconds_sft = 0, seconds_rl = 0;
 };
 
+// 64-bit FNV-1a over the values' bytes (little-endian), continuing from `h` (start with the
+// offset basis 0xcbf29ce484222325).
 std::uint64_t hash_words(std::span<double const> w, std::uint64_t h) {
   for (double x : w) {
     std::uint64_t bits = 0;
     std::memcpy(&bits, &x, 8);
-    h = (h ^ bits) * 0x100000001b3ull;
+    for (int b = 0; b < 8; ++b) h = (h ^ ((bits >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
   }
   return h;
 }
