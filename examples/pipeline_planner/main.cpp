@@ -11,6 +11,7 @@
 #include <weft/pipeline/plan/compare.hpp>
 #include <weft/pipeline/render.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -68,7 +69,16 @@ bool parse(int argc, char** argv, options& o) {
       std::cerr << "argument `" << flag << "`: expected a number, actual `" << value << "`\n";
       return false;
     }
-    int const n = static_cast<int>(x);
+    // Every flag is a non-negative finite number; the counts are whole numbers below 2^31.
+    bool const is_count = flag != "--collective-latency" && flag != "--p2p-latency" &&
+                          flag != "--memory-gb";
+    if (!std::isfinite(x) || x < 0 || (is_count && (x != std::floor(x) || x > 2147483647.0))) {
+      std::cerr << "argument `" << flag << "`: expected "
+                << (is_count ? "a whole number in [0, 2147483647]" : "a finite number >= 0")
+                << ", actual `" << value << "`\n";
+      return false;
+    }
+    int const n = is_count ? static_cast<int>(x) : 0;
     if (flag == "--p")
       c.p = n;
     else if (flag == "--m")
@@ -92,7 +102,7 @@ bool parse(int argc, char** argv, options& o) {
     else if (flag == "--p2p-latency")
       c.costs.p2p_latency = x;
     else if (flag == "--memory-gb") {
-      if (!(x > 0)) {
+      if (x == 0) {
         std::cerr << "argument `--memory-gb`: expected > 0, actual " << value << "\n";
         return false;
       }

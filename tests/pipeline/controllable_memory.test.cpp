@@ -89,7 +89,7 @@ TEST_CASE("controllable memory: V-Half and V-Min equal zbv_greedy.py's programs"
 }
 
 TEST_CASE("controllable memory: valid over the grid, within their memory, between ZBV and 1F1B") {
-  for (int p : {1, 2, 3, 4, 5, 6, 8})
+  for (int p : {1, 2, 3, 4, 5, 6, 7, 8})
     for (int m : {1, 2, p, 2 * p, 2 * p + 1, 3 * p, 4 * p + 1, 8 * p}) {
       CAPTURE(p);
       CAPTURE(m);

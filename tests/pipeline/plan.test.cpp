@@ -66,7 +66,12 @@ TEST_CASE("plan: the fastest schedule within a memory budget (32k vocabulary)") 
   };
   auto max_gb = [&](plan::kind k) {
     for (auto const& r : rows)
-      if (r.which == k) return ranges::max(r.sim->peak_memory_bytes) / 1e9;
+      if (r.which == k) {
+        CAPTURE(r.error);
+        REQUIRE(r.sim.has_value());
+        return ranges::max(r.sim->peak_memory_bytes) / 1e9;
+      }
+    FAIL("no row for ", plan::to_string(k));
     return 0.0;
   };
   // Peak memory: V-Min < V-Half < VP 1 barrier < 1F1B < ZBV; makespan: VP < ZBV < V-Half < V-Min.

@@ -45,9 +45,8 @@ int main(int argc, char** argv) {
       try {
         if (!takes_part) {
         } else if (c.rank() == last && when == "missing") {
-          // Never calls it: hung for 2 s, then finalizes (`return`); under `abort` hung until
-          // rank 0's MPI_Abort ends it.
-          std::this_thread::sleep_for(std::chrono::seconds(then == "abort" ? 10 : 2));
+          // Never calls it: hung for 2 s, then finalizes (`return`; under `abort` it waits below).
+          std::this_thread::sleep_for(std::chrono::seconds(2));
         } else {
           if (c.rank() == last) std::this_thread::sleep_for(std::chrono::seconds(1));
           std::vector<float> in(1 << 18, 1.0f);  // 1 MiB: freed memory goes back to the system
@@ -64,10 +63,12 @@ int main(int argc, char** argv) {
       } catch (weft::timeout_error const& e) {
         std::fprintf(stderr, "rank %d: timeout_error: %s\n", rank, e.what());
         std::fflush(stderr);
-        if (then == "abort") {
-          if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(10));  // killed here
-          MPI_Abort(MPI_COMM_WORLD, 3);
-        }
+      }
+      // Under `abort`, whichever way a rank got here (timed out, never called, did not take
+      // part): rank 0 aborts; the others wait to be killed by it, and abort themselves after 10 s.
+      if (then == "abort") {
+        if (rank != 0) std::this_thread::sleep_for(std::chrono::seconds(10));
+        MPI_Abort(MPI_COMM_WORLD, 3);
       }
     }  // the vectors went first, now the communicator
   }    // MPI_Finalize

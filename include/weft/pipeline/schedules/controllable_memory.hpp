@@ -214,10 +214,12 @@ inline std::vector<rank_slots> reorder(std::vector<rank_slots> slots, bool with_
 //! (sail-sg's zbv_greedy.py) builds it: the building block of `mem` repeated every 6 unit slots
 //! for each microbatch, then two greedy reordering passes ("squeeze"; the first moves W too, the
 //! second re-places them in free slots) that keep each rank's peak memory, and the W of each
-//! chunk put in the free slots that remain (chunk 1's first). Under F = I = W per chunk its peak
-//! in-flight is about p + 1 chunk-microbatches (V-Half; ZBV and 1F1B hold 2p) or 2p/3 + 1
-//! (V-Min); the rank programs for (4, 8, half) and (3, 6, min) equal zbv_greedy.py's action for
-//! action (tests/pipeline/controllable_memory.test.cpp). Any m >= 1.
+//! chunk put in the free slots that remain (chunk 1's first). Its peak in-flight is at most
+//! p + 2 chunk-microbatches (V-Half: p + 2 for even p, p + 1 for odd; ZBV and 1F1B hold 2p) or
+//! ceil(2p/3) + 2 (V-Min); the rank programs for (4, 8, half), (3, 5, half), (3, 6, min) and
+//! (2, 4, min) equal zbv_greedy.py's action for action (tests/pipeline/
+//! controllable_memory.test.cpp). Any m >= 1. Building takes Theta(p^2 m) time (about 4 s at
+//! p = 64, m = 4096).
 inline schedule v_schedule(int p, int m, v_memory mem) {
   detail::require(p >= 1, "p", ">= 1", p, "p >= 1");
   detail::require(m >= 1, "m", ">= 1", m, "m >= 1");
