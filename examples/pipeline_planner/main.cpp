@@ -70,8 +70,8 @@ bool parse(int argc, char** argv, options& o) {
       return false;
     }
     // Every flag is a non-negative finite number; the counts are whole numbers below 2^31.
-    bool const is_count = flag != "--collective-latency" && flag != "--p2p-latency" &&
-                          flag != "--memory-gb";
+    bool const is_count =
+        flag != "--collective-latency" && flag != "--p2p-latency" && flag != "--memory-gb";
     if (!std::isfinite(x) || x < 0 || (is_count && (x != std::floor(x) || x > 2147483647.0))) {
       std::cerr << "argument `" << flag << "`: expected "
                 << (is_count ? "a whole number in [0, 2147483647]" : "a finite number >= 0")
