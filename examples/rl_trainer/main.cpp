@@ -38,7 +38,10 @@
 #include <weft/parallel/gpt_pipeline.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
+#include <weft/pipeline/schedules/controllable_memory.hpp>
+#include <weft/pipeline/schedules/dualpipe.hpp>
 #include <weft/pipeline/schedules/gpipe.hpp>
+#include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 #include <weft/rl/advantages.hpp>
@@ -112,8 +115,10 @@ struct options {
   int eval_prompts = 1000;
   int dp = 1, pp = 1, tp = 1, cp = 1;
   bool sp = false;
-  std::string schedule =
-      "1f1b";       // the pipeline schedule under --pp > 1: 1f1b | gpipe | zb-h1 | zb-h2
+  int layers = 2;  // transformer blocks; pp x (chunks a rank) <= layers
+  // The pipeline schedule under --pp > 1: 1f1b | gpipe | zb-h1 | zb-h2 (one chunk a rank) or
+  // interleaved | zbv | v-half | v-min | dualpipe-v (two).
+  std::string schedule = "1f1b";
   std::string out;  // output folder ("" = none)
   bool check = false;
   bool quiet = false;
@@ -134,12 +139,42 @@ std::string fingerprint(options const& o) {
     << o.max_rounds << ' ' << o.minibatches << ' ' << o.refill << ' ' << o.zero_advantage << ' '
     << o.eval_prompts << ' ' << o.dp << ' ' << o.pp << ' ' << o.tp << ' ' << o.cp << ' ' << o.sp
     << ' ' << o.f64;
-  if (o.device != "cpu") f << ' ' << o.device;  // another device: another run
+  if (o.device != "cpu") f << ' ' << o.device;     // another device: another run
+  if (o.layers != 2) f << " layers " << o.layers;  // another model (2: as before --layers)
   return f.str();
 }
 
 using weft::examples::bad_argument;
 using weft::examples::parse_number;
+
+//! Model chunks a rank holds under a pipeline schedule (0: not a schedule's name).
+int chunks_of(std::string_view s) {
+  if (s == "1f1b" || s == "gpipe" || s == "zb-h1" || s == "zb-h2") return 1;
+  if (s == "interleaved" || s == "zbv" || s == "v-half" || s == "v-min" || s == "dualpipe-v")
+    return 2;
+  return 0;
+}
+
+//! The schedule `name` of a step of m microbatches over pp stages. Where m is too small for it,
+//! a schedule of the same placement: GPipe for the one-chunk schedules (1F1B, ZB-H1 and ZB-H2
+//! need m >= pp), interleaved 1F1B without Megatron's m % pp rule (valid, with more bubble), ZBV
+//! for DualPipeV (m >= 2 pp); ZBV, V-Half and V-Min take any m.
+weft::pipeline::schedule make_schedule(std::string_view name, int pp, int m) {
+  namespace pl = weft::pipeline;
+  if (name == "interleaved") {
+    pl::interleaved_options io;
+    io.unchecked = m < pp || m % pp != 0;
+    return pl::interleaved_one_f_one_b(pp, m, 2, io);
+  }
+  if (name == "zbv" || (name == "dualpipe-v" && m < 2 * pp)) return pl::zero_bubble_v(pp, m);
+  if (name == "dualpipe-v") return pl::dualpipe_v(pp, m);
+  if (name == "v-half") return pl::v_half(pp, m);
+  if (name == "v-min") return pl::v_min(pp, m);
+  if (m < pp || name == "gpipe") return pl::gpipe(pp, m);
+  if (name == "zb-h1") return pl::zero_bubble_h1(pp, m);
+  if (name == "zb-h2") return pl::zero_bubble_h2(pp, m);
+  return pl::one_f_one_b(pp, m);
+}
 
 void usage(std::ostream& os) {
   os << "usage: rl_trainer [--preset NAME] [--mode dapo|grpo] [--seed N] [--rl-steps N]\n"
@@ -147,12 +182,12 @@ void usage(std::ostream& os) {
         "[--group G]\n"
         "                  [--max-rounds N] [--refill whole|sized] [--zero-advantage]\n"
         "                  [--eval-prompts N] [--dp N] [--pp N] [--tp N] [--cp N] [--sp]\n"
-        "                  [--schedule 1f1b|gpipe|zb-h1|zb-h2]\n"
+        "                  [--layers N] [--schedule NAME]\n"
         "                  [--out DIR] [--save DIR] [--save-every N] [--resume DIR]\n"
         "                  [--backend threads|mpi] [--device cpu|cpu-engine|cuda] [--check]\n"
         "                  [--f64] [--quiet] [--help]\n\n"
-        "SFT, then RL (DAPO or GRPO) of a 2-layer GPT on 2-digit addition; prints a line per RL\n"
-        "step and the accuracies after SFT and after RL.\n"
+        "SFT, then RL (DAPO or GRPO) of a small GPT (2 layers) on 2-digit addition; prints a line\n"
+        "per RL step and the accuracies after SFT and after RL.\n"
         "  --preset          default (SFT to 30 %), high-accuracy (SFT to 70 %) or smoke (40 SFT\n"
         "                    steps, 3 RL steps, 50 eval prompts); later flags override it\n"
         "  --mode            dapo (default: eps 0.2/0.28, dual clip 10, token-mean, dynamic\n"
@@ -170,11 +205,19 @@ void usage(std::ostream& os) {
         "  --zero-advantage  control: every advantage 0 (nothing should be learned)\n"
         "  --eval-prompts    held-out prompts evaluated after SFT and after RL (default 1000)\n"
         "  --dp --pp --tp --cp  the layout (default 1 each; at most 64 thread ranks); --sp:\n"
-        "                    sequence parallelism; pp <= 2 (the model's layers), tp divides 4\n"
-        "  --schedule        the pipeline schedule under --pp 2: 1f1b (default), gpipe, zb-h1 or\n"
-        "                    zb-h2 (the backward split into I and W, W deferred); a batch of\n"
-        "                    fewer microbatches than pp runs GPipe; every one gives the same\n"
-        "                    parameters bit for bit (each stage adds its microbatches in order)\n"
+        "                    sequence parallelism; tp divides the 4 heads; pp times the chunks\n"
+        "                    a rank holds (below) at most --layers\n"
+        "  --layers          transformer blocks (default 2, at most 16), split over the stages\n"
+        "                    in contiguous ranges (uneven where pp does not divide them)\n"
+        "  --schedule        the pipeline schedule under --pp > 1, one chunk a rank: 1f1b\n"
+        "                    (default), gpipe, zb-h1 or zb-h2 (the backward split into I and W, W\n"
+        "                    deferred); two chunks a rank (virtual stages, 2 x pp <= --layers):\n"
+        "                    interleaved (1F1B, looped placement), zbv, v-half, v-min or\n"
+        "                    dualpipe-v (V placement). Where a step has too few microbatches for\n"
+        "                    the schedule: GPipe (one chunk), interleaved without Megatron's\n"
+        "                    microbatch rule, or ZBV (dualpipe-v). The one-chunk schedules give\n"
+        "                    the same parameters bit for bit, and so do the V-shape ones (each\n"
+        "                    stage adds its microbatches in order)\n"
         "  --out DIR         write metrics.csv, summary.json and plots (SVG) to DIR\n"
         "  --check           also run the one-rank trainer and compare: identical rollouts and\n"
         "                    losses within float tolerance (dp alone: bit for bit)\n"
@@ -249,7 +292,9 @@ options parse(int argc, char** argv) {
     } else if (a == "--dp") {
       o.dp = parse_number(a, value(), 1, 64);
     } else if (a == "--pp") {
-      o.pp = parse_number(a, value(), 1, 2);
+      o.pp = parse_number(a, value(), 1, 16);
+    } else if (a == "--layers") {
+      o.layers = parse_number(a, value(), 1, 16);
     } else if (a == "--tp") {
       o.tp = parse_number(a, value(), 1, 4);
     } else if (a == "--cp") {
@@ -258,10 +303,11 @@ options parse(int argc, char** argv) {
       o.sp = true;
     } else if (a == "--schedule") {
       o.schedule = std::string(value());
-      if (o.schedule != "1f1b" && o.schedule != "gpipe" && o.schedule != "zb-h1" &&
-          o.schedule != "zb-h2")
-        throw bad_argument{"argument `--schedule`: expected 1f1b, gpipe, zb-h1 or zb-h2, actual `" +
-                           o.schedule + "`"};
+      if (chunks_of(o.schedule) == 0)
+        throw bad_argument{
+            "argument `--schedule`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv, v-half, "
+            "v-min or dualpipe-v, actual `" +
+            o.schedule + "`"};
     } else if (a == "--out") {
       o.out = std::string(value());
     } else if (a == "--check") {
@@ -316,6 +362,12 @@ options parse(int argc, char** argv) {
                            ", actual " + std::to_string(seqs * seq / o.cp)};
   }
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
+  if (o.pp > 1 && o.pp * chunks_of(o.schedule) > o.layers)
+    throw bad_argument{"argument `--pp`: expected at most " +
+                       std::to_string(o.layers / chunks_of(o.schedule)) + " (--layers " +
+                       std::to_string(o.layers) +
+                       (chunks_of(o.schedule) > 1 ? " over two chunks a rank" : "") +
+                       ": every stage holds a block), actual " + std::to_string(o.pp)};
   if (o.schedule != "1f1b" && o.pp == 1)
     throw bad_argument{
         "argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
@@ -363,13 +415,13 @@ problem draw_problem(std::uint64_t seed, stream s, std::uint64_t index) {
           static_cast<int>(g.uniform_int(2 * index + 1, 100))};
 }
 
-nn::gpt_config model_config() {
+nn::gpt_config model_config(int layers) {
   nn::gpt_config c;
   c.vocab = kVocab;
   c.context = kContext;
   c.d_model = 64;
   c.heads = 4;
-  c.layers = 2;
+  c.layers = layers;
   c.mlp_hidden = 256;
   c.ln_eps = 1e-5;
   return c;
@@ -520,7 +572,7 @@ class trainer {
  public:
   trainer(options const& o, Comm& world)
       : o_(o),
-        c_(model_config()),
+        c_(model_config(o.layers)),
         world_(&world),
         mesh_(world, {o.pp, o.dp, o.cp, o.tp}, {"pp", "dp", "cp", "tp"},
               {{"dp", "cp"}, {"pp", "tp"}}),
@@ -530,13 +582,22 @@ class trainer {
         data_(&mesh_.group({"dp", "cp"})),
         model_group_(&mesh_.group({"pp", "tp"})),
         p_{tp_->size(), tp_->rank(), o.sp, cp_->size(), cp_->rank(), pp_->size(), pp_->rank()},
-        store_(par::gpt_shard_layout(c_, p_)),
+        // The chunks this rank holds under the schedule's placement (any step's schedule of the
+        // family has it: make_schedule's fallbacks keep it, run_units checks).
+        chunks_(o.pp > 1
+                    ? par::gpt_chunks(p_, make_schedule(o.schedule, o.pp, 2 * o.pp), pp_->rank())
+                    : std::vector<par::gpt_parallelism>{p_}),
         replica_(nn::gpt_layout(c_)),
         dp_rank_(mesh_.local_rank("dp")),
         seq_len_(round_up(kPrompt + kMaxNew, 2 * o.cp)) {
-    par::gpt_init_shard(store_, c_, p_, o.seed);
-    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
-    if (o.pp == 1) model_.emplace(c_, p_, *tp_, *cp_, store_);
+    stores_.reserve(chunks_.size());  // the pipeline stages hold pointers to the stores
+    for (auto const& q : chunks_) {
+      stores_.emplace_back(par::gpt_shard_layout(c_, q));
+      par::gpt_init_shard(stores_.back(), c_, q, o.seed);
+      last_stage_ = last_stage_ || q.last_stage();
+    }
+    gather_replica();
+    if (o.pp == 1) model_.emplace(c_, p_, *tp_, *cp_, store());
     if (seq_len_ > kContext)
       throw bad_argument{"argument `--cp`: 2 cp must divide a length <= the context 16"};
     if (o.device == "cpu-engine")
@@ -563,7 +624,7 @@ class trainer {
     optim::adamw_options ao;
     ao.lr = o_.rl_lr;
     ao.weight_decay = 0.0;
-    rl_opt_.emplace(store_.layout().infos(), ao);
+    rl_opts_ = make_optimizers(ao);
     std::array<double, 2> e1{};
     if (!o_.resume.empty()) {
       load_checkpoint(r);
@@ -603,6 +664,24 @@ class trainer {
     return std::max<index_t>(1, (groups + shares - 1) / shares) * per;
   }
 
+  //! The one chunk's store (pp 1, the engine, a one-chunk pipeline stage).
+  nn::param_store<T>& store() { return stores_.front(); }
+
+  //! An AdamW per chunk, over that chunk's parameters.
+  std::vector<optim::adamw<T>> make_optimizers(optim::adamw_options const& ao) const {
+    std::vector<optim::adamw<T>> opts;
+    opts.reserve(stores_.size());
+    for (auto const& st : stores_) opts.emplace_back(st.layout().infos(), ao);
+    return opts;
+  }
+
+  //! replica_ = the whole model from every chunk of the model group (collective over it).
+  void gather_replica() {
+    std::vector<nn::param_store<T> const*> ptrs;
+    for (auto const& st : stores_) ptrs.push_back(&st);
+    par::gpt_gather_replica(*model_group_, ptrs, replica_, c_, chunks_);
+  }
+
   static index_t round_up(index_t n, index_t k) { return (n + k - 1) / k * k; }
   static double seconds_since(clock_type::time_point t) {
     return std::chrono::duration<double>(clock_type::now() - t).count();
@@ -637,7 +716,7 @@ class trainer {
   //! a microbatch's rows, called with the index of its first sequence. Returns {loss, grad norm}.
   std::array<double, 2> train_step(
       std::vector<std::int32_t> const& tokens, std::vector<std::int32_t> const& targets, index_t mb,
-      double ce_weight, optim::adamw<T>& opt, double lr, double max_norm,
+      double ce_weight, std::vector<optim::adamw<T>>& opts, double lr, double max_norm,
       std::function<double(index_t first_seq, std::span<std::int64_t const>,
                            std::span<double const>, std::span<double>)> const& loss) {
     index_t const seqs = static_cast<index_t>(tokens.size()) / seq_len_;
@@ -651,28 +730,37 @@ class trainer {
       halves = {{u0, u1}};
     }
     if (engine_)
-      return engine_step(tokens, targets, seqs, mb, halves, ce_weight, opt, lr, max_norm, loss);
+      return engine_step(tokens, targets, seqs, mb, halves, ce_weight, opts.front(), lr, max_norm,
+                         loss);
     double loss_sum = 0;
-    std::vector<T> first_half;
-    store_.zero_grad();
+    std::vector<std::vector<T>> first_half(stores_.size());
+    for (auto& st : stores_) st.zero_grad();
     for (std::size_t h = 0; h < halves.size(); ++h) {
       auto const [a, b] = halves[h];
-      if (h == 1) {
-        first_half.assign(store_.grads().begin(), store_.grads().end());
-        store_.zero_grad();
-      }
+      if (h == 1)
+        for (std::size_t k = 0; k < stores_.size(); ++k) {
+          first_half[k].assign(stores_[k].grads().begin(), stores_[k].grads().end());
+          stores_[k].zero_grad();
+        }
       loss_sum += run_units(tokens, targets, seqs, mb, a, b, ce_weight, loss);
-      if (h == 1) {
-        auto g = store_.grads();
-        for (std::size_t k = 0; k < g.size(); ++k) g[k] = first_half[k] + g[k];
-      }
+      if (h == 1)
+        for (std::size_t k = 0; k < stores_.size(); ++k) {
+          auto g = stores_[k].grads();
+          for (std::size_t i = 0; i < g.size(); ++i) g[i] = first_half[k][i] + g[i];
+        }
     }
-    par::reduce_gpt_grads(*tp_, *data_, store_);
-    auto const infos = store_.layout().infos();
-    double const norm =
-        optim::clip_grad_norm(*model_group_, infos, store_.grads(), p_.tp_rank, max_norm);
-    opt.step(store_.params(), store_.grads(), lr);
-    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
+    for (auto& st : stores_) par::reduce_gpt_grads(*tp_, *data_, st);
+    std::vector<std::vector<optim::param_info>> infos;
+    std::vector<optim::grad_group<T>> groups;
+    infos.reserve(stores_.size());
+    for (auto& st : stores_) {
+      infos.push_back(st.layout().infos());
+      groups.push_back({infos.back(), st.grads()});
+    }
+    double const norm = optim::clip_grad_norm(*model_group_, groups, p_.tp_rank, max_norm);
+    for (std::size_t k = 0; k < stores_.size(); ++k)
+      opts[k].step(stores_[k].params(), stores_[k].grads(), lr);
+    gather_replica();
     return {step_loss(loss_sum), norm};
   }
 
@@ -689,7 +777,7 @@ class trainer {
 
   //! The step's loss on every rank: the last stage's tp rank 0 of every data rank holds a part.
   double step_loss(double local) {
-    double l = p_.last_stage() && p_.tp_rank == 0 ? local : 0.0;
+    double l = last_stage_ && p_.tp_rank == 0 ? local : 0.0;
     weft::comm::all_reduce(*world_, std::span<double>(&l, 1), weft::comm::reduce_kind::sum).wait();
     return l;
   }
@@ -707,7 +795,7 @@ class trainer {
                            std::span<double>)> const& loss) {
     auto& e = *engine_;
     if (!engine_params_) {
-      e.set_params(store_.params());
+      e.set_params(store().params());
       engine_params_ = true;
     }
     if (engine_opt_ != &opt) {
@@ -741,7 +829,7 @@ class trainer {
     } else
 #endif
         if (data_->size() > 1) {
-      engine_grads_.resize(store_.grads().size());
+      engine_grads_.resize(store().grads().size());
       e.get_grads(engine_grads_);
       weft::comm::all_reduce(*data_, std::span<T>(engine_grads_), weft::comm::reduce_kind::sum)
           .wait();
@@ -749,16 +837,16 @@ class trainer {
     }
     double const norm = e.clip_grad_norm(max_norm);
     e.adamw_step(lr);
-    e.get_params(store_.params());
-    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
+    e.get_params(store().params());
+    gather_replica();
     return {step_loss(loss_sum), norm};
   }
 
-  //! The decoder, reading the current parameters: an engine that does not hold store_'s yet (none
+  //! The decoder, reading the current parameters: an engine that does not hold store()'s yet (none
   //! stepped since the start or a resume) takes them first.
   rlt::model_decoder<T>& decoder() {
     if (engine_ && !engine_params_) {
-      engine_->set_params(store_.params());
+      engine_->set_params(store().params());
       engine_params_ = true;
     }
     return *decoder_;
@@ -813,19 +901,29 @@ class trainer {
       mloss = [&](int i, auto rows, auto logp, auto dlogp) {
         return loss((a + i) * mb, rows, logp, dlogp);
       };
-    par::gpt_pipeline_stage<T, Comm, Comm> stage(
-        c_, p_, *tp_, *cp_, store_, [&](int i) { return unit(a + i); }, mloss);
-    // 1F1B, ZB-H1 and ZB-H2 need at least pp microbatches; fewer (a small DAPO batch) run GPipe.
-    auto const sched = [&] {
-      if (m < o_.pp || o_.schedule == "gpipe") return pl::gpipe(o_.pp, m);
-      if (o_.schedule == "zb-h1") return pl::zero_bubble_h1(o_.pp, m);
-      if (o_.schedule == "zb-h2") return pl::zero_bubble_h2(o_.pp, m);
-      return pl::one_f_one_b(o_.pp, m);
-    }();
+    // The step's schedule (a small DAPO batch may take make_schedule's fallback): it must place
+    // the chunks where this rank's stores hold them.
+    auto const sched = make_schedule(o_.schedule, o_.pp, m);
+    auto const placed = par::gpt_chunks(p_, sched, pp_->rank());
+    WEFT_EXPECTS(
+        placed.size() == chunks_.size() &&
+            std::equal(placed.begin(), placed.end(), chunks_.begin(),
+                       [](auto const& x, auto const& y) { return x.pp_rank == y.pp_rank; }),
+        "schedule", "the placement of the rank's chunks", o_.schedule);
     pl::step_options so;
     so.weighting = pl::loss_weighting::token_mean;
     so.total_tokens = 1.0 / ce_weight;  // w_i = ce_weight (unused under a token loss)
-    auto const r = pl::run_step(pl::lower(sched), stage, *pp_, so);
+    auto const micro = [&](int i) { return unit(a + i); };
+    pl::step_result r;
+    if (chunks_.size() == 1) {
+      par::gpt_pipeline_stage<T, Comm, Comm> stage(c_, p_, *tp_, *cp_, store(), micro, mloss);
+      r = pl::run_step(pl::lower(sched), stage, *pp_, so);
+    } else {
+      std::vector<nn::param_store<T>*> ptrs;
+      for (auto& st : stores_) ptrs.push_back(&st);
+      par::gpt_pipeline_chunks<T, Comm, Comm> stage(c_, chunks_, *tp_, *cp_, ptrs, micro, mloss);
+      r = pl::run_step(pl::lower(sched), stage, *pp_, so);
+    }
     return r.has_loss ? r.loss : 0.0;
   }
 
@@ -863,7 +961,7 @@ class trainer {
     optim::adamw_options ao;
     ao.lr = o_.sft_lr;
     ao.weight_decay = 0.0;
-    optim::adamw<T> opt(store_.layout().infos(), ao);
+    auto opts = make_optimizers(ao);
     int const cap = o_.sft_steps > 0 ? o_.sft_steps : o_.sft_max_steps;
     int step = 0;
     for (; step < cap; ++step) {
@@ -876,7 +974,7 @@ class trainer {
       }
       double const w = 1.0 / static_cast<double>(o_.sft_batch * kMaxNew);
       auto const [loss, norm] =
-          train_step(tokens, targets, microbatch(o_.sft_batch / 8, 8), w, opt, o_.sft_lr,
+          train_step(tokens, targets, microbatch(o_.sft_batch / 8, 8), w, opts, o_.sft_lr,
                      std::numeric_limits<double>::infinity(), {});  // SFT: no clipping
       (void)norm;
       if (o_.sft_steps == 0 && (step + 1) % o_.sft_eval_every == 0) {
@@ -896,7 +994,7 @@ class trainer {
       }
     }
     r.sft_steps = step;
-    if (engine_opt_ == &opt) engine_opt_ = nullptr;  // opt ends here; RL starts from its own
+    if (engine_opt_ == &opts.front()) engine_opt_ = nullptr;  // opts end here; RL has its own
   }
 
   // Generates groups for prompts [uid0, uid0 + n) of this step: G samples each, in chunks of
@@ -931,7 +1029,7 @@ class trainer {
   }
 
   void rl_phase(run_result& r) {
-    auto& opt = *rl_opt_;
+    auto& opts = rl_opts_;
     bool const dapo = o_.mode == "dapo";
     rl::policy_loss_config pc;
     pc.clip_low = 0.2;
@@ -1057,7 +1155,7 @@ class trainer {
           return res.loss;
         };
         auto const [l, norm] =
-            train_step(tokens, targets, microbatch(gb - ga, static_cast<index_t>(g)), 1.0, opt,
+            train_step(tokens, targets, microbatch(gb - ga, static_cast<index_t>(g)), 1.0, opts,
                        o_.rl_lr, 1.0, loss);
         r.losses.push_back(l);
         pm += all_reduce_metrics_world(local);
@@ -1163,11 +1261,18 @@ class trainer {
       put(f, static_cast<std::int64_t>(r.sft_steps));
       put(f, r.acc_sft_sampled);
       put(f, r.acc_sft_greedy);
-      sync_engine_optimizer(*rl_opt_);
-      put_span(f, std::span<T const>(store_.params()));
-      put_span(f, rl_opt_->m());
-      put_span(f, rl_opt_->v());
-      put(f, rl_opt_->steps());
+      // One chunk: its parameters and moments; several: each concatenated in chunk order.
+      sync_engine_optimizer(rl_opts_.front());
+      std::vector<T> params, moment1, moment2;
+      for (std::size_t k = 0; k < stores_.size(); ++k) {
+        params.insert(params.end(), stores_[k].params().begin(), stores_[k].params().end());
+        moment1.insert(moment1.end(), rl_opts_[k].m().begin(), rl_opts_[k].m().end());
+        moment2.insert(moment2.end(), rl_opts_[k].v().begin(), rl_opts_[k].v().end());
+      }
+      put_span(f, std::span<T const>(params));
+      put_span(f, std::span<T const>(moment1));
+      put_span(f, std::span<T const>(moment2));
+      put(f, rl_opts_.front().steps());
       put(f, static_cast<std::uint64_t>(r.steps.size()));
       for (auto const& m : r.steps) {
         put(f, static_cast<std::uint64_t>(m.values.size()));
@@ -1216,7 +1321,7 @@ class trainer {
       throw bad_argument{error.empty() ? "argument `--resume`: another rank could not read its "
                                          "checkpoint file"
                                        : error};
-    par::gpt_gather_replica(*model_group_, store_, replica_, c_, p_);
+    gather_replica();
   }
 
   void read_checkpoint(run_result& r) {
@@ -1265,11 +1370,21 @@ class trainer {
       }
       r.steps.push_back(std::move(sm));
     }
-    if (!f || params.size() != store_.params().size())
-      throw bad_argument{"argument `--resume`: expected " + std::to_string(store_.params().size()) +
+    std::size_t held = 0;
+    for (auto const& st : stores_) held += st.params().size();
+    if (!f || params.size() != held || m.size() != held || v.size() != held)
+      throw bad_argument{"argument `--resume`: expected " + std::to_string(held) +
                          " parameters in " + file.string() + ", actual a truncated or other file"};
-    rl_opt_->load_state(m, v, adam_t);
-    std::copy(params.begin(), params.end(), store_.params().begin());
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < stores_.size(); ++k) {
+      auto const n = stores_[k].params().size();
+      auto const part = [&](std::vector<T> const& all) {
+        return std::span<T const>(all).subspan(at, n);
+      };
+      rl_opts_[k].load_state(part(m), part(v), adam_t);
+      std::ranges::copy(part(params), stores_[k].params().begin());
+      at += n;
+    }
     engine_params_ = false;  // the engine takes both again at the next step
     engine_opt_ = nullptr;
     first_step_ = static_cast<int>(steps_done);
@@ -1286,18 +1401,22 @@ class trainer {
   weft::device_mesh<Comm> mesh_;
   Comm *tp_, *cp_, *pp_, *data_, *model_group_;
   par::gpt_parallelism p_;
-  nn::param_store<T> store_, replica_;
+  std::vector<par::gpt_parallelism> chunks_;  // the model chunks this rank holds (pp 1: one)
+  std::vector<nn::param_store<T>> stores_;    // one per chunk (gpt_shard_layout(c_, chunks_[k]))
+  nn::param_store<T> replica_;                // the whole model, for generation and the hash
+  bool last_stage_ = false;                   // a chunk of this rank is the pipeline's last
+
   int dp_rank_;
   index_t seq_len_;
   std::optional<par::gpt<T, Comm, Comm>> model_;
-  std::optional<optim::adamw<T>> rl_opt_;
+  std::vector<optim::adamw<T>> rl_opts_;            // one per chunk
   std::unique_ptr<rlt::model_engine<T>> engine_;    // --device cpu-engine | cuda
   std::unique_ptr<rlt::model_decoder<T>> decoder_;  // the engine's, or the host's over replica_
 #if WEFT_TRAINER_NCCL
   std::unique_ptr<weft::comm::nccl::communicator> nccl_;  // the data group over NCCL (or none)
 #endif
   optim::adamw<T> const* engine_opt_ = nullptr;  // whose state the engine holds
-  bool engine_params_ = false;                   // the engine holds store_'s parameters
+  bool engine_params_ = false;                   // the engine holds store()'s parameters
   std::vector<T> engine_grads_;                  // host staging of the dp all-reduce
   std::uint64_t next_uid_ = 0;
   double generated_total_ = 0;
@@ -1341,6 +1460,7 @@ void write_outputs(options const& o, run_result const& r) {
     js << "{\n  \"mode\": \"" << o.mode << "\",\n  \"seed\": " << o.seed
        << ",\n  \"layout\": {\"dp\": " << o.dp << ", \"pp\": " << o.pp << ", \"tp\": " << o.tp
        << ", \"cp\": " << o.cp << ", \"sp\": " << (o.sp ? "true" : "false")
+       << ", \"layers\": " << o.layers << ", \"schedule\": \"" << o.schedule << "\""
        << "},\n  \"device\": \"" << o.device << "\",\n  \"refill\": \"" << o.refill
        << "\",\n  \"zero_advantage\": " << (o.zero_advantage ? "true" : "false")
        << ",\n  \"sft_steps\": " << r.sft_steps << ",\n  \"rl_steps\": " << o.rl_steps
@@ -1415,7 +1535,7 @@ int compare(options const& o, run_result const& got) {
   bool const params_equal = ref.final_params == got.final_params;
   // The parameter that differs most (absolute), by name.
   {
-    auto const lay = nn::gpt_layout(model_config());
+    auto const lay = nn::gpt_layout(model_config(o.layers));
     double big = 0;
     std::string where = "-";
     for (auto const& e : lay.entries())
@@ -1448,11 +1568,12 @@ int compare(options const& o, run_result const& got) {
 
 void print_header(options const& o) {
   std::printf(
-      "rl_trainer: %s, seed %llu, pp %d x dp %d x cp %d x tp %d%s on %d %s; GPT 2 layers d 64, "
-      "2-digit addition; %d prompts x %d samples per round\n",
+      "rl_trainer: %s, seed %llu, pp %d x dp %d x cp %d x tp %d%s on %d %s%s; GPT %d layers d "
+      "64, 2-digit addition; %d prompts x %d samples per round\n",
       o.mode.c_str(), static_cast<unsigned long long>(o.seed), o.pp, o.dp, o.cp, o.tp,
       o.sp ? " (+SP)" : "", o.dp * o.pp * o.cp * o.tp,
-      o.backend == "mpi" ? "MPI processes" : "thread ranks", o.prompts, o.group);
+      o.backend == "mpi" ? "MPI processes" : "thread ranks",
+      o.pp > 1 ? (", " + o.schedule).c_str() : "", o.layers, o.prompts, o.group);
   std::fflush(stdout);
 }
 

@@ -1,25 +1,41 @@
 #!/usr/bin/env bash
-# Every pipeline schedule trains the same model: the same run under --schedule 1f1b, gpipe, zb-h1
-# and zb-h2 ends with the same final parameters (their hash), since each stage adds its
-# microbatches' gradients in the same order whatever the schedule, and the split backward of the
-# zero-bubble schedules equals the fused one bit for bit. Also: a bad --schedule is refused by name.
+# Every pipeline schedule of a placement trains the same model: the same run under --schedule
+# 1f1b, gpipe, zb-h1 and zb-h2 (one chunk a rank) ends with the same final parameters (their
+# hash), and so does the run under zbv, v-half, v-min and dualpipe-v (two chunks a rank in a V, on
+# a 4-layer model), since each stage adds its microbatches' gradients in the same order whatever
+# the schedule, and the split backward of the zero-bubble schedules equals the fused one bit for
+# bit. (The placements differ from each other only in the rounding of the gradient norm's sum, a
+# --check run's business.) Also: a bad --schedule, and a pipeline deeper than the model, are
+# refused by name.
 #   schedules_test.sh RL_TRAINER [flags...]
 set -euo pipefail
 bin=$1; shift
 hash() { grep "final parameters" | awk '{print $NF}'; }
-want=""
-for s in 1f1b gpipe zb-h1 zb-h2; do
-  got=$("$bin" "$@" --schedule "$s" | hash)
-  echo "--schedule $s: final parameters $got"
-  [[ -n "$got" ]] || { echo "FAILED: no final parameters line"; exit 1; }
-  [[ -z "$want" || "$got" == "$want" ]] || { echo "FAILED: $s differs from 1f1b"; exit 1; }
-  want=$got
-done
+same() {  # same EXTRA_FLAGS SCHEDULE...
+  local extra=$1; shift
+  local want="" got
+  for s in "$@"; do
+    # shellcheck disable=SC2086
+    got=$("$bin" "${args[@]}" $extra --schedule "$s" | hash)
+    echo "--schedule $s $extra: final parameters $got"
+    [[ -n "$got" ]] || { echo "FAILED: no final parameters line"; exit 1; }
+    [[ -z "$want" || "$got" == "$want" ]] || { echo "FAILED: $s differs from $1"; exit 1; }
+    want=$got
+  done
+}
+args=("$@")
+same "" 1f1b gpipe zb-h1 zb-h2
+same "--layers 4" zbv v-half v-min dualpipe-v
 refused=$(mktemp)
 trap 'rm -f "$refused"' EXIT
-if "$bin" "$@" --schedule zbv > /dev/null 2> "$refused"; then
-  echo "FAILED: --schedule zbv was accepted"; exit 1
-fi
-grep -q "argument \`--schedule\`: expected 1f1b, gpipe, zb-h1 or zb-h2, actual \`zbv\`" "$refused" \
-  || { echo "FAILED: no clear error for a bad schedule"; cat "$refused"; exit 1; }
+expect_refused() {  # expect_refused MESSAGE FLAGS...
+  local message=$1; shift
+  if "$bin" "${args[@]}" "$@" > /dev/null 2> "$refused"; then
+    echo "FAILED: $* was accepted"; exit 1
+  fi
+  grep -qF -- "$message" "$refused" || { echo "FAILED: no clear error for $*"; cat "$refused"; exit 1; }
+}
+expect_refused "argument \`--schedule\`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv, v-half, v-min or dualpipe-v, actual \`chimera\`" --schedule chimera
+expect_refused "argument \`--pp\`: expected at most 1 (--layers 2 over two chunks a rank: every stage holds a block), actual 2" --schedule zbv
+expect_refused "argument \`--pp\`: expected at most 2 (--layers 2: every stage holds a block), actual 3" --pp 3
 echo "schedules: bit for bit"

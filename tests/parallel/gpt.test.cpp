@@ -412,6 +412,92 @@ TEST_SUITE("threads") {
     });
   }
 
+  TEST_CASE("parallel gpt: gpt_gather_replica joins one chunk or two a rank bit for bit") {
+    // The single-device model, and every layout's shards initialised on their own ranks: the
+    // gathered replica is the single device's bit for bit, on every rank of the model group.
+    auto const c = small(4);
+    nn::param_store<float> whole(nn::gpt_layout(c));
+    nn::gpt_init(whole, c, 31);
+    struct gather_case {
+      int pp, tp;
+      bool sp;
+      char const* schedule;  // "": pp 1
+    };
+    gather_case const cases[] = {{1, 1, false, ""},     {1, 2, true, ""},
+                                 {2, 1, false, "1f1b"}, {4, 2, false, "1f1b"},
+                                 {2, 2, true, "zbv"},   {2, 1, false, "interleaved"},
+                                 {2, 2, false, "v-min"}};
+    for (auto const& g : cases) {
+      INFO("pp " << g.pp << " tp " << g.tp << " " << g.schedule);
+      std::mutex m;
+      int bad = 0, checked = 0;
+      run_ranks(g.pp * g.tp, [&](comm_t& world) {
+        weft::device_mesh<comm_t> mesh(world, {g.pp, g.tp}, {"pp", "tp"});
+        auto& tp = mesh.group("tp");
+        auto& pp = mesh.group("pp");
+        par::gpt_parallelism const p{tp.size(), tp.rank(), g.sp, 1, 0, pp.size(), pp.rank()};
+        auto const chunks = g.pp > 1
+                                ? par::gpt_chunks(p, schedule_of(g.schedule, g.pp, 4), pp.rank())
+                                : std::vector<par::gpt_parallelism>{p};
+        std::vector<nn::param_store<float>> stores;
+        stores.reserve(chunks.size());
+        std::vector<nn::param_store<float> const*> ptrs;
+        for (auto const& q : chunks) {
+          stores.emplace_back(par::gpt_shard_layout(c, q));
+          par::gpt_init_shard(stores.back(), c, q, 31);
+          ptrs.push_back(&stores.back());
+        }
+        nn::param_store<float> replica(nn::gpt_layout(c));
+        if (chunks.size() == 1)
+          par::gpt_gather_replica(world, stores.front(), replica, c, p);
+        else
+          par::gpt_gather_replica(world, ptrs, replica, c, chunks);
+        bool const same = std::memcmp(replica.params().data(), whole.params().data(),
+                                      whole.params().size_bytes()) == 0;
+        std::lock_guard lock(m);
+        bad += same ? 0 : 1;
+        ++checked;
+      });
+      CHECK(checked == g.pp * g.tp);
+      CHECK(bad == 0);
+    }
+    // What it refuses, before any communication (one rank, so nothing would wait).
+    run_ranks(1, [&](comm_t& world) {
+      par::gpt_parallelism const p{1, 0, false, 1, 0, 2, 0};
+      auto const chunks = par::gpt_chunks(p, schedule_of("zbv", 2, 4), 0);  // stages 0 and 3
+      std::vector<nn::param_store<float>> stores;
+      stores.reserve(2);
+      for (auto const& q : chunks) stores.emplace_back(par::gpt_shard_layout(c, q));
+      std::vector<nn::param_store<float> const*> ptrs{&stores[0], &stores[1]};
+      nn::param_store<float> replica(nn::gpt_layout(c));
+      auto const message = [&](auto const& shards, auto const& qs) -> std::string {
+        try {
+          par::gpt_gather_replica(world, shards, replica, c, qs);
+        } catch (weft::error const& e) {
+          return e.what();
+        }
+        return "no error";
+      };
+      // A group of 1 where pp 4 / 2 chunks x tp 1 = 2 ranks hold the replica.
+      CHECK(message(ptrs, chunks).find("model_group.size()") != std::string::npos);
+      CHECK(message(ptrs, chunks).find("pp / chunks * tp = 2") != std::string::npos);
+      auto twice = chunks;
+      twice[1].pp_rank = twice[0].pp_rank;
+      CHECK(message(ptrs, twice).find("distinct stages") != std::string::npos);
+      auto other = chunks;
+      other[1].tp = 2;
+      CHECK(message(ptrs, other).find("differs from chunk 0") != std::string::npos);
+      std::vector<nn::param_store<float> const*> one{&stores[0]};
+      CHECK(message(one, chunks).find("one per chunk") != std::string::npos);
+      std::vector<nn::param_store<float> const*> null{&stores[0], nullptr};
+      CHECK(message(null, chunks).find("null at chunk 1") != std::string::npos);
+      std::vector<nn::param_store<float> const*> swapped{&stores[1], &stores[0]};
+      CHECK(message(swapped, chunks).find("elements in chunk 0") != std::string::npos);
+      CHECK(message(ptrs, std::vector<par::gpt_parallelism>{}).find("at least one chunk") !=
+            std::string::npos);
+    });
+  }
+
 }  // TEST_SUITE("threads")
 
 TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-device slice") {

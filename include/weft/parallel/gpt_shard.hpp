@@ -264,34 +264,73 @@ void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gp
 }
 
 //! The whole model, laid out by nn::gpt_layout(c), on every rank of `model_group` from the
-//! shards: `model_group` holds one replica's pieces (the ranks of one data-parallel replica's
-//! pipeline × tensor-parallel grid: the mesh's flattened {"pp", "tp"} group, or "tp" alone, or a
-//! group of one). Each rank writes its stage's pieces into zeros (a replicated parameter from tp
-//! rank 0 only), then one SUM all-reduce joins them: exact, every element has one non-zero term
-//! (a -0.0 parameter arrives as +0.0). For generation on a full replica after each optimizer
-//! step (a few hundred KiB for small models). Collective over `model_group`.
+//! shards of a rank that holds several model chunks (virtual stages: gpt_chunks of an interleaved
+//! or V-shape schedule, or the one chunk of a plain pipeline): chunk k's pieces come from
+//! shards[k], laid out by gpt_shard_layout(c, chunks[k]). `model_group` holds one replica's
+//! pieces: chunks.front().pp / chunks.size() pipeline ranks × tp (the mesh's flattened
+//! {"pp", "tp"} group, or "tp" alone, or a group of one). Each rank writes its chunks' pieces into
+//! zeros (a replicated parameter from tp rank 0 only), then one SUM all-reduce joins them: exact,
+//! every element has one non-zero term (a -0.0 parameter arrives as +0.0). For generation on a
+//! full replica after each optimizer step (a few hundred KiB for small models). Collective over
+//! `model_group`; invalid_argument_error (before any communication) where the chunks disagree on
+//! anything but pp_rank, name a stage twice, or a store is null or of another size.
 template <comm::CollectiveIn<host_space> G, class T>
-void gpt_gather_replica(G& model_group, nn::param_store<T> const& shard, nn::param_store<T>& whole,
-                        nn::gpt_config const& c, gpt_parallelism const& p) {
+void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T> const*> const& shards,
+                        nn::param_store<T>& whole, nn::gpt_config const& c,
+                        std::vector<gpt_parallelism> const& chunks) {
   auto const global = nn::gpt_layout(c);
   WEFT_EXPECTS_SHAPE(whole.layout().size() == global.size(), "whole",
                      ::weft::detail::concat(global.size(), " elements (gpt_layout(config))"),
                      whole.layout().size());
-  WEFT_EXPECTS_SHAPE(shard.layout().size() == gpt_shard_layout(c, p).size(), "shard",
-                     ::weft::detail::concat(gpt_shard_layout(c, p).size(),
-                                            " elements (gpt_shard_layout(config, parallelism))"),
-                     shard.layout().size());
-  WEFT_EXPECTS(model_group.size() == p.pp * p.tp, "model_group.size()",
-               ::weft::detail::concat("pp * tp = ", p.pp * p.tp), model_group.size());
+  WEFT_EXPECTS(!chunks.empty(), "chunks", "at least one chunk", "none");
+  WEFT_EXPECTS_SHAPE(shards.size() == chunks.size(), "shards",
+                     ::weft::detail::concat(chunks.size(), " (one per chunk)"), shards.size());
+  auto const& q0 = chunks.front();
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    auto const& q = chunks[k];
+    WEFT_EXPECTS(q.tp == q0.tp && q.tp_rank == q0.tp_rank &&
+                     q.sequence_parallel == q0.sequence_parallel && q.cp == q0.cp &&
+                     q.cp_rank == q0.cp_rank && q.pp == q0.pp,
+                 "chunks", "the same tp, cp, sequence parallelism and pp in every chunk",
+                 ::weft::detail::concat("chunk ", k, " differs from chunk 0"));
+    for (std::size_t j = 0; j < k; ++j)
+      WEFT_EXPECTS(chunks[j].pp_rank != q.pp_rank, "chunks", "distinct stages (pp_rank)",
+                   ::weft::detail::concat("stage ", q.pp_rank, " in chunks ", j, " and ", k));
+    WEFT_EXPECTS(shards[k] != nullptr, "shards", "a store per chunk",
+                 ::weft::detail::concat("null at chunk ", k));
+    auto const want = gpt_shard_layout(c, q).size();
+    WEFT_EXPECTS_SHAPE(shards[k]->layout().size() == want, "shards",
+                       ::weft::detail::concat(want, " elements in chunk ", k,
+                                              " (gpt_shard_layout(config, chunks[k]))"),
+                       shards[k]->layout().size());
+  }
+  auto const n_chunks = static_cast<int>(chunks.size());
+  WEFT_EXPECTS(q0.pp % n_chunks == 0, "chunks",
+               ::weft::detail::concat("a number dividing pp = ", q0.pp), n_chunks);
+  WEFT_EXPECTS(model_group.size() == q0.pp / n_chunks * q0.tp, "model_group.size()",
+               ::weft::detail::concat("pp / chunks * tp = ", q0.pp / n_chunks * q0.tp),
+               model_group.size());
   auto all = whole.params();
   std::fill(all.begin(), all.end(), T(0));
-  for (auto const& e : global.entries()) {
-    if (!detail::stage_holds(e.name, c, p)) continue;
-    auto const piece = detail::piece_of(e, c, p);
-    if (piece.dim < 0 && p.tp_rank != 0) continue;
-    detail::copy_piece(e, piece, shard.param_span(e.name), whole.param_span(e.name), false);
+  for (std::size_t k = 0; k < chunks.size(); ++k) {
+    auto const& q = chunks[k];
+    for (auto const& e : global.entries()) {
+      if (!detail::stage_holds(e.name, c, q)) continue;
+      auto const piece = detail::piece_of(e, c, q);
+      if (piece.dim < 0 && q.tp_rank != 0) continue;
+      detail::copy_piece(e, piece, shards[k]->param_span(e.name), whole.param_span(e.name), false);
+    }
   }
   if (model_group.size() > 1) comm::all_reduce(model_group, all, comm::reduce_kind::sum).wait();
+}
+
+//! gpt_gather_replica of a rank that holds one chunk: its stage of a plain pipeline (or the whole
+//! model's layers, pp = 1). `model_group` holds pp × tp ranks.
+template <comm::CollectiveIn<host_space> G, class T>
+void gpt_gather_replica(G& model_group, nn::param_store<T> const& shard, nn::param_store<T>& whole,
+                        nn::gpt_config const& c, gpt_parallelism const& p) {
+  gpt_gather_replica(model_group, std::vector<nn::param_store<T> const*>{&shard}, whole, c,
+                     std::vector<gpt_parallelism>{p});
 }
 
 }  // namespace weft::parallel
