@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -246,7 +247,11 @@ double memcpy2_seconds(std::size_t bytes) {
   return best;
 }
 
-void bm_threads(benchmark::State& st, coll c) {
+// stores: where the zero-copy all_reduce writes by non-temporal stores (options::
+// streaming_store_bytes): from the default size, never (ordinary stores, the baseline), always.
+enum class stores { by_default, ordinary, streaming };
+
+void bm_threads(benchmark::State& st, coll c, stores how = stores::by_default) {
   int const n = static_cast<int>(st.range(0));
   auto const bytes = static_cast<std::size_t>(st.range(1));
   auto const big = bytes / sizeof(float);                // S in elements
@@ -256,6 +261,8 @@ void bm_threads(benchmark::State& st, coll c) {
   wt::options opts;
   opts.timeout = std::chrono::seconds(60);
   opts.history_size = 0;
+  if (how == stores::ordinary) opts.streaming_store_bytes = std::numeric_limits<std::size_t>::max();
+  if (how == stores::streaming) opts.streaming_store_bytes = 0;
   auto comms = wt::make_communicators(n, opts);
   team t(n);
   std::vector<buffers> b(static_cast<std::size_t>(n));
@@ -448,6 +455,17 @@ void reg() {
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
   }
+  for (auto [name, how] : {std::pair{"threads/all_reduce_ordinary_stores", stores::ordinary},
+                           std::pair{"threads/all_reduce_streaming_stores", stores::streaming}})
+    benchmark::RegisterBenchmark(
+        name, [how](benchmark::State& st) { bm_threads(st, coll::all_reduce, how); })
+        ->Apply([](auto* b) {  // 256 KiB to 256 MiB by factors of 2: where streaming pays
+          for (int n : {2, 4})
+            for (long s = 256L << 10; s <= 256L << 20; s *= 2) b->Args({n, s});
+        })
+        ->ArgNames({"ranks", "bytes"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond);
   // The latency benchmarks: 2 and 4 ranks, a fixed 3000 iterations (see bm_barrier_latency).
   auto latency = [](char const* name, void (*fn)(benchmark::State&)) {
     benchmark::RegisterBenchmark(name, fn)

@@ -130,6 +130,14 @@ struct options {
   std::string device = "cpu";       // cpu | cpu-engine | cuda: where the model step runs
 };
 
+//! Model chunks a rank holds under a pipeline schedule (0: not a schedule's name).
+int chunks_of(std::string_view s) {
+  if (s == "1f1b" || s == "gpipe" || s == "zb-h1" || s == "zb-h2") return 1;
+  if (s == "interleaved" || s == "zbv" || s == "v-half" || s == "v-min" || s == "dualpipe-v")
+    return 2;
+  return 0;
+}
+
 //! What a checkpoint must agree on to be resumed: everything but the step count and outputs.
 std::string fingerprint(options const& o) {
   std::ostringstream f;
@@ -141,29 +149,30 @@ std::string fingerprint(options const& o) {
     << ' ' << o.f64;
   if (o.device != "cpu") f << ' ' << o.device;     // another device: another run
   if (o.layers != 2) f << " layers " << o.layers;  // another model (2: as before --layers)
+  // Two chunks a rank: the placement decides which blocks a rank's file holds (looped or V; the
+  // V-shape schedules resume each other's checkpoints). One chunk: as before.
+  if (o.pp > 1 && chunks_of(o.schedule) > 1)
+    f << " chunks " << (o.schedule == "interleaved" ? "looped" : "v");
   return f.str();
 }
 
 using weft::examples::bad_argument;
 using weft::examples::parse_number;
 
-//! Model chunks a rank holds under a pipeline schedule (0: not a schedule's name).
-int chunks_of(std::string_view s) {
-  if (s == "1f1b" || s == "gpipe" || s == "zb-h1" || s == "zb-h2") return 1;
-  if (s == "interleaved" || s == "zbv" || s == "v-half" || s == "v-min" || s == "dualpipe-v")
-    return 2;
-  return 0;
-}
-
-//! The schedule `name` of a step of m microbatches over pp stages. Where m is too small for it,
-//! a schedule of the same placement: GPipe for the one-chunk schedules (1F1B, ZB-H1 and ZB-H2
-//! need m >= pp), interleaved 1F1B without Megatron's m % pp rule (valid, with more bubble), ZBV
-//! for DualPipeV (m >= 2 pp); ZBV, V-Half and V-Min take any m.
+//! The schedule `name` of a step of m microbatches over pp stages. Where m does not suit it, a
+//! schedule of the same placement: GPipe for the one-chunk schedules (1F1B, ZB-H1 and ZB-H2 need
+//! m >= pp); for interleaved 1F1B the least microbatch group Megatron's rules accept
+//! (interleaved_group_for: pp where pp divides m), and below pp microbatches the default group
+//! without the rules (every forward is warmup); ZBV for DualPipeV (m >= 2 pp); ZBV, V-Half and
+//! V-Min take any m.
 weft::pipeline::schedule make_schedule(std::string_view name, int pp, int m) {
   namespace pl = weft::pipeline;
   if (name == "interleaved") {
     pl::interleaved_options io;
-    io.unchecked = m < pp || m % pp != 0;
+    if (m < pp)
+      io.unchecked = true;
+    else
+      io.group = pl::interleaved_group_for(pp, m);
     return pl::interleaved_one_f_one_b(pp, m, 2, io);
   }
   if (name == "zbv" || (name == "dualpipe-v" && m < 2 * pp)) return pl::zero_bubble_v(pp, m);
@@ -220,7 +229,8 @@ void usage(std::ostream& os) {
         "                    stage adds its microbatches in order)\n"
         "  --out DIR         write metrics.csv, summary.json and plots (SVG) to DIR\n"
         "  --check           also run the one-rank trainer and compare: identical rollouts and\n"
-        "                    losses within float tolerance (dp alone: bit for bit)\n"
+        "                    losses within 1e-6 relative in f64, 1e-3 in f32 (dp alone: bit\n"
+        "                    for bit)\n"
         "  --save DIR        checkpoint into DIR after RL (and every --save-every N steps):\n"
         "                    DIR/step_K/rank_R.bin per rank, DIR/latest written last\n"
         "  --resume DIR      continue from DIR's latest checkpoint (same flags, any --rl-steps):\n"
@@ -362,12 +372,14 @@ options parse(int argc, char** argv) {
                            ", actual " + std::to_string(seqs * seq / o.cp)};
   }
   if (o.tp == 3) throw bad_argument{"argument `--tp`: expected a divisor of the 4 heads, actual 3"};
-  if (o.pp > 1 && o.pp * chunks_of(o.schedule) > o.layers)
-    throw bad_argument{"argument `--pp`: expected at most " +
-                       std::to_string(o.layers / chunks_of(o.schedule)) + " (--layers " +
-                       std::to_string(o.layers) +
-                       (chunks_of(o.schedule) > 1 ? " over two chunks a rank" : "") +
-                       ": every stage holds a block), actual " + std::to_string(o.pp)};
+  if (o.pp > 1 && chunks_of(o.schedule) > 1 && 2 * o.pp > o.layers)
+    throw bad_argument{
+        "argument `--layers`: expected at least 2 x pp = " + std::to_string(2 * o.pp) +
+        " under --schedule " + o.schedule + " (two chunks a rank, each at least a block), actual " +
+        std::to_string(o.layers)};
+  if (o.pp > o.layers)
+    throw bad_argument{"argument `--pp`: expected at most --layers = " + std::to_string(o.layers) +
+                       " (every stage holds a block), actual " + std::to_string(o.pp)};
   if (o.schedule != "1f1b" && o.pp == 1)
     throw bad_argument{
         "argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
@@ -1556,7 +1568,10 @@ int compare(options const& o, run_result const& got) {
       params_equal ? "bitwise equal" : "differ");
   int status = 0;
   std::size_t const need = std::min<std::size_t>(2, ref.rollout_hashes.size());
-  if (ref.sft_steps != got.sft_steps || same_rollouts < need || !(worst <= 1e-4)) status = 1;
+  // Losses: f64 keeps layouts within rounding of each other (4e-14 measured, 8e-10 on a GPU);
+  // in f32 the rounding of a different summation order grows with depth (2.7e-4 at 8 layers).
+  double const loss_tol = o.f64 ? 1e-6 : 1e-3;
+  if (ref.sft_steps != got.sft_steps || same_rollouts < need || !(worst <= loss_tol)) status = 1;
   if (bitwise &&
       (!params_equal || same_rollouts != ref.rollout_hashes.size() || ref.losses != got.losses))
     status = 1;

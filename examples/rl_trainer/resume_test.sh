@@ -2,6 +2,9 @@
 # Checkpoint and resume continue bit for bit: N RL steps in one process, and N/2 steps, a
 # checkpoint, a new process resuming to N, give the same final parameters (their hash) and the
 # same metric history (every column but the timings). Also: a checkpoint of another run is refused.
+# With RESUME_SCHEDULE_SAME=S the checkpoint also resumes under --schedule S to the same result
+# (another schedule of the placement); with RESUME_SCHEDULE_REFUSED=S, --schedule S (another
+# placement) is refused.
 #   resume_test.sh RL_TRAINER WORK_DIR [layout flags...]
 set -euo pipefail
 bin=$1; work=$2; shift 2
@@ -23,4 +26,17 @@ if "$bin" "${flags[@]}" --rl-steps 4 --seed 9 --resume "$work/ck" > "$work/refus
 fi
 grep -q "expected a checkpoint of the same run" "$work/refused.txt" \
   || { echo "FAILED: no clear error for a foreign checkpoint"; cat "$work/refused.txt"; exit 1; }
+if [[ -n "${RESUME_SCHEDULE_SAME:-}" ]]; then
+  other=$("$bin" "${flags[@]}" --rl-steps 4 --resume "$work/ck" --schedule "$RESUME_SCHEDULE_SAME" | hash)
+  echo "resumed under --schedule $RESUME_SCHEDULE_SAME: $other"
+  [[ "$other" == "$whole" ]] || { echo "FAILED: --schedule $RESUME_SCHEDULE_SAME resumed elsewhere"; exit 1; }
+fi
+if [[ -n "${RESUME_SCHEDULE_REFUSED:-}" ]]; then
+  if "$bin" "${flags[@]}" --rl-steps 4 --resume "$work/ck" --schedule "$RESUME_SCHEDULE_REFUSED" \
+      > "$work/refused2.txt" 2>&1; then
+    echo "FAILED: --schedule $RESUME_SCHEDULE_REFUSED resumed a checkpoint of another placement"; exit 1
+  fi
+  grep -q "expected a checkpoint of the same run" "$work/refused2.txt" \
+    || { echo "FAILED: no clear error for another placement"; cat "$work/refused2.txt"; exit 1; }
+fi
 echo "resume: bit for bit"

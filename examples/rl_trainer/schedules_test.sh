@@ -36,6 +36,6 @@ expect_refused() {  # expect_refused MESSAGE FLAGS...
   grep -qF -- "$message" "$refused" || { echo "FAILED: no clear error for $*"; cat "$refused"; exit 1; }
 }
 expect_refused "argument \`--schedule\`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv, v-half, v-min or dualpipe-v, actual \`chimera\`" --schedule chimera
-expect_refused "argument \`--pp\`: expected at most 1 (--layers 2 over two chunks a rank: every stage holds a block), actual 2" --schedule zbv
-expect_refused "argument \`--pp\`: expected at most 2 (--layers 2: every stage holds a block), actual 3" --pp 3
+expect_refused "argument \`--layers\`: expected at least 2 x pp = 4 under --schedule zbv (two chunks a rank, each at least a block), actual 2" --schedule zbv
+expect_refused "argument \`--pp\`: expected at most --layers = 2 (every stage holds a block), actual 3" --pp 3
 echo "schedules: bit for bit"

@@ -448,10 +448,15 @@ TEST_SUITE("threads") {
           ptrs.push_back(&stores.back());
         }
         nn::param_store<float> replica(nn::gpt_layout(c));
-        if (chunks.size() == 1)
+        if (chunks.size() == 1) {
           par::gpt_gather_replica(world, stores.front(), replica, c, p);
-        else
+        } else if (pp.rank() % 2 == 0) {
           par::gpt_gather_replica(world, ptrs, replica, c, chunks);
+        } else {  // the stores as gpt_pipeline_chunks takes them
+          std::vector<nn::param_store<float>*> mutable_ptrs;
+          for (auto& st : stores) mutable_ptrs.push_back(&st);
+          par::gpt_gather_replica(world, mutable_ptrs, replica, c, chunks);
+        }
         bool const same = std::memcmp(replica.params().data(), whole.params().data(),
                                       whole.params().size_bytes()) == 0;
         std::lock_guard lock(m);
@@ -495,6 +500,19 @@ TEST_SUITE("threads") {
       CHECK(message(swapped, chunks).find("elements in chunk 0") != std::string::npos);
       CHECK(message(ptrs, std::vector<par::gpt_parallelism>{}).find("at least one chunk") !=
             std::string::npos);
+      // The one-store form names its own arguments.
+      auto const one_store = [&](nn::param_store<float> const& shard,
+                                 par::gpt_parallelism const& q) -> std::string {
+        try {
+          par::gpt_gather_replica(world, shard, replica, c, q);
+        } catch (weft::error const& e) {
+          return e.what();
+        }
+        return "no error";
+      };
+      CHECK(one_store(stores[0], chunks[1]).find("argument `shard`") != std::string::npos);
+      nn::param_store<float> const stage0(par::gpt_shard_layout(c, p));  // pp 2, stage 0
+      CHECK(one_store(stage0, p).find("pp * tp = 2") != std::string::npos);
     });
   }
 

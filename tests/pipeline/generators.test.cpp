@@ -153,6 +153,45 @@ TEST_CASE("generators: configurations Megatron and PyTorch reject are rejected")
     }
 }
 
+TEST_CASE("generators: interleaved_group_for gives the least legal group, and it runs") {
+  int searched = 0;
+  for (int p = 1; p <= 12; ++p)
+    for (int m = 1; m <= 60; ++m) {
+      CAPTURE(p);
+      CAPTURE(m);
+      if (m < p) {
+        CHECK_THROWS_WITH_AS(static_cast<void>(interleaved_group_for(p, m)),
+                             doctest::Contains("argument `m`"), weft::schedule_error);
+        // Below p, the default group unchecked: every forward is warmup, and it runs.
+        interleaved_options u;
+        u.unchecked = true;
+        CHECK(check(interleaved_one_f_one_b(p, m, 2, u)).ok);
+        continue;
+      }
+      int const g = interleaved_group_for(p, m);
+      auto const legal = [&](int k) { return m % k == 0 || m % k >= p; };
+      CHECK(g >= p);
+      CHECK(g <= m);
+      CHECK(legal(g));
+      for (int k = p; k < g; ++k) CHECK_FALSE(legal(k));
+      if (m % p == 0) CHECK(g == p);
+      // Accepted as checked, valid, and with the formula's makespan.
+      auto const s = interleaved_one_f_one_b(p, m, 2, {g, false});
+      CHECK(check(s).ok);
+      CHECK(simulate_note(s).makespan == doctest::Approx(3.0 * m + 3.0 * (p - 1) / 2));
+      ++searched;
+    }
+  CHECK(searched == 12 * 60 - 66);
+  // What the default group unchecked would have run instead: p 5, m 7 cannot progress.
+  interleaved_options u;
+  u.unchecked = true;
+  CHECK_FALSE(check(interleaved_one_f_one_b(5, 7, 2, u)).ok);
+  CHECK(interleaved_group_for(5, 7) == 7);
+  CHECK(interleaved_group_for(4, 9) == 5);
+  CHECK(interleaved_group_for(4, 8) == 4);
+  CHECK_THROWS_AS(static_cast<void>(interleaved_group_for(0, 3)), weft::schedule_error);
+}
+
 TEST_CASE("generators: built unchecked, rejected configurations break the formula") {
   // p=4, m=9, g=4: remainder 1 < p. The note's simulation gives 37.0; the formula 31.5.
   auto const s = interleaved_one_f_one_b(4, 9, 2, {4, true});

@@ -324,11 +324,27 @@ void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T> const*> c
   if (model_group.size() > 1) comm::all_reduce(model_group, all, comm::reduce_kind::sum).wait();
 }
 
+//! The same over the stores as gpt_pipeline_chunks takes them (mutable pointers).
+template <comm::CollectiveIn<host_space> G, class T>
+void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T>*> const& shards,
+                        nn::param_store<T>& whole, nn::gpt_config const& c,
+                        std::vector<gpt_parallelism> const& chunks) {
+  gpt_gather_replica(model_group,
+                     std::vector<nn::param_store<T> const*>(shards.begin(), shards.end()), whole, c,
+                     chunks);
+}
+
 //! gpt_gather_replica of a rank that holds one chunk: its stage of a plain pipeline (or the whole
 //! model's layers, pp = 1). `model_group` holds pp × tp ranks.
 template <comm::CollectiveIn<host_space> G, class T>
 void gpt_gather_replica(G& model_group, nn::param_store<T> const& shard, nn::param_store<T>& whole,
                         nn::gpt_config const& c, gpt_parallelism const& p) {
+  WEFT_EXPECTS_SHAPE(shard.layout().size() == gpt_shard_layout(c, p).size(), "shard",
+                     ::weft::detail::concat(gpt_shard_layout(c, p).size(),
+                                            " elements (gpt_shard_layout(config, parallelism))"),
+                     shard.layout().size());
+  WEFT_EXPECTS(model_group.size() == p.pp * p.tp, "model_group.size()",
+               ::weft::detail::concat("pp * tp = ", p.pp * p.tp), model_group.size());
   gpt_gather_replica(model_group, std::vector<nn::param_store<T> const*>{&shard}, whole, c,
                      std::vector<gpt_parallelism>{p});
 }

@@ -124,7 +124,9 @@ class communicator : private detail::engine {
           // (send == recv) is safe; the final barrier keeps every buffer alive until all slices
           // have landed.
           auto const mine = detail::balanced_part(in.count, n, rank_);
-          gathered_reduce(seq, in.type, op.kind, nullptr, mine.offset * es, mine.count, true);
+          bool const stream = in.bytes() >= group_->opts().streaming_store_bytes;
+          gathered_reduce(seq, in.type, op.kind, nullptr, mine.offset * es, mine.count, true,
+                          stream);
           phase(seq, 2);
         });
   }

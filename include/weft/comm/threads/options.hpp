@@ -1,6 +1,7 @@
 // weft/comm/threads/options.hpp — the settings of a threads-backend world: the default deadline
 // of every blocking wait, the length of each communicator's operation history, and the size
-// below which all_reduce goes through staging buffers in a single barrier.
+// below which all_reduce goes through staging buffers in a single barrier, and the size from which
+// its zero-copy path writes by non-temporal stores.
 #pragma once
 
 #include <chrono>
@@ -19,6 +20,12 @@ struct options {
   //! slice r of all inputs and writes it into every rank's output (a reduce-scatter fused with a
   //! pushed all-gather; two barriers). 0 always takes the latter.
   std::size_t small_message_bytes = 64 * 1024;
+  //! The zero-copy all_reduce of at least this many bytes writes the reduced slices into the
+  //! ranks' outputs by non-temporal stores (x86; elsewhere ordinary ones): no read for ownership
+  //! of the destination lines, which a message larger than the caches would fetch from DRAM
+  //! only to overwrite them, but the outputs are not left in cache either. 0: always;
+  //! SIZE_MAX: never.
+  std::size_t streaming_store_bytes = std::size_t{4} << 20;
 };
 
 }  // namespace weft::comm::threads

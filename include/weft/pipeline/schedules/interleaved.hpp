@@ -20,6 +20,19 @@ struct interleaved_options {
   bool unchecked = false;
 };
 
+//! The smallest microbatch group Megatron's rules accept for m >= p microbatches on p ranks: p
+//! where p divides m, else the least g in (p, m] with m % g == 0 or m % g >= p (g = m always
+//! qualifies). A step whose microbatch count varies (a DAPO batch) keeps the interleaved
+//! schedule this way; the default group with `unchecked` can deadlock (p 5, m 7). For m < p no
+//! group qualifies: there `unchecked` with the default group is valid (every forward is warmup).
+[[nodiscard]] inline int interleaved_group_for(int p, int m) {
+  detail::require(p >= 1, "p", ">= 1", p, "p >= 1");
+  detail::require(m >= p, "m", ::weft::detail::concat(">= p (", p, ")"), m, "m >= p");
+  int g = p;
+  while (m % g != 0 && m % g < p) ++g;
+  return g;
+}
+
 //! Megatron's schedule table: for each group of g microbatches (the last one takes the rest),
 //! chunk 0 over the group, then chunk 1, ...; entry k is (microbatch, chunk) of virtual id k.
 inline std::vector<std::pair<int, int>> interleaved_table(int m, int v, int g) {

@@ -125,9 +125,11 @@ class engine {
   }
 
   // Folds elements [byte_offset, +count) of every rank's send buffer, in rank order, into out
-  // (or, with to_all, into the same elements of every rank's receive buffer).
+  // (or, with to_all, into the same elements of every rank's receive buffer, by non-temporal
+  // stores where `stream`).
   void gathered_reduce(std::uint64_t seq, dtype type, reduce_kind kind, std::byte* out,
-                       std::size_t byte_offset, std::size_t count, bool to_all = false) {
+                       std::size_t byte_offset, std::size_t count, bool to_all = false,
+                       bool stream = false) {
     if (count == 0) return;
     int const n = group_size();
     constexpr int stack_ranks = 64;
@@ -155,7 +157,7 @@ class engine {
       outs[s] = to_all ? d.recv + byte_offset : nullptr;
     }
     if (to_all) {
-      detail::reduce_bytes(type, kind, outs, n, ins, scal, n, count);
+      detail::reduce_bytes(type, kind, outs, n, ins, scal, n, count, stream);
     } else {
       detail::reduce_bytes(type, kind, out, ins, scal, n, count);
     }

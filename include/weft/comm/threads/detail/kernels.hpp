@@ -10,21 +10,65 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <type_traits>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace weft::comm::threads::detail {
+
+//! Copies `bytes` from src to dst with non-temporal stores where the target has them (x86 SSE2;
+//! elsewhere std::memcpy): the destination's lines are neither read for ownership nor kept in
+//! cache, so a copy of S bytes into memory no core holds moves 2S through DRAM instead of 3S.
+//! The stores are weakly ordered: stream_fence() before another thread may read dst.
+inline void stream_copy(std::byte* dst, std::byte const* src, std::size_t bytes) noexcept {
+#if defined(__SSE2__)
+  auto const misaligned = reinterpret_cast<std::uintptr_t>(dst) & 15u;
+  std::size_t const head = misaligned == 0 ? 0 : std::min<std::size_t>(bytes, 16 - misaligned);
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  bytes -= head;
+  for (; bytes >= 64; bytes -= 64, dst += 64, src += 64) {
+    auto const* s = reinterpret_cast<__m128i const*>(src);
+    __m128i const a = _mm_loadu_si128(s), b = _mm_loadu_si128(s + 1), c = _mm_loadu_si128(s + 2),
+                  d = _mm_loadu_si128(s + 3);
+    auto* t = reinterpret_cast<__m128i*>(dst);
+    _mm_stream_si128(t, a);
+    _mm_stream_si128(t + 1, b);
+    _mm_stream_si128(t + 2, c);
+    _mm_stream_si128(t + 3, d);
+  }
+  for (; bytes >= 16; bytes -= 16, dst += 16, src += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_loadu_si128(reinterpret_cast<__m128i const*>(src)));
+  std::memcpy(dst, src, bytes);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+//! Orders this thread's earlier non-temporal stores before its later stores (the barrier that
+//! publishes them).
+inline void stream_fence() noexcept {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 
 // One block: every loop has trip count `len`; with a compile-time len (full blocks) the loops
 // vectorise even under GCC's -O2 cost model, which refuses loops that need a scalar epilogue.
 // The finished block goes to every output in `outs` (one, or one per rank for a pushed
-// all-gather), from a staging block that is still in L1.
+// all-gather), from a staging block that is still in L1, by non-temporal stores where `stream`.
 template <Element T, reduce_kind Kind, class Len>
 WEFT_FORCEINLINE void reduce_block(T* const* outs, int n_out, T const* const* ins,
                                    accumulator_t<T> const* scales, int n, std::size_t base, Len len,
-                                   accumulator_t<T>* acc, T* staged) noexcept {
+                                   accumulator_t<T>* acc, T* staged, bool stream) noexcept {
   using R = reducer<T, Kind>;
   using A = accumulator_t<T>;
   auto const m = static_cast<std::size_t>(len);
@@ -44,25 +88,34 @@ WEFT_FORCEINLINE void reduce_block(T* const* outs, int n_out, T const* const* in
     return;
   }
   for (std::size_t j = 0; j < m; ++j) staged[j] = R::finish(acc[j], n);
+  if (stream) {
+    for (int k = 0; k < n_out; ++k)
+      stream_copy(reinterpret_cast<std::byte*>(outs[k] + base),
+                  reinterpret_cast<std::byte const*>(staged), m * sizeof(T));
+    return;
+  }
   for (int k = 0; k < n_out; ++k) std::memcpy(outs[k] + base, staged, m * sizeof(T));
 }
 
 //! outs[k][i] = fold over r = 0..n-1 of ins[r][i] for i < count and every k < n_out. Works
 //! block by block with the accumulators on the stack so that each pass over one rank's input is
 //! a simple vectorisable loop; an output may alias any input element-for-element (a block is
-//! read fully before it is written).
+//! read fully before it is written). With several outputs and `stream`, the blocks are written
+//! by non-temporal stores (stream_copy), fenced before the return.
 template <Element T, reduce_kind Kind>
 void reduce_range(T* const* outs, int n_out, T const* const* ins, accumulator_t<T> const* scales,
-                  int n, std::size_t count) noexcept {
+                  int n, std::size_t count, bool stream = false) noexcept {
   constexpr std::size_t block = 512;
   alignas(64) accumulator_t<T> acc[block];
   alignas(64) T staged[block];
+  stream = stream && n_out > 1;
   std::size_t base = 0;
   for (; base + block <= count; base += block)
     reduce_block<T, Kind>(outs, n_out, ins, scales, n, base,
-                          std::integral_constant<std::size_t, block>{}, acc, staged);
+                          std::integral_constant<std::size_t, block>{}, acc, staged, stream);
   if (base < count)
-    reduce_block<T, Kind>(outs, n_out, ins, scales, n, base, count - base, acc, staged);
+    reduce_block<T, Kind>(outs, n_out, ins, scales, n, base, count - base, acc, staged, stream);
+  if (stream) stream_fence();
 }
 
 template <Element T, reduce_kind Kind>
@@ -72,10 +125,11 @@ void reduce_range(T* out, T const* const* ins, accumulator_t<T> const* scales, i
 }
 
 //! Type-erased front of reduce_range: `ins[r]` and `outs[k]` point at elements of `type`;
-//! `scalars[r]` is rank r's premul scalar. Up to 64 ranks use no allocation.
+//! `scalars[r]` is rank r's premul scalar; `stream`: several outputs are written by non-temporal
+//! stores. Up to 64 ranks use no allocation.
 inline void reduce_bytes(dtype type, reduce_kind kind, std::byte* const* outs, int n_out,
                          std::byte const* const* ins, double const* scalars, int n,
-                         std::size_t count) {
+                         std::size_t count, bool stream = false) {
   if (count == 0) return;
   weft::dispatch(type, [&](auto tag) {
     using T = typename decltype(tag)::type;
@@ -104,7 +158,7 @@ inline void reduce_bytes(dtype type, reduce_kind kind, std::byte* const* outs, i
     }
     for (int k = 0; k < n_out; ++k) out_ptr[k] = reinterpret_cast<T*>(outs[k]);
     dispatch_reduce_kind(kind, [&](auto k) {
-      reduce_range<T, decltype(k)::value>(out_ptr, n_out, in_ptr, scale_ptr, n, count);
+      reduce_range<T, decltype(k)::value>(out_ptr, n_out, in_ptr, scale_ptr, n, count, stream);
     });
   });
 }
