@@ -4,7 +4,8 @@
 # label. (doctest's own doctest_discover_tests flattens label lists and runs the binary once per
 # case to find suites; this lists each suite once.)
 #
-# Inputs: EXE, PREFIX, LABELS, SUITE_LABELS, TIMEOUT, OUT, WORKDIR (all -D).
+# Inputs: EXE, PREFIX, LABELS, SUITE_LABELS, TIMEOUT, OUT, WORKDIR, SERIAL (all -D; SERIAL: a
+# regex, cases whose name matches it get RUN_SERIAL).
 
 cmake_minimum_required(VERSION 3.25)
 
@@ -57,10 +58,14 @@ foreach(c IN LISTS all_cases)
   string(REPLACE "<weft-rb>" "]" filter "${filter}")
   string(REPLACE "<weft-sc>" ";" c "${c}")
   string(REPLACE "<weft-sc>" ";" filter "${filter}")
+  set(serial "")
+  if(NOT SERIAL STREQUAL "" AND c MATCHES "${SERIAL}")
+    set(serial " RUN_SERIAL TRUE")
+  endif()
   string(APPEND script
     "add_test([==[${PREFIX}${c}]==] [==[${EXE}]==] [==[--test-case=${filter}]==])\n"
     "set_tests_properties([==[${PREFIX}${c}]==] PROPERTIES LABELS [==[${label_value}]==] "
     "TIMEOUT ${TIMEOUT} WORKING_DIRECTORY [==[${WORKDIR}]==] "
-    "ENVIRONMENT OPENBLAS_NUM_THREADS=1)\n")
+    "ENVIRONMENT OPENBLAS_NUM_THREADS=1${serial})\n")
 endforeach()
 file(WRITE "${OUT}" "${script}")

@@ -64,6 +64,7 @@ endfunction()
 # Registers every doctest case of <target> with CTest at build time (see WeftDiscoverTests.cmake).
 function(weft_discover_tests target)
   cmake_parse_arguments(A "" "PREFIX;TIMEOUT" "LABELS;SUITE_LABELS" ${ARGN})
+  set(_serial "${WEFT_SERIAL_CASES}")
   if(NOT A_TIMEOUT)
     set(A_TIMEOUT 300)
   endif()
@@ -73,7 +74,7 @@ function(weft_discover_tests target)
   add_custom_command(TARGET ${target} POST_BUILD
     COMMAND "${CMAKE_COMMAND}" -D "EXE=$<TARGET_FILE:${target}>" -D "PREFIX=${A_PREFIX}"
             -D "LABELS=${_labels}" -D "SUITE_LABELS=${_suites}" -D "TIMEOUT=${A_TIMEOUT}"
-            -D "OUT=${_out}" -D "WORKDIR=${CMAKE_CURRENT_BINARY_DIR}"
+            -D "OUT=${_out}" -D "WORKDIR=${CMAKE_CURRENT_BINARY_DIR}" -D "SERIAL=${_serial}"
             -P "${PROJECT_SOURCE_DIR}/cmake/WeftDiscoverTests.cmake"
     BYPRODUCTS "${_out}"
     VERBATIM)
@@ -81,6 +82,12 @@ function(weft_discover_tests target)
        "if(EXISTS \"${_out}\")\n  include(\"${_out}\")\nelse()\n  add_test(${target}_NOT_BUILT ${target}_NOT_BUILT)\nendif()\n")
   set_property(DIRECTORY APPEND PROPERTY TEST_INCLUDE_FILES "${CMAKE_CURRENT_BINARY_DIR}/${target}_include.cmake")
 endfunction()
+
+# Cases whose name matches this regex run with RUN_SERIAL (no other CTest test beside them): the
+# straggler detector's cases assert how soon a slow rank is named among 8 thread ranks on the CI's
+# 2 cores, which a concurrent test's load delays (one busy loop beside "8 ranks, one 20 % slower
+# ... named within 20" fails it 13 times in 20, with or without this stop's changes).
+set(WEFT_SERIAL_CASES "^straggler: " CACHE INTERNAL "")
 
 # Suites whose name becomes a CTest label of their cases: TEST_SUITE("slow") { ... }.
 set(WEFT_SUITE_LABELS slow threads mpi CACHE INTERNAL "")
