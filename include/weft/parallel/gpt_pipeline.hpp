@@ -211,17 +211,9 @@ class gpt_pipeline_chunks {
                        ::weft::detail::concat(chunks.size(), " (one per chunk)"), stores.size());
     for (std::size_t k = 0; k < chunks.size(); ++k) {
       auto const& q = chunks[k];
-      auto const& q0 = chunks.front();
       WEFT_EXPECTS(stores[k] != nullptr, "stores", "a store per chunk",
                    ::weft::detail::concat("null at chunk ", k));
-      WEFT_EXPECTS(q.tp == q0.tp && q.tp_rank == q0.tp_rank &&
-                       q.sequence_parallel == q0.sequence_parallel && q.cp == q0.cp &&
-                       q.cp_rank == q0.cp_rank && q.pp == q0.pp,
-                   "chunks", "the same tp, cp, sequence parallelism and pp in every chunk",
-                   ::weft::detail::concat("chunk ", k, " differs from chunk 0"));
-      for (std::size_t j = 0; j < k; ++j)
-        WEFT_EXPECTS(chunks[j].pp_rank != q.pp_rank, "chunks", "distinct stages (pp_rank)",
-                     ::weft::detail::concat("stage ", q.pp_rank, " in chunks ", j, " and ", k));
+      detail::check_chunk(chunks, k);
       chunks_.push_back(
           std::make_unique<chunk_type>(config, q, tp, cp, *stores[k], microbatch, token_loss));
     }

@@ -263,6 +263,23 @@ void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gp
   }
 }
 
+namespace detail {
+//! Chunk k of a rank's chunks (gpt_chunks) agrees with chunk 0 on everything but pp_rank and names
+//! a stage no earlier chunk names; invalid_argument_error otherwise.
+inline void check_chunk(std::vector<gpt_parallelism> const& chunks, std::size_t k) {
+  auto const& q = chunks[k];
+  auto const& q0 = chunks.front();
+  WEFT_EXPECTS(q.tp == q0.tp && q.tp_rank == q0.tp_rank &&
+                   q.sequence_parallel == q0.sequence_parallel && q.cp == q0.cp &&
+                   q.cp_rank == q0.cp_rank && q.pp == q0.pp,
+               "chunks", "the same tp, cp, sequence parallelism and pp in every chunk",
+               ::weft::detail::concat("chunk ", k, " differs from chunk 0"));
+  for (std::size_t j = 0; j < k; ++j)
+    WEFT_EXPECTS(chunks[j].pp_rank != q.pp_rank, "chunks", "distinct stages (pp_rank)",
+                 ::weft::detail::concat("stage ", q.pp_rank, " in chunks ", j, " and ", k));
+}
+}  // namespace detail
+
 //! The whole model, laid out by nn::gpt_layout(c), on every rank of `model_group` from the
 //! shards of a rank that holds several model chunks (virtual stages: gpt_chunks of an interleaved
 //! or V-shape schedule, or the one chunk of a plain pipeline): chunk k's pieces come from
@@ -288,14 +305,7 @@ void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T> const*> c
   auto const& q0 = chunks.front();
   for (std::size_t k = 0; k < chunks.size(); ++k) {
     auto const& q = chunks[k];
-    WEFT_EXPECTS(q.tp == q0.tp && q.tp_rank == q0.tp_rank &&
-                     q.sequence_parallel == q0.sequence_parallel && q.cp == q0.cp &&
-                     q.cp_rank == q0.cp_rank && q.pp == q0.pp,
-                 "chunks", "the same tp, cp, sequence parallelism and pp in every chunk",
-                 ::weft::detail::concat("chunk ", k, " differs from chunk 0"));
-    for (std::size_t j = 0; j < k; ++j)
-      WEFT_EXPECTS(chunks[j].pp_rank != q.pp_rank, "chunks", "distinct stages (pp_rank)",
-                   ::weft::detail::concat("stage ", q.pp_rank, " in chunks ", j, " and ", k));
+    detail::check_chunk(chunks, k);
     WEFT_EXPECTS(shards[k] != nullptr, "shards", "a store per chunk",
                  ::weft::detail::concat("null at chunk ", k));
     auto const want = gpt_shard_layout(c, q).size();
