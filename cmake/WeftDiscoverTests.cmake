@@ -59,7 +59,7 @@ foreach(c IN LISTS all_cases)
   string(REPLACE "<weft-sc>" ";" c "${c}")
   string(REPLACE "<weft-sc>" ";" filter "${filter}")
   set(serial "")
-  if(NOT SERIAL STREQUAL "" AND c MATCHES "${SERIAL}")
+  if(DEFINED SERIAL AND NOT "${SERIAL}" STREQUAL "" AND c MATCHES "${SERIAL}")
     set(serial " RUN_SERIAL TRUE")
   endif()
   string(APPEND script

@@ -16,18 +16,31 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__SSE2__)
+// Non-temporal stores where the target has them, except under ASan or TSan, which do not see
+// them (an overrun or a race there would go unreported): those builds check a memcpy of the same
+// bytes instead.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define WEFT_THREADS_SANITIZED 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define WEFT_THREADS_SANITIZED 1
+#endif
+#if defined(__SSE2__) && !defined(WEFT_THREADS_SANITIZED)
+#define WEFT_THREADS_STREAM_STORES 1
 #include <emmintrin.h>
 #endif
 
 namespace weft::comm::threads::detail {
 
 //! Copies `bytes` from src to dst with non-temporal stores where the target has them (x86 SSE2;
-//! elsewhere std::memcpy): the destination's lines are neither read for ownership nor kept in
-//! cache, so a copy of S bytes into memory no core holds moves 2S through DRAM instead of 3S.
-//! The stores are weakly ordered: stream_fence() before another thread may read dst.
+//! elsewhere, and under ASan or TSan, std::memcpy): the destination's lines are neither read for
+//! ownership nor kept in cache, so a copy of S bytes into memory no core holds moves 2S through
+//! DRAM instead of 3S. The stores are weakly ordered: stream_fence() before another thread may
+//! read dst.
 inline void stream_copy(std::byte* dst, std::byte const* src, std::size_t bytes) noexcept {
-#if defined(__SSE2__)
+#if defined(WEFT_THREADS_STREAM_STORES)
   auto const misaligned = reinterpret_cast<std::uintptr_t>(dst) & 15u;
   std::size_t const head = misaligned == 0 ? 0 : std::min<std::size_t>(bytes, 16 - misaligned);
   std::memcpy(dst, src, head);
@@ -56,7 +69,7 @@ inline void stream_copy(std::byte* dst, std::byte const* src, std::size_t bytes)
 //! Orders this thread's earlier non-temporal stores before its later stores (the barrier that
 //! publishes them).
 inline void stream_fence() noexcept {
-#if defined(__SSE2__)
+#if defined(WEFT_THREADS_STREAM_STORES)
   _mm_sfence();
 #endif
 }
