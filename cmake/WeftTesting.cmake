@@ -85,8 +85,9 @@ endfunction()
 
 # Cases whose name matches this regex run with RUN_SERIAL (no other CTest test beside them): the
 # straggler detector's cases assert how soon a slow rank is named among 8 thread ranks on the CI's
-# 2 cores, which a concurrent test's load delays (one busy loop beside "8 ranks, one 20 % slower
-# ... named within 20" fails it 13 times in 20, with or without this stop's changes).
+# 2 cores, which a concurrent test's load delays (two busy loops beside "8 ranks, one 20 % slower
+# ... named within 20" fail it 13 times in 20, with or without the 2026-11-27 changes; it failed
+# once in a plain ctest -j2 run).
 set(WEFT_SERIAL_CASES "^straggler:[ ]" CACHE INTERNAL "")  # cmake -D trims a trailing space
 
 # Suites whose name becomes a CTest label of their cases: TEST_SUITE("slow") { ... }.
