@@ -229,8 +229,8 @@ void usage(std::ostream& os) {
         "                    stage adds its microbatches in order)\n"
         "  --out DIR         write metrics.csv, summary.json and plots (SVG) to DIR\n"
         "  --check           also run the one-rank trainer and compare: identical rollouts and\n"
-        "                    losses within 1e-6 relative in f64, 1e-3 in f32 (dp alone: bit\n"
-        "                    for bit)\n"
+        "                    losses within 1e-6 relative in f64, 1e-4 in f32 (dp alone: bit\n"
+        "                    for bit; with --layers > 4, f32 rounding can exceed it: --f64)\n"
         "  --save DIR        checkpoint into DIR after RL (and every --save-every N steps):\n"
         "                    DIR/step_K/rank_R.bin per rank, DIR/latest written last\n"
         "  --resume DIR      continue from DIR's latest checkpoint (same flags, any --rl-steps):\n"
@@ -1569,8 +1569,9 @@ int compare(options const& o, run_result const& got) {
   int status = 0;
   std::size_t const need = std::min<std::size_t>(2, ref.rollout_hashes.size());
   // Losses: f64 keeps layouts within rounding of each other (4e-14 measured, 8e-10 on a GPU);
-  // in f32 the rounding of a different summation order grows with depth (2.7e-4 at 8 layers).
-  double const loss_tol = o.f64 ? 1e-6 : 1e-3;
+  // in f32 the rounding of a different summation order grows with depth (2.7e-4 at 8 layers, over
+  // this bound: check deep layouts in f64).
+  double const loss_tol = o.f64 ? 1e-6 : 1e-4;
   if (ref.sft_steps != got.sft_steps || same_rollouts < need || !(worst <= loss_tol)) status = 1;
   if (bitwise &&
       (!params_equal || same_rollouts != ref.rollout_hashes.size() || ref.losses != got.losses))
