@@ -9,7 +9,8 @@
 // The rollouts are shared by all ranks, every rank takes the same filtering decision, and the
 // update runs under the layout: each data-parallel rank trains on contiguous whole groups,
 // microbatch by microbatch (one group each) through its pipeline, with the policy loss on the
-// last stage's log-probabilities, gradients summed over dp × cp, clipped over pp × tp.
+// last stage's log-probabilities, gradients summed over dp × cp, clipped over pp × tp (with
+// --zero1: reduce-scattered over dp × cp, AdamW on each rank's shard, clipped over all ranks).
 //
 //   rl_trainer [--mode dapo|grpo] [--seed N] [--rl-steps N] [--dp N] [--pp N] [--tp N] [--cp N]
 //              [--sp] [--refill whole|sized] [--zero-advantage] [--out DIR] [--check] ...
@@ -24,6 +25,7 @@
 // the one-rank run), 1 when a check fails, 2 on a bad command line.
 #include "common/cli.hpp"
 #include "rl_trainer/engine.hpp"
+#include "rl_trainer/optimizer.hpp"
 
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/world.hpp>
@@ -128,6 +130,7 @@ struct options {
   int save_every = 0;               // also every N RL steps (0: only at the end)
   std::string resume;               // checkpoint folder to continue from
   std::string device = "cpu";       // cpu | cpu-engine | cuda: where the model step runs
+  bool zero1 = false;               // ZeRO-1: AdamW state sharded over the data group (dp x cp)
 };
 
 //! Model chunks a rank holds under a pipeline schedule (0: not a schedule's name).
@@ -191,7 +194,7 @@ void usage(std::ostream& os) {
         "[--group G]\n"
         "                  [--max-rounds N] [--refill whole|sized] [--zero-advantage]\n"
         "                  [--eval-prompts N] [--dp N] [--pp N] [--tp N] [--cp N] [--sp]\n"
-        "                  [--layers N] [--schedule NAME]\n"
+        "                  [--layers N] [--schedule NAME] [--zero1]\n"
         "                  [--out DIR] [--save DIR] [--save-every N] [--resume DIR]\n"
         "                  [--backend threads|mpi] [--device cpu|cpu-engine|cuda] [--check]\n"
         "                  [--f64] [--quiet] [--help]\n\n"
@@ -227,6 +230,12 @@ void usage(std::ostream& os) {
         "                    microbatch rule, or ZBV (dualpipe-v). The one-chunk schedules give\n"
         "                    the same parameters bit for bit, and so do the V-shape ones (each\n"
         "                    stage adds its microbatches in order)\n"
+        "  --zero1           ZeRO-1 (Megatron's distributed optimizer): the gradients are\n"
+        "                    reduce-scattered in buckets over the data group (dp x cp), each of\n"
+        "                    its ranks steps AdamW on its 1/(dp x cp) of the parameters and the\n"
+        "                    parameters are all-gathered; the gradient norm is reduced over all\n"
+        "                    ranks. Checkpoints hold the whole state: a run with or without\n"
+        "                    --zero1 resumes them\n"
         "  --out DIR         write metrics.csv, summary.json and plots (SVG) to DIR\n"
         "  --check           also run the one-rank trainer and compare: identical rollouts and\n"
         "                    losses within 1e-6 relative in f64, 1e-4 in f32 (dp alone: bit\n"
@@ -345,6 +354,8 @@ options parse(int argc, char** argv) {
             "rl_trainer_cuda, built with WEFT_ENABLE_CUDA=ON and WEFT_BUILD_TESTS=ON), actual "
             "`cuda`"};
 #endif
+    } else if (a == "--zero1") {
+      o.zero1 = true;
     } else if (a == "--f64") {
       o.f64 = true;
     } else if (a == "--quiet") {
@@ -385,6 +396,9 @@ options parse(int argc, char** argv) {
         "argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
         "pipeline to schedule), actual `" +
         o.schedule + "`"};
+  if (o.device != "cpu" && o.zero1)
+    throw bad_argument{"argument `--zero1`: expected with --device cpu (the " + o.device +
+                       " engine keeps the whole optimizer state), actual --device " + o.device};
   if (o.device != "cpu" && o.pp * o.tp * o.cp != 1)
     throw bad_argument{"argument `--device`: expected cpu with --pp " + std::to_string(o.pp) +
                        " --tp " + std::to_string(o.tp) + " --cp " + std::to_string(o.cp) + " (" +
@@ -581,6 +595,8 @@ std::uint64_t hash_words(std::span<double const> w, std::uint64_t h) {
 
 template <class T, class Comm = comm_t>
 class trainer {
+  using optimizer_t = rlt::chunk_optimizer<T, Comm>;
+
  public:
   trainer(options const& o, Comm& world)
       : o_(o),
@@ -636,7 +652,13 @@ class trainer {
     optim::adamw_options ao;
     ao.lr = o_.rl_lr;
     ao.weight_decay = 0.0;
-    rl_opts_ = make_optimizers(ao);
+    rl_opt_.emplace(make_optimizer(ao));
+    if (o_.zero1) {
+      std::size_t held = 0;
+      for (auto const& st : stores_) held += st.params().size();
+      say("ZeRO-1: rank 0 holds the AdamW state of %zu of its %zu parameters\n",
+          rl_opt_->state_size(), held);
+    }
     std::array<double, 2> e1{};
     if (!o_.resume.empty()) {
       load_checkpoint(r);
@@ -679,12 +701,13 @@ class trainer {
   //! The one chunk's store (pp 1, the engine, a one-chunk pipeline stage).
   nn::param_store<T>& store() { return stores_.front(); }
 
-  //! An AdamW per chunk, over that chunk's parameters.
-  std::vector<optim::adamw<T>> make_optimizers(optim::adamw_options const& ao) const {
-    std::vector<optim::adamw<T>> opts;
-    opts.reserve(stores_.size());
-    for (auto const& st : stores_) opts.emplace_back(st.layout().infos(), ao);
-    return opts;
+  //! AdamW over every chunk's parameters: replicated over the data group, or ZeRO-1 (--zero1).
+  optimizer_t make_optimizer(optim::adamw_options const& ao) {
+    // ZeRO-1 buckets of 16 Ki elements: several per chunk of this small model (Megatron's default,
+    // 40 M, would put every chunk in one).
+    constexpr std::size_t kBucket = std::size_t{1} << 14;
+    return optimizer_t(std::span<nn::param_store<T>>(stores_), ao, *tp_, *data_,
+                       o_.zero1 ? *world_ : *model_group_, p_.tp_rank, o_.zero1, kBucket);
   }
 
   //! replica_ = the whole model from every chunk of the model group (collective over it).
@@ -728,7 +751,7 @@ class trainer {
   //! a microbatch's rows, called with the index of its first sequence. Returns {loss, grad norm}.
   std::array<double, 2> train_step(
       std::vector<std::int32_t> const& tokens, std::vector<std::int32_t> const& targets, index_t mb,
-      double ce_weight, std::vector<optim::adamw<T>>& opts, double lr, double max_norm,
+      double ce_weight, optimizer_t& opt, double lr, double max_norm,
       std::function<double(index_t first_seq, std::span<std::int64_t const>,
                            std::span<double const>, std::span<double>)> const& loss) {
     index_t const seqs = static_cast<index_t>(tokens.size()) / seq_len_;
@@ -742,8 +765,8 @@ class trainer {
       halves = {{u0, u1}};
     }
     if (engine_)
-      return engine_step(tokens, targets, seqs, mb, halves, ce_weight, opts.front(), lr, max_norm,
-                         loss);
+      return engine_step(tokens, targets, seqs, mb, halves, ce_weight, opt.replicated(0), lr,
+                         max_norm, loss);
     double loss_sum = 0;
     std::vector<std::vector<T>> first_half(stores_.size());
     for (auto& st : stores_) st.zero_grad();
@@ -761,17 +784,9 @@ class trainer {
           for (std::size_t i = 0; i < g.size(); ++i) g[i] = first_half[k][i] + g[i];
         }
     }
-    for (auto& st : stores_) par::reduce_gpt_grads(*tp_, *data_, st);
-    std::vector<std::vector<optim::param_info>> infos;
-    std::vector<optim::grad_group<T>> groups;
-    infos.reserve(stores_.size());
-    for (auto& st : stores_) {
-      infos.push_back(st.layout().infos());
-      groups.push_back({infos.back(), st.grads()});
-    }
-    double const norm = optim::clip_grad_norm(*model_group_, groups, p_.tp_rank, max_norm);
-    for (std::size_t k = 0; k < stores_.size(); ++k)
-      opts[k].step(stores_[k].params(), stores_[k].grads(), lr);
+    opt.reduce();
+    double const norm = opt.clip(max_norm);
+    opt.step(lr);
     gather_replica();
     return {step_loss(loss_sum), norm};
   }
@@ -973,7 +988,7 @@ class trainer {
     optim::adamw_options ao;
     ao.lr = o_.sft_lr;
     ao.weight_decay = 0.0;
-    auto opts = make_optimizers(ao);
+    auto opt = make_optimizer(ao);
     int const cap = o_.sft_steps > 0 ? o_.sft_steps : o_.sft_max_steps;
     int step = 0;
     for (; step < cap; ++step) {
@@ -986,7 +1001,7 @@ class trainer {
       }
       double const w = 1.0 / static_cast<double>(o_.sft_batch * kMaxNew);
       auto const [loss, norm] =
-          train_step(tokens, targets, microbatch(o_.sft_batch / 8, 8), w, opts, o_.sft_lr,
+          train_step(tokens, targets, microbatch(o_.sft_batch / 8, 8), w, opt, o_.sft_lr,
                      std::numeric_limits<double>::infinity(), {});  // SFT: no clipping
       (void)norm;
       if (o_.sft_steps == 0 && (step + 1) % o_.sft_eval_every == 0) {
@@ -1006,7 +1021,8 @@ class trainer {
       }
     }
     r.sft_steps = step;
-    if (engine_opt_ == &opts.front()) engine_opt_ = nullptr;  // opts end here; RL has its own
+    // opt ends here; RL has its own
+    if (engine_ && engine_opt_ == &opt.replicated(0)) engine_opt_ = nullptr;
   }
 
   // Generates groups for prompts [uid0, uid0 + n) of this step: G samples each, in chunks of
@@ -1041,7 +1057,7 @@ class trainer {
   }
 
   void rl_phase(run_result& r) {
-    auto& opts = rl_opts_;
+    auto& opt = *rl_opt_;
     bool const dapo = o_.mode == "dapo";
     rl::policy_loss_config pc;
     pc.clip_low = 0.2;
@@ -1167,7 +1183,7 @@ class trainer {
           return res.loss;
         };
         auto const [l, norm] =
-            train_step(tokens, targets, microbatch(gb - ga, static_cast<index_t>(g)), 1.0, opts,
+            train_step(tokens, targets, microbatch(gb - ga, static_cast<index_t>(g)), 1.0, opt,
                        o_.rl_lr, 1.0, loss);
         r.losses.push_back(l);
         pm += all_reduce_metrics_world(local);
@@ -1274,17 +1290,20 @@ class trainer {
       put(f, r.acc_sft_sampled);
       put(f, r.acc_sft_greedy);
       // One chunk: its parameters and moments; several: each concatenated in chunk order.
-      sync_engine_optimizer(rl_opts_.front());
-      std::vector<T> params, moment1, moment2;
+      // The whole moments, also under --zero1 (gathered over the data group): any layout of
+      // the optimizer resumes them.
+      if (engine_) sync_engine_optimizer(rl_opt_->replicated(0));
+      std::vector<T> params, moment1, moment2, chunk_m, chunk_v;
       for (std::size_t k = 0; k < stores_.size(); ++k) {
+        rl_opt_->whole_state(k, chunk_m, chunk_v);
         params.insert(params.end(), stores_[k].params().begin(), stores_[k].params().end());
-        moment1.insert(moment1.end(), rl_opts_[k].m().begin(), rl_opts_[k].m().end());
-        moment2.insert(moment2.end(), rl_opts_[k].v().begin(), rl_opts_[k].v().end());
+        moment1.insert(moment1.end(), chunk_m.begin(), chunk_m.end());
+        moment2.insert(moment2.end(), chunk_v.begin(), chunk_v.end());
       }
       put_span(f, std::span<T const>(params));
       put_span(f, std::span<T const>(moment1));
       put_span(f, std::span<T const>(moment2));
-      put(f, rl_opts_.front().steps());
+      put(f, rl_opt_->steps());
       put(f, static_cast<std::uint64_t>(r.steps.size()));
       for (auto const& m : r.steps) {
         put(f, static_cast<std::uint64_t>(m.values.size()));
@@ -1393,7 +1412,7 @@ class trainer {
       auto const part = [&](std::vector<T> const& all) {
         return std::span<T const>(all).subspan(at, n);
       };
-      rl_opts_[k].load_state(part(m), part(v), adam_t);
+      rl_opt_->load_state(k, part(m), part(v), adam_t);
       std::ranges::copy(part(params), stores_[k].params().begin());
       at += n;
     }
@@ -1421,7 +1440,7 @@ class trainer {
   int dp_rank_;
   index_t seq_len_;
   std::optional<par::gpt<T, Comm, Comm>> model_;
-  std::vector<optim::adamw<T>> rl_opts_;            // one per chunk
+  std::optional<optimizer_t> rl_opt_;               // the RL phase's
   std::unique_ptr<rlt::model_engine<T>> engine_;    // --device cpu-engine | cuda
   std::unique_ptr<rlt::model_decoder<T>> decoder_;  // the engine's, or the host's over replica_
 #if WEFT_TRAINER_NCCL

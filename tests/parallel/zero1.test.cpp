@@ -2,7 +2,8 @@
 // optim::adamw bit for bit over 10 f32 steps at dp = 2, 3, 4 with padding and mixed decay flags,
 // holding 1/dp of the state; global-norm clipping over the DP group equals the replicated norm;
 // a tied weight on two pipeline stages under ZeRO-1 equals the untied weight with the summed
-// gradient; argument checks.
+// gradient; the gathered state equals the replicated state and resumes at another dp bit for bit;
+// argument checks.
 #include <support/run_ranks.hpp>
 #include <weft/comm/threads/communicator.hpp>
 #include <weft/optim/adamw.hpp>
@@ -191,6 +192,71 @@ TEST_SUITE("threads") {
     for (auto const& t : tied_after) CHECK(t == want);
   }
 
+  TEST_CASE("zero1: gather_state is the replicated state, and load_state resumes at another dp") {
+    // 6 steps at dp = 3 and the whole state gathered; then 4 more steps at dp = 2 from it, against
+    // a replicated optim::adamw given the same reduced gradients, bit for bit throughout.
+    std::vector<float> init(zero1_model_size);
+    for (std::size_t j = 0; j < zero1_model_size; ++j) init[j] = init_of(j);
+    // The reduced gradient of a step at dp ranks: the threads backend folds ranks in order.
+    auto reduced = [](int dp, int step, std::size_t j) {
+      float s = grad_of(0, step, j);
+      for (int r = 1; r < dp; ++r) s += grad_of(r, step, j);
+      return s;
+    };
+    weft::optim::adamw<float> ref(zero1_model, options);
+    std::vector<float> ref_params = init, g(zero1_model_size), ref_m6, ref_v6;
+    for (int step = 0; step < 10; ++step) {
+      for (std::size_t j = 0; j < zero1_model_size; ++j) g[j] = reduced(step < 6 ? 3 : 2, step, j);
+      ref.step(ref_params, g, lr_at(step));
+      if (step == 5) {
+        ref_m6.assign(ref.m().begin(), ref.m().end());
+        ref_v6.assign(ref.v().begin(), ref.v().end());
+      }
+    }
+    weft::parallel::grad_sync_options const sum{.scaling = weft::parallel::grad_scaling::sum};
+    std::array<std::vector<float>, 3> m6, v6;
+    std::vector<float> params6;
+    run_ranks(3, [&](comm_t& group) {
+      int const r = group.rank();
+      bucket_plan plan(zero1_model, {.bucket_size = 200, .dp = 3, .shard = true});
+      grad_sync<comm_t, float> sync(group, plan, sum);
+      zero1<float> opt(plan, r, options);
+      std::vector<float> params = init;
+      for (int step = 0; step < 6; ++step) {
+        backward(sync, r, step);
+        opt.step(group, std::span<float>(params), std::span<float const>(sync.buffer()),
+                 lr_at(step));
+      }
+      auto& m = m6[static_cast<std::size_t>(r)];
+      auto& v = v6[static_cast<std::size_t>(r)];
+      m.assign(zero1_model_size, -1.0f);
+      v.assign(zero1_model_size, -1.0f);
+      opt.gather_state(group, std::span<float>(m), std::span<float>(v));
+      if (r == 0) params6 = params;
+    });
+    for (auto const& m : m6) CHECK(m == ref_m6);  // every rank holds the whole state
+    for (auto const& v : v6) CHECK(v == ref_v6);
+    CHECK(m6[0] != std::vector<float>(zero1_model_size, 0.0f));
+
+    std::array<std::vector<float>, 2> after;
+    run_ranks(2, [&](comm_t& group) {
+      int const r = group.rank();
+      bucket_plan plan(zero1_model, {.bucket_size = 200, .dp = 2, .shard = true});
+      grad_sync<comm_t, float> sync(group, plan, sum);
+      zero1<float> opt(plan, r, options);
+      opt.load_state(m6[0], v6[0], 6);
+      CHECK(opt.optimizer().steps() == 6);
+      std::vector<float> params = params6;
+      for (int step = 6; step < 10; ++step) {
+        backward(sync, r, step);
+        opt.step(group, std::span<float>(params), std::span<float const>(sync.buffer()),
+                 lr_at(step));
+      }
+      after[static_cast<std::size_t>(r)] = params;
+    });
+    for (auto const& p : after) CHECK(p == ref_params);
+  }
+
   TEST_CASE("zero1: argument checks") {
     run_ranks(2, [&](comm_t& group) {
       bucket_plan rep(zero1_model, {.dp = 2});
@@ -208,6 +274,18 @@ TEST_SUITE("threads") {
       CHECK_THROWS_AS(opt.step(alone, std::span<float>(params), 1e-3),
                       weft::invalid_argument_error);
       CHECK(opt.optimizer().steps() == 0);
+      // The state functions: whole-model sizes and a non-negative step count, checked before
+      // anything is communicated or changed.
+      std::vector<float> whole(zero1_model_size, 1.0f), short_state(zero1_model_size - 1);
+      CHECK_THROWS_AS(
+          opt.gather_state(group, std::span<float>(short_state), std::span<float>(whole)),
+          weft::shape_error);
+      CHECK_THROWS_AS(opt.gather_state(alone, std::span<float>(whole), std::span<float>(whole)),
+                      weft::invalid_argument_error);
+      CHECK_THROWS_AS(opt.load_state(whole, short_state, 1), weft::shape_error);
+      CHECK_THROWS_AS(opt.load_state(whole, whole, -1), weft::invalid_argument_error);
+      CHECK(opt.optimizer().steps() == 0);
+      for (float x : opt.optimizer().m()) CHECK(x == 0.0f);
     });
   }
 }

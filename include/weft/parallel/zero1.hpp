@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -124,13 +125,8 @@ class zero1 {
   //! changes.
   template <comm::CollectiveIn<host_space> C>
   void step(C& dp_group, std::span<T> params, double lr) {
-    WEFT_EXPECTS(dp_group.size() == plan_.dp() && dp_group.rank() == rank_, "dp_group",
-                 ::weft::detail::concat("size ", plan_.dp(), " and rank ", rank_),
-                 ::weft::detail::concat("size ", dp_group.size(), " and rank ", dp_group.rank()));
-    WEFT_EXPECTS_SHAPE(
-        params.size() == plan_.source_size(), "params",
-        ::weft::detail::concat(plan_.source_size(), " elements (the sum of the counts)"),
-        ::weft::detail::concat(params.size(), " elements"));
+    expect_group(dp_group);
+    expect_whole(params.size(), "params");
     WEFT_EXPECTS(lr >= 0.0, "lr", ">= 0", lr);
     std::size_t k = 0;
     for (auto const& p : pieces_) {
@@ -139,13 +135,77 @@ class zero1 {
       k += p.count;
     }
     adam_.step(std::span<T>(shard_params_), std::span<T const>(shard_grads_), lr);
+    all_gather_shards(dp_group, std::span<T const>(shard_params_), params);
+  }
 
-    // Each rank writes its updated range into the staging buffer (padding stays 0), then every
-    // bucket is all-gathered in place.
-    gather_.assign(plan_.buffer_size(), T(0));
-    k = 0;
+  //! load_grads(grad_buffer), then step(dp_group, params, lr).
+  template <comm::CollectiveIn<host_space> C>
+  void step(C& dp_group, std::span<T> params, std::span<T const> grad_buffer, double lr) {
+    load_grads(grad_buffer);
+    step(dp_group, params, lr);
+  }
+
+  //! The whole AdamW state, as a replicated optim::adamw over the plan's parameters would hold
+  //! it after the same steps: every rank's owned first and second moments all-gathered over
+  //! `dp_group` into `m` and `v` (plan().source_size() elements each, definition order) on every
+  //! rank. For a checkpoint that any layout can resume, sharded or not, at any dp (Megatron's
+  //! get_parameter_state_dp_zero, which gathers to DP rank 0 only). Collective over dp_group;
+  //! the step count is optimizer().steps(). shape_error for other sizes and
+  //! invalid_argument_error for a wrong group, before anything is communicated.
+  template <comm::CollectiveIn<host_space> C>
+  void gather_state(C& dp_group, std::span<T> m, std::span<T> v) {
+    expect_group(dp_group);
+    expect_whole(m.size(), "m");
+    expect_whole(v.size(), "v");
+    all_gather_shards(dp_group, adam_.m(), m);
+    all_gather_shards(dp_group, adam_.v(), v);
+  }
+
+  //! Restores the state from whole moments in definition order (gather_state's, or a replicated
+  //! optim::adamw's m() and v() over the same parameters) and a step count: this rank takes its
+  //! owned pieces, so the following steps equal those of the optimizer they were saved from, bit
+  //! for bit. No communication. shape_error for other sizes, invalid_argument_error for a negative
+  //! step count, before anything changes.
+  void load_state(std::span<T const> m, std::span<T const> v, std::int64_t steps) {
+    expect_whole(m.size(), "m");
+    expect_whole(v.size(), "v");
+    WEFT_EXPECTS(steps >= 0, "steps", ">= 0", steps);
+    std::vector<T> sm(adam_.size()), sv(adam_.size());
+    std::size_t k = 0;
     for (auto const& p : pieces_) {
-      std::copy_n(shard_params_.begin() + static_cast<std::ptrdiff_t>(k), p.count,
+      std::copy_n(m.begin() + static_cast<std::ptrdiff_t>(p.source), p.count,
+                  sm.begin() + static_cast<std::ptrdiff_t>(k));
+      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(p.source), p.count,
+                  sv.begin() + static_cast<std::ptrdiff_t>(k));
+      k += p.count;
+    }
+    adam_.load_state(std::span<T const>(sm), std::span<T const>(sv), steps);
+  }
+
+ private:
+  template <class C>
+  void expect_group(C const& dp_group) const {
+    WEFT_EXPECTS(dp_group.size() == plan_.dp() && dp_group.rank() == rank_, "dp_group",
+                 ::weft::detail::concat("size ", plan_.dp(), " and rank ", rank_),
+                 ::weft::detail::concat("size ", dp_group.size(), " and rank ", dp_group.rank()));
+  }
+  void expect_whole(std::size_t size, char const* name) const {
+    WEFT_EXPECTS_SHAPE(
+        size == plan_.source_size(), name,
+        ::weft::detail::concat(plan_.source_size(), " elements (the sum of the counts)"),
+        ::weft::detail::concat(size, " elements"));
+  }
+
+  // Every rank's `shard` (its owned pieces concatenated in pieces() order) all-gathered over
+  // dp_group into `flat` (definition order): each rank writes its range of a staging buffer in
+  // the plan's layout (padding stays 0), every bucket is all-gathered in place, and the result
+  // is unpacked.
+  template <class C>
+  void all_gather_shards(C& dp_group, std::span<T const> shard, std::span<T> flat) {
+    gather_.assign(plan_.buffer_size(), T(0));
+    std::size_t k = 0;
+    for (auto const& p : pieces_) {
+      std::copy_n(shard.begin() + static_cast<std::ptrdiff_t>(k), p.count,
                   gather_.begin() + static_cast<std::ptrdiff_t>(p.buffer));
       k += p.count;
     }
@@ -159,17 +219,9 @@ class zero1 {
           comm::sub_buffer(whole, static_cast<std::size_t>(rank_) * part, part), whole, {}));
     }
     for (auto& w : works) w.wait();
-    plan_.unpack(std::span<T const>(gather_), params);
+    plan_.unpack(std::span<T const>(gather_), flat);
   }
 
-  //! load_grads(grad_buffer), then step(dp_group, params, lr).
-  template <comm::CollectiveIn<host_space> C>
-  void step(C& dp_group, std::span<T> params, std::span<T const> grad_buffer, double lr) {
-    load_grads(grad_buffer);
-    step(dp_group, params, lr);
-  }
-
- private:
   bucket_plan plan_;
   int rank_ = 0;
   std::vector<owned_piece> pieces_;
