@@ -1,7 +1,8 @@
 // benchmarks/comm.bench.cpp — threads-backend collectives: algorithm and bus bandwidth (nccl-tests
 // formulas) of all_reduce, all_gather, reduce_scatter and all_to_all from 4 KiB to 256 MiB at 2 and
 // 4 ranks beside two concurrent single-thread memcpys of the same size; 8-byte all_reduce latency
-// beside a std::barrier round trip, and the same through comm::monitored (straggler detection on).
+// beside a std::barrier round trip, and the same through comm::monitored (straggler detection on);
+// the data-parallel optimizer step, replicated AdamW against ZeRO-1 (bm_dp_step).
 // The Open MPI twin is benchmarks/mpi/comm_mpi.bench.cpp.
 //
 // Ranks are threads: rank 0 is the benchmark's own thread, ranks 1..n-1 are helpers. Every
@@ -21,6 +22,10 @@
 #include <weft/comm/concepts.hpp>
 #include <weft/comm/monitored.hpp>
 #include <weft/comm/threads/communicator.hpp>
+#include <weft/optim/adamw.hpp>
+#include <weft/parallel/buckets.hpp>
+#include <weft/parallel/grad_sync.hpp>
+#include <weft/parallel/zero1.hpp>
 
 #include <benchmark/benchmark.h>
 
@@ -440,6 +445,65 @@ void sizes(benchmark::internal::Benchmark* b, bool with_ranks) {
   }
 }
 
+// The data-parallel optimizer step on n thread ranks over S bytes of f32 parameters (tensors of
+// 1 Mi elements; 4 Mi-element buckets): `replicated` is grad_sync's bucketed SUM all-reduce, then
+// optim::adamw over every parameter, in the buffer's layout (no copies, Megatron's DDP without the
+// distributed optimizer); `zero1` is grad_sync's reduce-scatter, then parallel::zero1 (AdamW on
+// the rank's 1/n, the bucket all-gathers, the unpack into the definition-order parameters). Each
+// step zeroes the gradient buffer first (what a trainer does before backward; the gradients are
+// then 0, which costs AdamW the same). Counters: state_MiB, AdamW's m and v on a rank.
+void bm_dp_step(benchmark::State& st, bool zero) {
+  int const n = static_cast<int>(st.range(0));
+  auto const elements = static_cast<std::size_t>(st.range(1)) / sizeof(float);
+  std::vector<weft::optim::param_info> infos(elements >> 20, weft::optim::param_info{1u << 20});
+  weft::parallel::bucket_plan const plan(
+      infos, {.bucket_size = std::size_t{4} << 20, .dp = n, .shard = zero});
+  weft::optim::adamw_options const ao{.lr = 1e-4, .weight_decay = 0.1};
+  wt::options opts;
+  opts.timeout = std::chrono::seconds(60);
+  opts.history_size = 0;
+  auto comms = wt::make_communicators(n, opts);
+  using sync_t = weft::parallel::grad_sync<wt::communicator, float>;
+  struct rank_state {
+    std::optional<sync_t> sync;
+    std::optional<weft::optim::adamw<float>> adam;
+    std::optional<weft::parallel::zero1<float>> zero;
+    std::vector<float> params;
+  };
+  std::vector<rank_state> ranks(static_cast<std::size_t>(n));
+  team t(n);
+  t.each([&](int r) {
+    auto& x = ranks[static_cast<std::size_t>(r)];
+    x.sync.emplace(comms[static_cast<std::size_t>(r)], plan,
+                   weft::parallel::grad_sync_options{weft::parallel::grad_scaling::sum});
+    x.params.assign(zero ? plan.source_size() : plan.buffer_size(), 0.5f);
+    if (zero)
+      x.zero.emplace(plan, r, ao);
+    else
+      x.adam.emplace(plan.buffer_size(), ao);
+  });
+  auto step = [&](int r) {
+    auto& x = ranks[static_cast<std::size_t>(r)];
+    auto& comm = comms[static_cast<std::size_t>(r)];
+    x.sync->zero();
+    for (std::size_t i = infos.size(); i-- > 0;) x.sync->mark_ready(i);
+    x.sync->finish();
+    if (zero)
+      x.zero->step(comm, std::span<float>(x.params), std::span<float const>(x.sync->buffer()),
+                   1e-4);
+    else
+      x.adam->step(std::span<float>(x.params), std::span<float const>(x.sync->buffer()), 1e-4);
+  };
+  t.each(step);  // warm-up: staging buffers, first touches
+  t.run(st, step);
+  auto const& x0 = ranks[0];
+  std::size_t const state = zero ? x0.zero->state_size() : x0.adam->size();
+  st.counters["state_MiB"] = 2.0 * double(state * sizeof(float)) / double(1 << 20);
+  // AdamW with zero gradients and weight decay 0.1 shrinks every parameter alike.
+  float const p0 = x0.params.front(), p1 = x0.params.back();
+  if (!(p0 < 0.5f) || p0 != p1) st.SkipWithError("the parameters did not take the step");
+}
+
 // Bigger messages take ~0.1 s a call at 4 ranks here: fewer iterations keep the sweep short.
 void reg() {
   benchmark::RegisterBenchmark("memcpy2", bm_memcpy2)
@@ -466,6 +530,13 @@ void reg() {
         ->ArgNames({"ranks", "bytes"})
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond);
+  for (auto [name, zero] :
+       {std::pair{"dp_step/replicated", false}, std::pair{"dp_step/zero1", true}})
+    benchmark::RegisterBenchmark(name, [zero](benchmark::State& st) { bm_dp_step(st, zero); })
+        ->ArgsProduct({{2, 4}, {64L << 20}})
+        ->ArgNames({"ranks", "bytes"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
   // The latency benchmarks: 2 and 4 ranks, a fixed 3000 iterations (see bm_barrier_latency).
   auto latency = [](char const* name, void (*fn)(benchmark::State&)) {
     benchmark::RegisterBenchmark(name, fn)

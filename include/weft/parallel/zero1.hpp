@@ -197,12 +197,13 @@ class zero1 {
   }
 
   // Every rank's `shard` (its owned pieces concatenated in pieces() order) all-gathered over
-  // dp_group into `flat` (definition order): each rank writes its range of a staging buffer in
-  // the plan's layout (padding stays 0), every bucket is all-gathered in place, and the result
-  // is unpacked.
+  // dp_group into `flat` (definition order): each rank writes its pieces into a staging buffer in
+  // the plan's layout, every bucket is all-gathered in place, and the result is unpacked. The
+  // staging buffer is zeroed once: no rank ever writes its padding, so it stays 0, and every
+  // other element is overwritten by its owner's piece.
   template <class C>
   void all_gather_shards(C& dp_group, std::span<T const> shard, std::span<T> flat) {
-    gather_.assign(plan_.buffer_size(), T(0));
+    if (gather_.size() != plan_.buffer_size()) gather_.assign(plan_.buffer_size(), T(0));
     std::size_t k = 0;
     for (auto const& p : pieces_) {
       std::copy_n(shard.begin() + static_cast<std::ptrdiff_t>(k), p.count,
