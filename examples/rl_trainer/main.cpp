@@ -217,8 +217,8 @@ class trainer {
     // ZeRO-1 buckets of 16 Ki elements: several per chunk of this small model (Megatron's default,
     // 40 M, would put every chunk in one).
     constexpr std::size_t kBucket = std::size_t{1} << 14;
-    return optimizer_t(std::span<nn::param_store<T>>(stores_), ao, *tp_, *data_,
-                       o_.zero1 ? *world_ : *model_group_, p_.tp_rank, o_.zero1, kBucket);
+    return optimizer_t(std::span<nn::param_store<T>>(stores_), ao, *tp_, *data_, *model_group_,
+                       *world_, p_.tp_rank, o_.zero1, kBucket);
   }
 
   //! replica_ = the whole model from every chunk of the model group (collective over it).
@@ -787,8 +787,16 @@ class trainer {
   void save_checkpoint(run_result const& r, int steps_done) {
     namespace fs = std::filesystem;
     auto const dir = fs::path(o_.save) / ("step_" + std::to_string(steps_done));
-    if (world_->rank() == 0) fs::create_directories(dir);
-    world_->barrier().wait();
+    // Rank 0 makes the folder; every rank learns whether it could (agree's all-reduce is also
+    // the barrier before the others write into it).
+    std::string made_error;
+    if (world_->rank() == 0) try {
+        fs::create_directories(dir);
+      } catch (std::exception const& e) {
+        made_error = e.what();
+      }
+    agree(made_error.empty(), "cannot create the checkpoint folder " + dir.string() +
+                                  (made_error.empty() ? std::string() : ": " + made_error));
     bool written = false;
     {
       std::ofstream f(dir / ("rank_" + std::to_string(world_->rank()) + ".bin"), std::ios::binary);
@@ -843,8 +851,7 @@ class trainer {
     weft::comm::all_reduce(*world_, std::span<int>(&failed, 1), weft::comm::reduce_kind::max)
         .wait();
     if (failed)
-      throw std::runtime_error(
-          "rl_trainer: " + (ok ? std::string("another rank failed: ") : std::string()) + what);
+      throw std::runtime_error((ok ? std::string("another rank failed: ") : std::string()) + what);
   }
 
   void load_checkpoint(run_result& r) {

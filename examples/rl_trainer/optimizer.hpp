@@ -32,15 +32,23 @@ namespace weft::examples::rl_trainer {
 //!   each reduce-scatters the buckets, steps its pieces and all-gathers the parameters, and the
 //!   norm is reduced over data × model (the world), whose ranks then hold disjoint pieces.
 //! Both give the same step up to the order in which the norm's squares are summed (bit for bit
-//! where clipping is off: the threads backend's reduce-scatter and all-reduce fold ranks alike).
+//! where clipping is off on the threads backend, whose reduce-scatter and all-reduce fold ranks
+//! alike, or over MPI with 2 data ranks).
 template <class T, comm::CollectiveIn<host_space> Comm>
 class chunk_optimizer {
  public:
-  //! One AdamW per store of `stores` (which must stay where they are while this lives). `norm`
-  //! is the group the gradient norm is reduced over (see above); `bucket_size`: ZeRO-1's buckets.
+  //! One AdamW per store of `stores` (which must stay where they are while this lives), over
+  //! the mesh's tp, data (dp × cp) and model (pp × tp) groups and the world (data × model), the
+  //! norm's group under ZeRO-1; `bucket_size`: ZeRO-1's buckets. invalid_argument_error where
+  //! the world is not data × model.
   chunk_optimizer(std::span<nn::param_store<T>> stores, optim::adamw_options const& ao, Comm& tp,
-                  Comm& data, Comm& norm, int tp_rank, bool zero1, std::size_t bucket_size)
-      : stores_(stores), tp_(&tp), data_(&data), norm_(&norm), tp_rank_(tp_rank) {
+                  Comm& data, Comm& model, Comm& world, int tp_rank, bool zero1,
+                  std::size_t bucket_size)
+      : stores_(stores), tp_(&tp), data_(&data), norm_(zero1 ? &world : &model), tp_rank_(tp_rank) {
+    WEFT_EXPECTS(world.size() == data.size() * model.size(), "world",
+                 ::weft::detail::concat(data.size() * model.size(),
+                                        " ranks (data x model: the disjoint pieces' norm)"),
+                 world.size());
     for (auto const& st : stores_) {
       auto const infos = st.layout().infos();
       if (!zero1) {
@@ -71,10 +79,11 @@ class chunk_optimizer {
     return adams_.at(k);
   }
 
-  //! The step's gradient from every rank's partial one: the sequence-parallel parameters' summed
-  //! over tp, then every gradient over the data group (all-reduce, or under ZeRO-1 a
-  //! reduce-scatter bucket by bucket, in the order backward produces them, into the shard).
-  //! Collective over tp and the data group.
+  //! The step's gradient from every rank's partial one, after backward: the sequence-parallel
+  //! parameters' summed over tp, then every gradient over the data group (all-reduce, or under
+  //! ZeRO-1 copied into the grad_sync buffer and reduce-scattered bucket by bucket, in the order
+  //! backward produced them, then the owned pieces loaded into the shard). Collective over tp
+  //! and the data group.
   void reduce() {
     if (!sharded()) {
       for (auto& st : stores_) parallel::reduce_gpt_grads(*tp_, *data_, st);
@@ -137,10 +146,11 @@ class chunk_optimizer {
       v.assign(adams_.at(k).v().begin(), adams_.at(k).v().end());
       return;
     }
-    auto const n = stores_[k].params().size();
+    auto& z = zeros_.at(k);
+    auto const n = z.plan().source_size();
     m.assign(n, T(0));
     v.assign(n, T(0));
-    zeros_.at(k).gather_state(*data_, std::span<T>(m), std::span<T>(v));
+    z.gather_state(*data_, std::span<T>(m), std::span<T>(v));
   }
 
   //! Restores chunk k's state from whole moments (whole_state's) and a step count.
