@@ -91,12 +91,7 @@ class zero1 {
         grad_buffer.size() == plan_.buffer_size(), "grad_buffer",
         ::weft::detail::concat(plan_.buffer_size(), " elements (the plan's buffer_size)"),
         ::weft::detail::concat(grad_buffer.size(), " elements"));
-    std::size_t k = 0;
-    for (auto const& p : pieces_) {
-      std::copy_n(grad_buffer.begin() + static_cast<std::ptrdiff_t>(p.buffer), p.count,
-                  shard_grads_.begin() + static_cast<std::ptrdiff_t>(k));
-      k += p.count;
-    }
+    take_pieces<&owned_piece::buffer>(grad_buffer, std::span<T>(shard_grads_));
   }
 
   //! optim::clip_grad_norm over the shard: the shards of a DP group are disjoint, so the norm is
@@ -128,12 +123,7 @@ class zero1 {
     expect_group(dp_group);
     expect_whole(params.size(), "params");
     WEFT_EXPECTS(lr >= 0.0, "lr", ">= 0", lr);
-    std::size_t k = 0;
-    for (auto const& p : pieces_) {
-      std::copy_n(params.begin() + static_cast<std::ptrdiff_t>(p.source), p.count,
-                  shard_params_.begin() + static_cast<std::ptrdiff_t>(k));
-      k += p.count;
-    }
+    take_pieces<&owned_piece::source>(params, std::span<T>(shard_params_));
     adam_.step(std::span<T>(shard_params_), std::span<T const>(shard_grads_), lr);
     all_gather_shards(dp_group, std::span<T const>(shard_params_), params);
   }
@@ -171,18 +161,24 @@ class zero1 {
     expect_whole(v.size(), "v");
     WEFT_EXPECTS(steps >= 0, "steps", ">= 0", steps);
     std::vector<T> sm(adam_.size()), sv(adam_.size());
-    std::size_t k = 0;
-    for (auto const& p : pieces_) {
-      std::copy_n(m.begin() + static_cast<std::ptrdiff_t>(p.source), p.count,
-                  sm.begin() + static_cast<std::ptrdiff_t>(k));
-      std::copy_n(v.begin() + static_cast<std::ptrdiff_t>(p.source), p.count,
-                  sv.begin() + static_cast<std::ptrdiff_t>(k));
-      k += p.count;
-    }
+    take_pieces<&owned_piece::source>(m, std::span<T>(sm));
+    take_pieces<&owned_piece::source>(v, std::span<T>(sv));
     adam_.load_state(std::span<T const>(sm), std::span<T const>(sv), steps);
   }
 
  private:
+  // The owned pieces of `from` (each at its offset Where: in the plan's buffer or in the flat
+  // definition-order buffer) concatenated into `shard`, in pieces() order.
+  template <std::size_t owned_piece::*Where>
+  void take_pieces(std::span<T const> from, std::span<T> shard) const {
+    std::size_t k = 0;
+    for (auto const& p : pieces_) {
+      std::copy_n(from.begin() + static_cast<std::ptrdiff_t>(p.*Where), p.count,
+                  shard.begin() + static_cast<std::ptrdiff_t>(k));
+      k += p.count;
+    }
+  }
+
   template <class C>
   void expect_group(C const& dp_group) const {
     WEFT_EXPECTS(dp_group.size() == plan_.dp() && dp_group.rank() == rank_, "dp_group",
