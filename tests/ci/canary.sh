@@ -16,6 +16,10 @@ if ! grep -q "ci canary: fails when WEFT_CI_CANARY=1 .*Failed" "$log"; then
   echo "canary: .ci/run failed (exit $rc), but not because of the planted test"
   exit 1
 fi
+if ! grep -q "^+ .*ctest --preset default" "$log"; then
+  echo "canary: .ci/run's tests stage did not run the README's ctest command"
+  exit 1
+fi
 if ! grep -q "stages: 0 passed, 1 failed" "$log"; then
   echo "canary: .ci/run's summary does not report the failed stage"
   exit 1
