@@ -991,6 +991,11 @@ run_result train(options const& o) {
 void write_outputs(options const& o, run_result const& r) {
   namespace fs = std::filesystem;
   fs::create_directories(o.out);
+  // A file that could not be written fully (a full disk, say) is an error, not a short file.
+  auto const expect_written = [&](std::ofstream& f, char const* file) {
+    f.flush();
+    if (!f) throw std::runtime_error("cannot write " + (fs::path(o.out) / file).string());
+  };
   {
     std::ofstream csv(fs::path(o.out) / "metrics.csv");
     if (!r.steps.empty()) {
@@ -1003,6 +1008,7 @@ void write_outputs(options const& o, run_result const& r) {
         csv << "\n";
       }
     }
+    expect_written(csv, "metrics.csv");
   }
   {
     std::ofstream js(fs::path(o.out) / "summary.json");
@@ -1021,6 +1027,7 @@ void write_outputs(options const& o, run_result const& r) {
        << ", \"greedy\": " << r.acc_rl_greedy << "},\n  \"seconds\": {\"sft\": " << r.seconds_sft
        << ", \"rl\": " << r.seconds_rl
        << ", \"rl_per_step\": " << (o.rl_steps > 0 ? r.seconds_rl / o.rl_steps : 0.0) << "}\n}\n";
+    expect_written(js, "summary.json");
   }
   // Plots: reward, accuracy, entropy and length against step and against samples generated.
   auto plot = [&](std::string const& x_key, std::string const& file) {
@@ -1054,6 +1061,7 @@ void write_outputs(options const& o, run_result const& r) {
       svg << "\"/>\n";
     }
     svg << "</svg>\n";
+    expect_written(svg, file.c_str());
   };
   plot("step", "curves_by_step.svg");
   plot("samples", "curves_by_samples.svg");
@@ -1160,6 +1168,21 @@ int run_mpi(int& argc, char**& argv, options const& o) {
                 << " processes, actual " << world.size() << "\n";
     return 2;
   }
+  // The output folders, checked by the first process (which writes --out; under --save every
+  // process writes its rank's file, into a folder the first one makes); every process learns the
+  // outcome, so that none is left waiting in a collective.
+  std::string folder_error;
+  if (world.rank() == 0) try {
+      check_output_folders(o);
+    } catch (bad_argument const& e) {
+      folder_error = e.message;
+    }
+  int failed = folder_error.empty() ? 0 : 1;
+  weft::comm::all_reduce(world, std::span<int>(&failed, 1), weft::comm::reduce_kind::max).wait();
+  if (failed) {
+    if (world.rank() == 0) throw bad_argument{folder_error};
+    return 2;
+  }
   if (world.rank() == 0) print_header(o);
   auto const r = o.f64 ? trainer<double, weft::comm::mpi::communicator>(o, world).run()
                        : trainer<float, weft::comm::mpi::communicator>(o, world).run();
@@ -1180,6 +1203,7 @@ int main(int argc, char** argv) {
   try {
     auto const o = parse(argc, argv);
     if (o.backend == "mpi") return run_mpi(argc, argv, o);
+    check_output_folders(o);
     print_header(o);
     return finish(o, train(o));
   } catch (bad_argument const& e) {

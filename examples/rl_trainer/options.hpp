@@ -15,10 +15,13 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <system_error>
 
 namespace weft::examples::rl_trainer {
 
@@ -326,6 +329,37 @@ inline options parse(int argc, char** argv) {
                        o.device + " runs whole-model steps: data parallelism only), actual `" +
                        o.device + "`"};
   return o;
+}
+
+//! The folders a run writes into (--out, and --save's checkpoints), made and probed with a file
+//! written and removed again before any training, so that a path the run cannot write fails at
+//! once by its flag, not after the run (--out is written at the end) or at its first checkpoint.
+inline void check_output_folders(options const& o) {
+  namespace fs = std::filesystem;
+  auto const check = [](std::string const& flag, std::string const& dir) {
+    if (dir.empty()) return;
+    std::error_code made;
+    fs::create_directories(dir, made);
+    bool written = false;
+    if (!made) {
+      auto const probe = fs::path(dir) / ".rl_trainer_probe";
+      {
+        std::ofstream f(probe);
+        f << "probe\n";
+        f.flush();
+        written = static_cast<bool>(f);
+      }
+      std::error_code removed;
+      fs::remove(probe, removed);
+      written = written && !removed;
+    }
+    if (made || !written)
+      throw bad_argument{"argument `" + flag +
+                         "`: expected a folder this process can create and write into, actual `" +
+                         dir + "`" + (made ? " (" + made.message() + ")" : std::string())};
+  };
+  check("--out", o.out);
+  check("--save", o.save);
 }
 
 }  // namespace weft::examples::rl_trainer
