@@ -619,7 +619,41 @@ TEST_CASE("executor: the minimal stage of the documentation") {
 
 namespace {
 
-void check_vocab_schedule(pl::schedule const& compute) {
+// One step of a lowered vocabulary-balanced schedule on p thread ranks: every rank's result, its
+// chunks' stage ids and layer gradients, and its vocabulary shard's tables.
+struct vocab_run {
+  std::vector<pl::step_result> results;
+  std::vector<std::vector<int>> ids;
+  std::vector<std::vector<std::vector<layer>>> grads;
+  std::vector<std::optional<vocab_tables>> shards;
+};
+
+vocab_run run_vocab(pl::schedule const& lowered, int p, int m, pl::step_options const& run_opt) {
+  data_set const data(m);
+  vocab_data const vd(m);
+  vocab_run out;
+  auto const up = static_cast<std::size_t>(p);
+  out.results.resize(up);
+  out.ids.resize(up);
+  out.grads.resize(up);
+  out.shards.resize(up);
+  weft::test::run_ranks(p, [&](comm::threads::communicator& c) {
+    auto vc = c.split(0, c.rank());  // the vocabulary channel, built up front
+    auto const r = static_cast<std::size_t>(c.rank());
+    mlp_stage stage(lowered, c.rank(), data, true);
+    vocab_shard shard(c.rank(), p, vd);
+    auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
+    out.results[r] = pl::run_step(plan, stage, shard, c, vc, run_opt);
+    for (auto& ch : stage.chunks_) {
+      out.ids[r].push_back(ch.stage);
+      out.grads[r].push_back(std::move(ch.layers));
+    }
+    out.shards[r] = std::move(shard.tables_);
+  });
+  return out;
+}
+
+void check_vocab_schedule(pl::schedule const& compute, token_loss_fn const& token_loss = {}) {
   auto const variant = compute.vocab();
   int const p = compute.num_ranks(), m = compute.num_microbatches();
   auto const lowered = pl::lower(compute);
@@ -635,29 +669,17 @@ void check_vocab_schedule(pl::schedule const& compute) {
   // the same counts.
   pl::step_options run_opt = opt;
   if (variant == pl::vocab_variant::two_barrier) run_opt.tokens.clear();
-  std::vector<pl::step_result> results(static_cast<std::size_t>(p));
-  std::vector<std::vector<int>> ids(static_cast<std::size_t>(p));
-  std::vector<std::vector<std::vector<layer>>> grads(static_cast<std::size_t>(p));
-  std::vector<std::optional<vocab_tables>> shards(static_cast<std::size_t>(p));
-  weft::test::run_ranks(p, [&](comm::threads::communicator& c) {
-    auto vc = c.split(0, c.rank());  // the vocabulary channel, built up front
-    auto const r = static_cast<std::size_t>(c.rank());
-    mlp_stage stage(lowered, c.rank(), data, true);
-    vocab_shard shard(c.rank(), p, vd);
-    auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
-    results[r] = pl::run_step(plan, stage, shard, c, vc, run_opt);
-    for (auto& ch : stage.chunks_) {
-      ids[r].push_back(ch.stage);
-      grads[r].push_back(std::move(ch.layers));
-    }
-    shards[r] = std::move(shard.tables_);
-  });
-  auto const ref = vocab_reference(stages, m, weights, vd);
+  run_opt.token_loss = token_loss;
+  auto const [results, ids, grads, shards] = run_vocab(lowered, p, m, run_opt);
+  auto const ref = vocab_reference(stages, m, weights, vd, token_loss);
   int const last_rank = compute.stage_to_rank(stages - 1);
   auto const& lr = results[static_cast<std::size_t>(last_rank)];
   CHECK(lr.has_loss);
   CHECK(lr.loss == doctest::Approx(ref.loss).epsilon(1e-5));
-  CHECK(ref.loss > 0.0);
+  if (token_loss)
+    CHECK(std::abs(ref.loss) > 0.1);
+  else
+    CHECK(ref.loss > 0.0);
   for (int r = 0; r < p; ++r) {
     auto const ur = static_cast<std::size_t>(r);
     for (std::size_t k = 0; k < ids[ur].size(); ++k) {
@@ -702,6 +724,147 @@ TEST_CASE("executor: vocabulary-balanced schedules match the single-device model
   for (auto variant : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier})
     for (int p : {2, 4})
       for (int m : {1, p, 2 * p + 1}) check_vocab(variant, p, m);
+}
+
+namespace {
+
+// A smooth loss of the target log-probabilities with coefficients of both signs per (microbatch,
+// token): sum_t c_t exp(logp_t) + d_t logp_t (dlogp_t = c_t exp(logp_t) + d_t), so that g_t =
+// -dlogp_t differs from token to token and from the cross-entropy's constant weight.
+double smooth_token_loss(int i, std::span<double const> logp, std::span<double> dlogp) {
+  double loss = 0.0;
+  for (std::size_t t = 0; t < logp.size(); ++t) {
+    auto const u = static_cast<std::uint64_t>(i * 64) + t;
+    double const c = uniform(702, u, 2.0f), d = uniform(703, u, 0.5f);
+    loss += c * std::exp(logp[t]) + d * logp[t];
+    dlogp[t] = c * std::exp(logp[t]) + d;
+  }
+  return loss;
+}
+
+}  // namespace
+
+TEST_CASE("executor: a token loss of the target log-probabilities (step_options::token_loss)") {
+  SUBCASE("matches the single-device model under both vocabulary-balanced schedules") {
+    // The last stage's rank calls it once per microbatch, in order, with every token of it.
+    for (auto variant : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier})
+      for (int p : {2, 4})
+        for (int m : {p, 2 * p + 1}) {
+          CAPTURE(pl::to_string(variant));
+          CAPTURE(p);
+          CAPTURE(m);
+          std::vector<std::pair<int, std::size_t>> calls;
+          check_vocab_schedule(pl::vocab_one_f_one_b(p, m, variant),
+                               [&](int i, std::span<double const> logp, std::span<double> dlogp) {
+                                 calls.emplace_back(i, logp.size());
+                                 for (double d : dlogp) REQUIRE(d == 0.0);  // zero-filled
+                                 for (double l : logp) REQUIRE(l < 0.0);
+                                 return smooth_token_loss(i, logp, dlogp);
+                               });
+          // The executor's m calls (the step runs first), then the reference's m.
+          REQUIRE(calls.size() == static_cast<std::size_t>(2 * m));
+          for (int k = 0; k < 2 * m; ++k) {
+            CHECK(calls[static_cast<std::size_t>(k)].first == k % m);
+            CHECK(calls[static_cast<std::size_t>(k)].second ==
+                  static_cast<std::size_t>(rows_of(k % m)));
+          }
+        }
+  }
+  SUBCASE("the cross-entropy as a token loss gives the built-in cross-entropy's gradients") {
+    // g_t = -dlogp_t = w exactly: every gradient bit for bit; the loss summed in another order.
+    for (auto variant : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier}) {
+      CAPTURE(pl::to_string(variant));
+      int const p = 4, m = 6;
+      auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, variant));
+      pl::step_options opt;
+      for (int i = 0; i < m; ++i) opt.tokens.push_back(static_cast<std::size_t>(rows_of(i)));
+      auto const weights = pl::loss_weights(opt, m);
+      auto const builtin = run_vocab(lowered, p, m, opt);
+      opt.token_loss = [&](int i, std::span<double const> logp, std::span<double> dlogp) {
+        double const w = weights[static_cast<std::size_t>(i)];
+        double loss = 0.0;
+        for (std::size_t t = 0; t < logp.size(); ++t) {
+          loss -= w * logp[t];
+          dlogp[t] = -w;
+        }
+        return loss;
+      };
+      auto const custom = run_vocab(lowered, p, m, opt);
+      for (int r = 0; r < p; ++r) {
+        CAPTURE(r);
+        auto const ur = static_cast<std::size_t>(r);
+        CHECK(builtin.results[ur].has_loss == custom.results[ur].has_loss);
+        if (builtin.results[ur].has_loss)
+          CHECK(custom.results[ur].loss ==
+                doctest::Approx(builtin.results[ur].loss).epsilon(1e-12));
+        REQUIRE(builtin.grads[ur].size() == custom.grads[ur].size());
+        for (std::size_t k = 0; k < builtin.grads[ur].size(); ++k)
+          for (std::size_t l = 0; l < builtin.grads[ur][k].size(); ++l) {
+            CHECK(builtin.grads[ur][k][l].gw == custom.grads[ur][k][l].gw);
+            CHECK(builtin.grads[ur][k][l].gb == custom.grads[ur][k][l].gb);
+          }
+        CHECK(builtin.shards[ur]->gw == custom.shards[ur]->gw);
+        CHECK(builtin.shards[ur]->ge == custom.shards[ur]->ge);
+      }
+    }
+  }
+  SUBCASE("one that throws fails the step on every rank, naming it") {
+    using namespace std::chrono_literals;
+    int const p = 4, m = 4;
+    auto const deadline = 3000ms;
+    auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, pl::vocab_variant::two_barrier));
+    data_set const data(m);
+    vocab_data const vd(m);
+    pl::step_options opt;
+    opt.token_loss = [](int i, std::span<double const>, std::span<double>) -> double {
+      if (i == 2) throw std::runtime_error("injected token-loss failure");
+      return 0.0;
+    };
+    std::vector<std::string> messages(p);
+    auto const t0 = std::chrono::steady_clock::now();
+    weft::test::run_ranks(
+        p,
+        [&](comm::threads::communicator& c) {
+          auto vc = c.split(0, c.rank());
+          mlp_stage stage(lowered, c.rank(), data, true);
+          vocab_shard shard(c.rank(), p, vd);
+          auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
+          try {
+            (void)pl::run_step(plan, stage, shard, c, vc, opt);
+          } catch (std::exception const& e) {
+            messages[static_cast<std::size_t>(c.rank())] = e.what();
+          }
+        },
+        weft::test::test_options(deadline));
+    CHECK(std::chrono::steady_clock::now() - t0 < deadline + 2s);
+    for (int r = 0; r < p; ++r) {
+      auto const& msg = messages[static_cast<std::size_t>(r)];
+      CAPTURE(r);
+      CAPTURE(msg);
+      CHECK(msg.find("pipeline rank 3") != std::string::npos);
+      CHECK(msg.find("step_options::token_loss of microbatch 2 threw: injected token-loss "
+                     "failure") != std::string::npos);
+    }
+  }
+  SUBCASE("refused for a schedule without vocabulary passes") {
+    auto const lowered = pl::lower(pl::one_f_one_b(2, 4));
+    data_set const data(4);
+    pl::step_options opt;
+    opt.token_loss = smooth_token_loss;
+    std::vector<std::string> messages(2);
+    weft::test::run_ranks(2, [&](comm::threads::communicator& c) {
+      mlp_stage stage(lowered, c.rank(), data, false);
+      auto plan = pl::prepare_step(lowered, c.rank(), stage);
+      try {
+        (void)pl::run_step(plan, stage, c, opt);
+      } catch (weft::invalid_argument_error const& e) {
+        messages[static_cast<std::size_t>(c.rank())] = e.what();
+      }
+    });
+    for (auto const& msg : messages)
+      CHECK(msg.find("argument `opt.token_loss`: expected empty for a schedule without "
+                     "vocabulary passes") != std::string::npos);
+  }
 }
 
 TEST_CASE("executor: a searched vocabulary-parallel schedule matches the single-device model") {

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -538,15 +539,19 @@ class vocab_shard {
 static_assert(pl::VocabShard<vocab_shard>);
 
 // Reference B for vocabulary parallelism: one rank, the whole vocabulary, a plain softmax
-// cross-entropy per token, microbatches in order.
+// cross-entropy per token, microbatches in order; or, given `token_loss` (step_options's), that
+// loss of the tokens' log p(target), its gradient through the logits dlogp_t (onehot - softmax).
 struct vocab_reference_result {
   double loss = 0.0;
   std::vector<std::vector<layer>> stages;
   vocab_tables tables{0, vocab_size};
 };
 
+using token_loss_fn = std::function<double(int, std::span<double const>, std::span<double>)>;
+
 inline vocab_reference_result vocab_reference(int stages, int m, std::vector<double> const& weights,
-                                              vocab_data const& vd) {
+                                              vocab_data const& vd,
+                                              token_loss_fn const& token_loss = {}) {
   vocab_reference_result res;
   for (int s = 0; s < stages; ++s) res.stages.push_back(stage_layers(s, stages, false));
   auto& tb = res.tables;
@@ -572,6 +577,21 @@ inline vocab_reference_result vocab_reference(int stages, int m, std::vector<dou
     }
     double const w = weights[static_cast<std::size_t>(i)];
     std::vector<float> dy(static_cast<std::size_t>(n * width), 0.0f), y;
+    // The per-token loss-gradient weights g_t: w for the cross-entropy, -dlogp_t for token_loss.
+    std::vector<double> g(static_cast<std::size_t>(n), w);
+    if (token_loss) {
+      std::vector<double> logp(static_cast<std::size_t>(n)), dlogp(static_cast<std::size_t>(n));
+      for (int t = 0; t < n; ++t) {
+        tb.logits(x.data() + t * width, y);
+        double const mx = *std::max_element(y.begin(), y.end());
+        double s = 0.0;
+        for (float v : y) s += std::exp(static_cast<double>(v) - mx);
+        auto const target = static_cast<std::size_t>(tg[static_cast<std::size_t>(t)]);
+        logp[static_cast<std::size_t>(t)] = static_cast<double>(y[target]) - mx - std::log(s);
+      }
+      res.loss += token_loss(i, logp, dlogp);
+      for (std::size_t t = 0; t < g.size(); ++t) g[t] = -dlogp[t];
+    }
     for (int t = 0; t < n; ++t) {
       float const* xt = x.data() + t * width;
       tb.logits(xt, y);
@@ -579,11 +599,13 @@ inline vocab_reference_result vocab_reference(int stages, int m, std::vector<dou
       double s = 0.0;
       for (float v : y) s += std::exp(static_cast<double>(v) - mx);
       int const target = tg[static_cast<std::size_t>(t)];
-      res.loss +=
-          w * (std::log(s) - (static_cast<double>(y[static_cast<std::size_t>(target)]) - mx));
+      if (!token_loss)
+        res.loss +=
+            w * (std::log(s) - (static_cast<double>(y[static_cast<std::size_t>(target)]) - mx));
+      double const gt = g[static_cast<std::size_t>(t)];
       for (int v = 0; v < vocab_size; ++v) {
         double const pr = std::exp(static_cast<double>(y[static_cast<std::size_t>(v)]) - mx) / s;
-        auto const d = static_cast<float>(w * (pr - (v == target ? 1.0 : 0.0)));
+        auto const d = static_cast<float>(gt * (pr - (v == target ? 1.0 : 0.0)));
         for (int k = 0; k < width; ++k) {
           tb.row(tb.gw, v)[k] += d * xt[k];
           dy[static_cast<std::size_t>(t * width + k)] += d * tb.row(tb.w, v)[k];

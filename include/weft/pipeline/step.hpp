@@ -52,6 +52,20 @@ struct step_options {
   //! the original's errc (internal for a stage's) and the original nested. exchange_failures
   //! (executor.hpp) builds one over a collective communicator of its own. Empty: not used.
   std::function<std::string(std::string const&)> report_failure;
+  //! The loss of a vocabulary-balanced schedule's microbatch (run_step with a VocabShard) as a
+  //! function of its tokens' target log-probabilities, for losses other than the cross-entropy
+  //! (a policy-gradient loss, say): token_loss(i, logp, dlogp) gets microbatch i's log p(target)
+  //! of its n = tokens(c) tokens, in the order of the shard's tokens, computed from C0's combined
+  //! max, sum and target logit; it writes dlogp = d loss / d logp (zero-filled before the call)
+  //! and returns the microbatch's loss (step_result's microbatch_losses). The loss weight is not
+  //! applied: the function weighs its tokens itself. The output layer's gradient then follows
+  //! from g_t = -dlogp_t, as the cross-entropy's from g_t = loss weight. Called on the rank that
+  //! holds the last stage, once per microbatch in microbatch order, between C0 and the T passes;
+  //! if it throws, the step fails on every rank. Empty: the cross-entropy, loss weight x sum of
+  //! -logp. Only with a vocabulary shard (elsewhere the last stage computes its own loss: set
+  //! there, run_step refuses it).
+  std::function<double(int microbatch, std::span<double const> logp, std::span<double> dlogp)>
+      token_loss;
 };
 
 //! The loss weight of every microbatch under `opt`: w_i as documented at loss_weighting. An empty
@@ -170,8 +184,8 @@ template <class S, class V, class C, class VC>
 step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,
                 step_options const& opt);
 template <class VC>
-double combine_c0(step_plan& plan, VC& vc, int i, double weight, comm::op_options o,
-                  bool holds_last);
+double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
+                  bool holds_last, std::exception_ptr& loss_failure);
 
 }  // namespace detail
 
@@ -239,12 +253,14 @@ class step_plan {
   std::size_t hidden_ = 0;
   std::vector<std::size_t> tokens_;
   std::vector<int> re_, bx_, stats_, max_, g_, dout_, be_, x_;
+  std::vector<double> logp_, dlogp_;  // step_options::token_loss's arguments (last stage's rank)
 
   template <class S, class V>
   friend step_plan detail::prepare(schedule const& lowered, int rank, S& stage, V* shard);
   template <class VC>
   friend double detail::combine_c0(step_plan& plan, VC& vc, int i, double weight,
-                                   comm::op_options o, bool holds_last);
+                                   step_options const& opt, bool holds_last,
+                                   std::exception_ptr& loss_failure);
   template <class S, class V, class C, class VC>
   friend step_result detail::run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,
                                  step_options const& opt);

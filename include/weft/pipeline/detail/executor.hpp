@@ -326,10 +326,13 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard) {
 
 //! C0 in two deterministic rounds (section 2.5): MAX of the per-shard maxima, local rescaling,
 //! one SUM of [sumexp | target | G | H]; then, on the last stage's rank, the loss, the per-token
-//! loss-gradient weights and (one barrier) the output gradient g (G / s - H).
+//! loss-gradient weights g (the loss weight for the cross-entropy, -d loss / d logp for a
+//! step_options::token_loss) and (one barrier) the output gradient g (G / s - H).
+//! An exception from the token loss is caught into `loss_failure` (the caller reports it as a
+//! stage failure: on every rank, naming the action), and C0 returns 0.
 template <class VC>
-double combine_c0(step_plan& plan, VC& vc, int i, double weight, comm::op_options o,
-                  bool holds_last) {
+double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
+                  bool holds_last, std::exception_ptr& loss_failure) {
   auto const ui = static_cast<std::size_t>(i);
   std::size_t const n = plan.tokens_[ui], h = plan.hidden_;
   bool const one = plan.vocab_ == vocab_variant::one_barrier;
@@ -337,7 +340,7 @@ double combine_c0(step_plan& plan, VC& vc, int i, double weight, comm::op_option
   float* mx = plan.floats(plan.max_[ui]);
   std::copy(st, st + n, mx);
   auto const gmax = plan.view(plan.max_[ui]);
-  vc.all_reduce(gmax, gmax, comm::reduce_kind::max, o).wait();
+  vc.all_reduce(gmax, gmax, comm::reduce_kind::max, opt.p2p).wait();
   for (std::size_t t = 0; t < n; ++t) {
     float const f = std::exp(st[t] - mx[t]);
     st[n + t] *= f;
@@ -347,23 +350,38 @@ double combine_c0(step_plan& plan, VC& vc, int i, double weight, comm::op_option
   auto const sums =
       plan.view(plan.stats_[ui], n,
                 plan.buffers_[static_cast<std::size_t>(plan.stats_[ui])].layout.count - n);
-  vc.all_reduce(sums, sums, comm::reduce_kind::sum, o).wait();
+  vc.all_reduce(sums, sums, comm::reduce_kind::sum, opt.p2p).wait();
   if (!holds_last) return 0.0;
   double loss = 0.0;
+  bool const custom = static_cast<bool>(opt.token_loss);
+  if (custom) {
+    plan.logp_.resize(n);
+    plan.dlogp_.assign(n, 0.0);
+    for (std::size_t t = 0; t < n; ++t)
+      plan.logp_[t] = static_cast<double>(st[2 * n + t]) - static_cast<double>(mx[t]) -
+                      std::log(static_cast<double>(st[n + t]));
+    try {
+      loss = opt.token_loss(i, std::span<double const>(plan.logp_), std::span<double>(plan.dlogp_));
+    } catch (...) {
+      loss_failure = std::current_exception();
+      return 0.0;
+    }
+  }
   float* g = plan.floats(plan.g_[ui]);
   float* dout = plan.floats(plan.dout_[ui]);
   for (std::size_t t = 0; t < n; ++t) {
     double const s = st[n + t];
-    double const z = static_cast<double>(st[2 * n + t]) - static_cast<double>(mx[t]);
-    loss += std::log(s) - z;
-    g[t] = static_cast<float>(weight);
+    double const gt = custom ? -plan.dlogp_[t] : weight;
+    if (!custom)
+      loss += std::log(s) - (static_cast<double>(st[2 * n + t]) - static_cast<double>(mx[t]));
+    g[t] = static_cast<float>(gt);
     if (one)
       for (std::size_t k = 0; k < h; ++k)
         dout[t * h + k] =
-            static_cast<float>(weight * (static_cast<double>(st[3 * n + t * h + k]) / s -
-                                         static_cast<double>(st[3 * n + n * h + t * h + k])));
+            static_cast<float>(gt * (static_cast<double>(st[3 * n + t * h + k]) / s -
+                                     static_cast<double>(st[3 * n + n * h + t * h + k])));
   }
-  return weight * loss;
+  return custom ? loss : weight * loss;
 }
 
 template <class S, class V, class C, class VC>
@@ -387,6 +405,10 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
                      ::weft::detail::concat("rank ", vocab_channel->rank(), " of ",
                                             vocab_channel->size())));
   }
+  if (!has_vocab && opt.token_loss)
+    WEFT_THROW(invalid_argument_error,
+               "argument `opt.token_loss`: expected empty for a schedule without vocabulary "
+               "passes (its last stage computes the loss), actual a function");
   if (has_vocab != (plan.vocab_ != vocab_variant::none))
     WEFT_THROW(invalid_argument_error, "argument `plan`: expected a plan prepared ",
                has_vocab ? "with" : "without", " a vocabulary shard, actual one prepared ",
@@ -465,9 +487,31 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
               vc.broadcast(v, v, plan.last_rank_, opt.p2p).wait();
               break;
             }
-            case collective_kind::c0:
-              losses[mb] = combine_c0(plan, vc, a.microbatch, weights[mb], opt.p2p, holds_last);
+            case collective_kind::c0: {
+              std::exception_ptr loss_failure;
+              losses[mb] =
+                  combine_c0(plan, vc, a.microbatch, weights[mb], opt, holds_last, loss_failure);
+              if (loss_failure) {  // the user's token loss: reported as a stage's failure
+                std::string what = "a non-standard exception";
+                try {
+                  std::rethrow_exception(loss_failure);
+                } catch (std::exception const& e) {
+                  what = e.what();
+                } catch (...) {}
+                auto const msg = ::weft::detail::concat(describe_step(plan.rank_, i, a),
+                                                        ": step_options::token_loss of microbatch ",
+                                                        a.microbatch, " threw: ", what);
+                abort_channels(channel, vocab_channel, msg);
+                aborted = true;
+                rethrow_with_reports(opt, msg, errc::internal);
+                try {
+                  std::rethrow_exception(loss_failure);
+                } catch (...) {
+                  std::throw_with_nested(error(errc::internal, msg));
+                }
+              }
               break;
+            }
             case collective_kind::c1: {
               auto const v = plan.view(plan.dout_[mb]);
               vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
