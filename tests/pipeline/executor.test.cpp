@@ -653,6 +653,37 @@ vocab_run run_vocab(pl::schedule const& lowered, int p, int m, pl::step_options 
   return out;
 }
 
+// One step of vocabulary 1F1B (p = 4, m = 4) in which something throws (a vocabulary pass where
+// `fail_at` says so, or opt's token loss): every rank's exception message; all within the deadline.
+std::vector<std::string> failing_vocab_step(pl::vocab_variant variant, pl::step_options const& opt,
+                                            std::function<bool(pl::stage_call const&)> fail_at) {
+  using namespace std::chrono_literals;
+  constexpr int p = 4, m = 4;
+  auto const deadline = 3000ms;
+  auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, variant));
+  data_set const data(m);
+  vocab_data const vd(m);
+  std::vector<std::string> messages(p);
+  auto const t0 = std::chrono::steady_clock::now();
+  weft::test::run_ranks(
+      p,
+      [&](comm::threads::communicator& c) {
+        auto vc = c.split(0, c.rank());
+        mlp_stage stage(lowered, c.rank(), data, true);
+        vocab_shard shard(c.rank(), p, vd);
+        shard.fail_at = fail_at;
+        auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
+        try {
+          (void)pl::run_step(plan, stage, shard, c, vc, opt);
+        } catch (std::exception const& e) {
+          messages[static_cast<std::size_t>(c.rank())] = e.what();
+        }
+      },
+      weft::test::test_options(deadline));
+  CHECK(std::chrono::steady_clock::now() - t0 < deadline + 2s);
+  return messages;
+}
+
 void check_vocab_schedule(pl::schedule const& compute, token_loss_fn const& token_loss = {}) {
   auto const variant = compute.vocab();
   int const p = compute.num_ranks(), m = compute.num_microbatches();
@@ -809,41 +840,18 @@ TEST_CASE("executor: a token loss of the target log-probabilities (step_options:
     }
   }
   SUBCASE("one that throws fails the step on every rank, naming it") {
-    using namespace std::chrono_literals;
-    int const p = 4, m = 4;
-    auto const deadline = 3000ms;
-    auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, pl::vocab_variant::two_barrier));
-    data_set const data(m);
-    vocab_data const vd(m);
     pl::step_options opt;
     opt.token_loss = [](int i, std::span<double const>, std::span<double>) -> double {
       if (i == 2) throw std::runtime_error("injected token-loss failure");
       return 0.0;
     };
-    std::vector<std::string> messages(p);
-    auto const t0 = std::chrono::steady_clock::now();
-    weft::test::run_ranks(
-        p,
-        [&](comm::threads::communicator& c) {
-          auto vc = c.split(0, c.rank());
-          mlp_stage stage(lowered, c.rank(), data, true);
-          vocab_shard shard(c.rank(), p, vd);
-          auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
-          try {
-            (void)pl::run_step(plan, stage, shard, c, vc, opt);
-          } catch (std::exception const& e) {
-            messages[static_cast<std::size_t>(c.rank())] = e.what();
-          }
-        },
-        weft::test::test_options(deadline));
-    CHECK(std::chrono::steady_clock::now() - t0 < deadline + 2s);
-    for (int r = 0; r < p; ++r) {
-      auto const& msg = messages[static_cast<std::size_t>(r)];
+    auto const messages = failing_vocab_step(pl::vocab_variant::two_barrier, opt, {});
+    for (std::size_t r = 0; r < messages.size(); ++r) {
       CAPTURE(r);
-      CAPTURE(msg);
-      CHECK(msg.find("pipeline rank 3") != std::string::npos);
-      CHECK(msg.find("step_options::token_loss of microbatch 2 threw: injected token-loss "
-                     "failure") != std::string::npos);
+      CAPTURE(messages[r]);
+      CHECK(messages[r].find("pipeline rank 3") != std::string::npos);
+      CHECK(messages[r].find("step_options::token_loss of microbatch 2 threw: injected "
+                             "token-loss failure") != std::string::npos);
     }
   }
   SUBCASE("refused for a schedule without vocabulary passes") {
@@ -890,34 +898,11 @@ TEST_CASE("executor: a searched vocabulary-parallel schedule matches the single-
 }
 
 TEST_CASE("executor: a vocabulary pass that throws on one rank raises on every rank") {
-  using namespace std::chrono_literals;
-  constexpr int p = 4, m = 4;
-  auto const deadline = 3000ms;
-  auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, pl::vocab_variant::one_barrier));
-  data_set const data(m);
-  vocab_data const vd(m);
-  std::vector<std::string> messages(p);
-  auto const t0 = std::chrono::steady_clock::now();
-  weft::test::run_ranks(
-      p,
-      [&](comm::threads::communicator& c) {
-        auto vc = c.split(0, c.rank());
-        mlp_stage stage(lowered, c.rank(), data, true);
-        vocab_shard shard(c.rank(), p, vd);
-        shard.fail_at = [](pl::stage_call const& call) {
-          return call.stage == 3 && call.microbatch == 2;
-        };
-        auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
-        try {
-          (void)pl::run_step(plan, stage, shard, c, vc);
-        } catch (std::exception const& e) {
-          messages[static_cast<std::size_t>(c.rank())] = e.what();
-        }
-      },
-      weft::test::test_options(deadline));
-  CHECK(std::chrono::steady_clock::now() - t0 < deadline + 2s);
-  for (int r = 0; r < p; ++r) {
-    auto const& msg = messages[static_cast<std::size_t>(r)];
+  auto const messages = failing_vocab_step(
+      pl::vocab_variant::one_barrier, {},
+      [](pl::stage_call const& call) { return call.stage == 3 && call.microbatch == 2; });
+  for (std::size_t r = 0; r < messages.size(); ++r) {
+    auto const& msg = messages[r];
     CAPTURE(r);
     CAPTURE(msg);
     CHECK(msg.find("pipeline rank 3") != std::string::npos);
