@@ -757,6 +757,27 @@ TEST_CASE("executor: vocabulary-balanced schedules match the single-device model
       for (int m : {1, p, 2 * p + 1}) check_vocab(variant, p, m);
 }
 
+TEST_CASE("executor: vocabulary buffers take the boundary type: f32 or f64, nothing else") {
+  // The f64 path runs in tests/parallel/gpt_vocab.test.cpp (a double GPT); here the refusal.
+  auto const lowered = pl::lower(pl::vocab_one_f_one_b(2, 2, pl::vocab_variant::one_barrier));
+  data_set const data(2);
+  vocab_data const vd(2);
+  mlp_stage stage(lowered, 0, data, true);
+  vocab_shard shard(0, 2, vd);
+  for (auto t : {weft::dtype::bf16, weft::dtype::f16, weft::dtype::i32}) {
+    CAPTURE(weft::name(t));
+    stage.layout_type = t;
+    CHECK_THROWS_WITH_AS(
+        (void)pl::prepare_step(lowered, 0, stage, shard),
+        doctest::Contains(
+            weft::detail::concat("expected f32 or f64 elements, actual ", weft::name(t)).c_str()),
+        weft::shape_error);
+  }
+  stage.layout_type = weft::dtype::f64;
+  auto const plan = pl::prepare_step(lowered, 0, stage, shard);
+  CHECK(plan.vocab() == pl::vocab_variant::one_barrier);
+}
+
 namespace {
 
 // A smooth loss of the target log-probabilities with coefficients of both signs per (microbatch,

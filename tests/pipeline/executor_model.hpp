@@ -154,13 +154,12 @@ class mlp_stage {
   }
 
   pl::message_layout input_layout(pl::stage_call const& c) const {
-    if (c.stage == 0 && !vocab_) return {0, weft::dtype::f32};
-    return {static_cast<std::size_t>(rows_of(c.microbatch) * width) + input_extra,
-            weft::dtype::f32};
+    if (c.stage == 0 && !vocab_) return {0, layout_type};
+    return {static_cast<std::size_t>(rows_of(c.microbatch) * width) + input_extra, layout_type};
   }
   pl::message_layout output_layout(pl::stage_call const& c) const {
-    if (c.stage == stages_ - 1 && !vocab_) return {0, weft::dtype::f32};
-    return {static_cast<std::size_t>(rows_of(c.microbatch) * width), weft::dtype::f32};
+    if (c.stage == stages_ - 1 && !vocab_) return {0, layout_type};
+    return {static_cast<std::size_t>(rows_of(c.microbatch) * width), layout_type};
   }
 
   void reserve_slots(int chunk, int slots) {
@@ -252,7 +251,8 @@ class mlp_stage {
   std::function<bool(pl::stage_call const&, char const*)> fail_at;
   std::vector<int> weight_order;
   int reserved_ = 0;
-  std::size_t input_extra = 0;  // a wrong input layout, for the mismatch test
+  std::size_t input_extra = 0;                 // a wrong input layout, for the mismatch test
+  weft::dtype layout_type = weft::dtype::f32;  // a declared type (the data stay f32)
 
  private:
   chunk_state& chunk_of(int chunk) {

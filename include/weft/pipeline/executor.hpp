@@ -45,7 +45,7 @@ step_plan prepare_step(schedule const& lowered, int rank, S& stage) {
 }
 
 //! As above for a vocabulary-balanced schedule (vocab_one_f_one_b): `shard` runs the S, T, IF and
-//! IB passes; stage 0's input and the last stage's output must be n x h f32 (VocabShard).
+//! IB passes; stage 0's input and the last stage's output must be n x h, f32 or f64 (VocabShard).
 template <Stage S, VocabShard V>
 step_plan prepare_step(schedule const& lowered, int rank, S& stage, V& shard) {
   return detail::prepare(lowered, rank, stage, &shard);

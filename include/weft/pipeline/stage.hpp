@@ -99,7 +99,8 @@ struct vocab_tag {};
 
 //! VocabShard: this rank's shard of the input embedding and of the output layer (vocabulary
 //! parallelism, reference note section 2.5), for the vocabulary-balanced schedules. Every rank
-//! holds V/p vocabulary rows of both; every buffer is f32 host memory. `c.stage` is the rank.
+//! holds V/p vocabulary rows of both; every buffer is host memory of one floating type, f32 or f64:
+//! the type of stage 0's input layout (the stages' boundary type). `c.stage` is the rank.
 //! Semantics:
 //! - `tokens(c)`: n, the tokens of microbatch c.microbatch; `hidden()`: h. Pure, equal on every
 //!   rank. The first pipeline stage's input and the last stage's output are then n x h

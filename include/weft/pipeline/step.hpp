@@ -183,6 +183,9 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard);
 template <class S, class V, class C, class VC>
 step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,
                 step_options const& opt);
+template <class F, class VC>
+double combine_c0_as(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
+                     bool holds_last, std::exception_ptr& loss_failure);
 template <class VC>
 double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
                   bool holds_last, std::exception_ptr& loss_failure);
@@ -226,8 +229,9 @@ class step_plan {
     v.count = count;
     return v;
   }
-  [[nodiscard]] float* floats(int b) {
-    return reinterpret_cast<float*>(buffers_[static_cast<std::size_t>(b)].bytes.data());
+  template <class F>
+  [[nodiscard]] F* elements(int b) {
+    return reinterpret_cast<F*>(buffers_[static_cast<std::size_t>(b)].bytes.data());
   }
   int add_buffer(message_layout layout) {
     buffer b;
@@ -249,6 +253,7 @@ class step_plan {
   // that C0 combines, the global max, the loss-gradient weights g_i (last stage's rank), the last
   // stage's output gradient (C1's sum for two barriers) and BE's embedding gradient.
   vocab_variant vocab_ = vocab_variant::none;
+  dtype vocab_type_ = dtype::f32;  // of every vocabulary buffer: stage 0's input type
   int last_rank_ = 0;
   std::size_t hidden_ = 0;
   std::vector<std::size_t> tokens_;
@@ -257,6 +262,10 @@ class step_plan {
 
   template <class S, class V>
   friend step_plan detail::prepare(schedule const& lowered, int rank, S& stage, V* shard);
+  template <class F, class VC>
+  friend double detail::combine_c0_as(step_plan& plan, VC& vc, int i, double weight,
+                                      step_options const& opt, bool holds_last,
+                                      std::exception_ptr& loss_failure);
   template <class VC>
   friend double detail::combine_c0(step_plan& plan, VC& vc, int i, double weight,
                                    step_options const& opt, bool holds_last,

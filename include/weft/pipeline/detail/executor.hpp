@@ -202,29 +202,37 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard) {
       c.chunk = 0;
       plan.tokens_[static_cast<std::size_t>(i)] = shard->tokens(c);
     }
-    auto f32 = [](std::size_t n) { return message_layout{n, dtype::f32}; };
+    // Every vocabulary buffer has the type of stage 0's input (f32 or f64).
+    dtype const type = m > 0 ? stage.input_layout(call_for(0, 0)).type : dtype::f32;
+    if (type != dtype::f32 && type != dtype::f64)
+      WEFT_THROW(shape_error,
+                 "stage layouts: under vocabulary parallelism the input of stage 0, microbatch 0 "
+                 "is the n x h embedding: expected f32 or f64 elements, actual ",
+                 name(type));
+    plan.vocab_type_ = type;
+    auto typed = [type](std::size_t n) { return message_layout{n, type}; };
     auto want = [&](char const* what, int s, int i, message_layout got) {
       auto const n = plan.tokens_[static_cast<std::size_t>(i)] * h;
-      if (!(got == f32(n)))
+      if (!(got == typed(n)))
         WEFT_THROW(shape_error, "stage layouts: under vocabulary parallelism the ", what,
                    " of stage ", s, ", microbatch ", i, " is the n x h embedding: expected ", n,
-                   " x f32, actual ", got.count, " x ", name(got.type));
+                   " x ", name(type), ", actual ", got.count, " x ", name(got.type));
     };
     for (int i = 0; i < m; ++i) {
       auto const n = plan.tokens_[static_cast<std::size_t>(i)];
       want("input", 0, i, stage.input_layout(call_for(0, i)));
       want("output", last, i, stage.output_layout(call_for(last, i)));
-      plan.re_.push_back(plan.add_buffer(f32(n * h)));
-      plan.stats_.push_back(plan.add_buffer(f32(3 * n + (one ? 2 * n * h : 0))));
-      plan.max_.push_back(plan.add_buffer(f32(n)));
-      plan.g_.push_back(plan.add_buffer(f32(n)));
-      plan.dout_.push_back(plan.add_buffer(f32(n * h)));
-      plan.be_.push_back(buffer(0, true, 0, i, f32(n * h)));
+      plan.re_.push_back(plan.add_buffer(typed(n * h)));
+      plan.stats_.push_back(plan.add_buffer(typed(3 * n + (one ? 2 * n * h : 0))));
+      plan.max_.push_back(plan.add_buffer(typed(n)));
+      plan.g_.push_back(plan.add_buffer(typed(n)));
+      plan.dout_.push_back(plan.add_buffer(typed(n * h)));
+      plan.be_.push_back(buffer(0, true, 0, i, typed(n * h)));
     }
     for (int i = 0; i <= m; ++i) {
       std::size_t const x = i < m ? plan.tokens_[static_cast<std::size_t>(i)] * h : 0;
       std::size_t const g = i > 0 ? plan.tokens_[static_cast<std::size_t>(i - 1)] : 0;
-      plan.bx_.push_back(plan.add_buffer(f32(x + g)));
+      plan.bx_.push_back(plan.add_buffer(typed(x + g)));
     }
   }
 
@@ -330,19 +338,19 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard) {
 //! step_options::token_loss) and (one barrier) the output gradient g (G / s - H).
 //! An exception from the token loss is caught into `loss_failure` (the caller reports it as a
 //! stage failure: on every rank, naming the action), and C0 returns 0.
-template <class VC>
-double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
-                  bool holds_last, std::exception_ptr& loss_failure) {
+template <class F, class VC>
+double combine_c0_as(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
+                     bool holds_last, std::exception_ptr& loss_failure) {
   auto const ui = static_cast<std::size_t>(i);
   std::size_t const n = plan.tokens_[ui], h = plan.hidden_;
   bool const one = plan.vocab_ == vocab_variant::one_barrier;
-  float* st = plan.floats(plan.stats_[ui]);
-  float* mx = plan.floats(plan.max_[ui]);
+  F* st = plan.elements<F>(plan.stats_[ui]);
+  F* mx = plan.elements<F>(plan.max_[ui]);
   std::copy(st, st + n, mx);
   auto const gmax = plan.view(plan.max_[ui]);
   vc.all_reduce(gmax, gmax, comm::reduce_kind::max, opt.p2p).wait();
   for (std::size_t t = 0; t < n; ++t) {
-    float const f = std::exp(st[t] - mx[t]);
+    F const f = std::exp(st[t] - mx[t]);
     st[n + t] *= f;
     if (one)
       for (std::size_t k = 0; k < h; ++k) st[3 * n + t * h + k] *= f;
@@ -367,21 +375,29 @@ double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options co
       return 0.0;
     }
   }
-  float* g = plan.floats(plan.g_[ui]);
-  float* dout = plan.floats(plan.dout_[ui]);
+  F* g = plan.elements<F>(plan.g_[ui]);
+  F* dout = plan.elements<F>(plan.dout_[ui]);
   for (std::size_t t = 0; t < n; ++t) {
     double const s = st[n + t];
     double const gt = custom ? -plan.dlogp_[t] : weight;
     if (!custom)
       loss += std::log(s) - (static_cast<double>(st[2 * n + t]) - static_cast<double>(mx[t]));
-    g[t] = static_cast<float>(gt);
+    g[t] = static_cast<F>(gt);
     if (one)
       for (std::size_t k = 0; k < h; ++k)
-        dout[t * h + k] =
-            static_cast<float>(gt * (static_cast<double>(st[3 * n + t * h + k]) / s -
-                                     static_cast<double>(st[3 * n + n * h + t * h + k])));
+        dout[t * h + k] = static_cast<F>(gt * (static_cast<double>(st[3 * n + t * h + k]) / s -
+                                               static_cast<double>(st[3 * n + n * h + t * h + k])));
   }
   return custom ? loss : weight * loss;
+}
+
+//! combine_c0_as in the plan's vocabulary type (f32 or f64).
+template <class VC>
+double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
+                  bool holds_last, std::exception_ptr& loss_failure) {
+  return plan.vocab_type_ == dtype::f64
+             ? combine_c0_as<double>(plan, vc, i, weight, opt, holds_last, loss_failure)
+             : combine_c0_as<float>(plan, vc, i, weight, opt, holds_last, loss_failure);
 }
 
 template <class S, class V, class C, class VC>
@@ -472,16 +488,23 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
             case collective_kind::broadcast_output: {
               auto const v = plan.view(plan.bx_[mb]);
               if (holds_last) {
-                float* out = plan.floats(plan.bx_[mb]);
-                std::size_t x = 0;
-                if (a.microbatch < plan.microbatches_) {
-                  x = plan.tokens_[mb] * plan.hidden_;
-                  float const* src = plan.floats(plan.x_[mb]);
-                  std::copy(src, src + x, out);
-                }
-                if (a.microbatch > 0) {
-                  float const* g = plan.floats(plan.g_[mb - 1]);
-                  std::copy(g, g + plan.tokens_[mb - 1], out + x);
+                auto pack = [&]<class F>(std::type_identity<F>) {
+                  F* out = plan.elements<F>(plan.bx_[mb]);
+                  std::size_t x = 0;
+                  if (a.microbatch < plan.microbatches_) {
+                    x = plan.tokens_[mb] * plan.hidden_;
+                    F const* src = plan.elements<F>(plan.x_[mb]);
+                    std::copy(src, src + x, out);
+                  }
+                  if (a.microbatch > 0) {
+                    F const* g = plan.elements<F>(plan.g_[mb - 1]);
+                    std::copy(g, g + plan.tokens_[mb - 1], out + x);
+                  }
+                };
+                if (plan.vocab_type_ == dtype::f64) {
+                  pack(std::type_identity<double>{});
+                } else {
+                  pack(std::type_identity<float>{});
                 }
               }
               vc.broadcast(v, v, plan.last_rank_, opt.p2p).wait();
