@@ -8,7 +8,9 @@
 // pp 2 x dp 2 x cp 2 x tp 2 + SP; gpt_pipeline_chunks, two chunks a rank on a 4-layer model:
 // interleaved 1F1B, ZBV and DualPipeV, alone and with tp 2 + SP, and V-Half with tp 2 + SP) gives
 // the same numbers within
-// the same tolerances.
+// the same tolerances; so do the vocabulary-balanced schedules (gpt_vocab_shard: the embedding
+// and head sharded over pp) at pp 2 and 4, with cp 2, dp 2 and both, under the cross-entropy and
+// a token loss.
 #include <support/run_ranks.hpp>
 #include <weft/comm/collectives.hpp>
 #include <weft/comm/threads/communicator.hpp>
@@ -16,6 +18,7 @@
 #include <weft/nn/gpt.hpp>
 #include <weft/parallel/gpt.hpp>
 #include <weft/parallel/gpt_pipeline.hpp>
+#include <weft/parallel/gpt_vocab.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/pipeline/schedules/controllable_memory.hpp>
@@ -23,6 +26,7 @@
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 
 #include <doctest/doctest.h>
@@ -238,6 +242,130 @@ void check_layout(layout_case const& l, double tol) {
   });
   for (auto const& f : failures) MESSAGE(describe(l) << ": " << f);
   CHECK_MESSAGE(failures.empty(), describe(l));
+}
+
+// A smooth loss of the targets' log-probabilities with a coefficient of either sign per global
+// row: sum_k c_k exp(logp_k) + d_k logp_k over the rows with a target (rows as gpt::rows()).
+double smooth_rows_loss(index_t first_row, std::span<std::int64_t const> rows,
+                        std::span<double const> logp, std::span<double> dlogp,
+                        std::span<std::int32_t const> targets) {
+  double loss = 0.0;
+  for (std::size_t k = 0; k < rows.size(); ++k) {
+    auto const g = first_row + rows[k];
+    if (targets[static_cast<std::size_t>(g)] < 0) continue;
+    double const c = std::sin(0.7 * static_cast<double>(g)),
+                 d = 0.3 * std::cos(1.3 * static_cast<double>(g));
+    loss += c * std::exp(logp[k]) + d * logp[k];
+    dlogp[k] = c * std::exp(logp[k]) + d;
+  }
+  return loss;
+}
+
+// One step of a vocabulary-balanced schedule (layout l with tp 1: pp ranks holding the blocks,
+// each also a gpt_vocab_shard) against the single device: the loss, every stage's gradients and
+// every vocabulary shard's rows of "wte" and "head". `smooth`: smooth_rows_loss instead of the
+// cross-entropy, against the GPT's own token loss on one rank.
+template <class T>
+void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant variant, double tol,
+                        bool smooth = false) {
+  auto const c = small(l.layers);
+  data_t const data;
+  auto whole = reference_params<T>(c);
+  double const weight = 1.0 / static_cast<double>(data.counted());
+  reference_result<T> ref{0.0, nn::param_store<T>(nn::gpt_layout(c))};
+  if (smooth) {
+    run_ranks(1, [&](comm_t& one) {
+      auto store = reference_params<T>(c);
+      par::gpt<T, comm_t, comm_t> model(c, false, one, one, store);
+      model.set_token_loss([&](std::span<std::int64_t const> rows, std::span<double const> logp,
+                               std::span<double> dlogp) {
+        return smooth_rows_loss(0, rows, logp, dlogp, data.targets);
+      });
+      ref.loss = model.forward({data.tokens, data.targets, kSeq});
+      model.backward();
+      std::copy(store.grads().begin(), store.grads().end(), ref.grads_as_params.params().begin());
+    });
+  } else {
+    ref = single_device<T>(c, data);
+  }
+  std::string const what = describe(l) + " " + std::string(weft::pipeline::to_string(variant)) +
+                           (smooth ? " smooth token loss" : " cross-entropy");
+  std::mutex m;
+  std::vector<std::string> failures;
+  run_ranks(l.pp * l.dp * l.cp, [&](comm_t& world) {
+    weft::device_mesh<comm_t> mesh(world, {l.pp, l.dp, l.cp, 1}, {"pp", "dp", "cp", "tp"},
+                                   {{"dp", "cp"}});
+    auto& tp = mesh.group("tp");
+    auto& cp = mesh.group("cp");
+    auto& pp = mesh.group("pp");
+    auto& data_group = mesh.group({"dp", "cp"});
+    par::gpt_parallelism const p{1, 0, false, cp.size(), cp.rank(), pp.size(), pp.rank(), true};
+    nn::param_store<T> store(par::gpt_shard_layout(c, p)), vstore(par::gpt_vocab_layout(c, p));
+    par::gpt_load_shard(store, whole, c, p);
+    par::gpt_vocab_load(vstore, whole, c, p);
+    int const dpr = mesh.local_rank("dp");
+    index_t const per = kSeqs / l.dp;
+    auto const from = static_cast<std::size_t>(dpr * per * kSeq);
+    auto const mb = [&](int i) {
+      auto const at = from + static_cast<std::size_t>(i * kSeq);
+      return par::gpt_sequences{std::span(data.tokens).subspan(at, kSeq),
+                                std::span(data.targets).subspan(at, kSeq), kSeq};
+    };
+    par::gpt_pipeline_stage<T, comm_t, comm_t> stage(c, p, tp, cp, store, mb);
+    par::gpt_vocab_shard<T> shard(c, p, vstore, mb);
+    auto vc = pp.split(0, pp.rank());
+    weft::pipeline::step_options opt;
+    if (smooth) {
+      opt.token_loss = shard.token_loss([&](int i, std::span<std::int64_t const> rows,
+                                            std::span<double const> logp, std::span<double> dlogp) {
+        return smooth_rows_loss(static_cast<index_t>(from) + i * kSeq, rows, logp, dlogp,
+                                data.targets);
+      });
+    } else {
+      opt.token_loss = shard.cross_entropy(weight);
+    }
+    auto const sched = weft::pipeline::lower(
+        weft::pipeline::vocab_one_f_one_b(l.pp, static_cast<int>(per), variant));
+    auto plan = weft::pipeline::prepare_step(sched, pp.rank(), stage, shard);
+    auto const r = weft::pipeline::run_step(plan, stage, shard, pp, vc, opt);
+    double loss = r.has_loss ? r.loss : 0.0;
+    par::reduce_gpt_grads(tp, data_group, store);
+    par::reduce_gpt_grads(tp, data_group, vstore);
+    weft::comm::all_reduce(data_group, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum)
+        .wait();
+    weft::comm::all_reduce(pp, std::span<double>(&loss, 1), weft::comm::reduce_kind::sum).wait();
+    std::vector<std::string> bad;
+    if (!(std::abs(loss - ref.loss) <= tol * std::abs(ref.loss)))
+      bad.push_back("loss " + std::to_string(loss) + " vs " + std::to_string(ref.loss));
+    double model_scale = 0.0;
+    for (auto g : ref.grads_as_params.params())
+      model_scale = std::max(model_scale, std::abs(static_cast<double>(g)));
+    nn::param_store<T> expect(par::gpt_shard_layout(c, p)), vexpect(par::gpt_vocab_layout(c, p));
+    par::gpt_load_shard(expect, ref.grads_as_params, c, p);
+    par::gpt_vocab_load(vexpect, ref.grads_as_params, c, p);
+    for (auto [got_store, want_store] : {std::pair{&store, &expect}, std::pair{&vstore, &vexpect}})
+      for (auto const& e : got_store->layout().entries()) {
+        auto const got = got_store->grad_span(e.name);
+        auto const want = want_store->param_span(e.name);
+        double scale = 0.0, err = 0.0;
+        for (std::size_t i = 0; i < got.size(); ++i) {
+          scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+          err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+        }
+        scale = std::max(scale, 0.01 * model_scale);
+        if (!(err <= tol * scale))
+          bad.push_back("rank " + std::to_string(world.rank()) + " " + e.name + ": max error " +
+                        std::to_string(err / scale) + " relative");
+      }
+    // Every stage and shard has a gradient to compare (a wiring slip would leave zeros).
+    if (vstore.grads().empty() ||
+        std::all_of(vstore.grads().begin(), vstore.grads().end(), [](T g) { return g == T(0); }))
+      bad.push_back("rank " + std::to_string(world.rank()) + ": no vocabulary gradient");
+    std::lock_guard lock(m);
+    failures.insert(failures.end(), bad.begin(), bad.end());
+  });
+  for (auto const& f : failures) MESSAGE(what << ": " << f);
+  CHECK_MESSAGE(failures.empty(), what);
 }
 
 layout_case const kLayouts[] = {
@@ -466,6 +594,31 @@ TEST_SUITE("threads") {
       CHECK(checked == g.pp * g.tp);
       CHECK(bad == 0);
     }
+    // Under vocab_pipeline the vocabulary shards' rows join the stages' pieces.
+    for (int pp : {2, 4}) {
+      INFO("vocab_pipeline pp " << pp);
+      std::mutex m;
+      int bad = 0;
+      run_ranks(pp, [&](comm_t& world) {
+        par::gpt_parallelism const p{1, 0, false, 1, 0, pp, world.rank(), true};
+        nn::param_store<float> stage(par::gpt_shard_layout(c, p)),
+            vocab(par::gpt_vocab_layout(c, p)), replica(nn::gpt_layout(c));
+        par::gpt_init_shard(stage, c, p, 31);
+        par::gpt_vocab_init(vocab, c, p, 31);
+        par::gpt_gather_replica(world, stage, replica, c, p, &vocab);
+        bool const same = std::memcmp(replica.params().data(), whole.params().data(),
+                                      whole.params().size_bytes()) == 0;
+        std::string refused;
+        try {  // the vocabulary shard is required (checked before any communication)
+          par::gpt_gather_replica(world, stage, replica, c, p);
+        } catch (weft::invalid_argument_error const& e) {
+          refused = e.what();
+        }
+        std::lock_guard lock(m);
+        bad += same && refused.find("argument `vocab`") != std::string::npos ? 0 : 1;
+      });
+      CHECK(bad == 0);
+    }
     // What it refuses, before any communication (one rank, so nothing would wait).
     run_ranks(1, [&](comm_t& world) {
       par::gpt_parallelism const p{1, 0, false, 1, 0, 2, 0};
@@ -514,6 +667,95 @@ TEST_SUITE("threads") {
       nn::param_store<float> const stage0(par::gpt_shard_layout(c, p));  // pp 2, stage 0
       CHECK(one_store(stage0, p).find("pp * tp = 2") != std::string::npos);
     });
+  }
+
+  TEST_CASE(
+      "parallel gpt: the vocabulary-balanced schedules (gpt_vocab_shard) equal the single device") {
+    // The embedding and head sharded over the pipeline ranks, the loss from the executor's C0
+    // (the GPT's cross-entropy as a token loss: the data have ignored targets), against nn::gpt.
+    // f64 within 1e-12: only C0's association of the softmax sums differs.
+    using weft::pipeline::vocab_variant;
+    for (auto v : {vocab_variant::one_barrier, vocab_variant::two_barrier}) {
+      check_vocab_layout<double>({1, 1, 1, false, 2}, v, 1e-12);
+      check_vocab_layout<double>({1, 1, 1, false, 4, "1f1b", 4}, v, 1e-12);
+      check_vocab_layout<double>({1, 2, 1, false, 2}, v, 1e-12);
+      check_vocab_layout<double>({2, 1, 1, false, 2}, v, 1e-12);
+      check_vocab_layout<float>({1, 1, 1, false, 2}, v, 1e-5);
+    }
+    check_vocab_layout<double>({2, 2, 1, false, 2, "1f1b", 4}, vocab_variant::one_barrier, 1e-12);
+  }
+
+  TEST_CASE("parallel gpt: a token loss under the vocabulary-balanced schedules") {
+    // A loss of the targets' log-probabilities with per-row coefficients of both signs, given as
+    // a microbatch_loss_fn (rows, logp, dlogp): equal to the GPT's own token loss on one rank.
+    using weft::pipeline::vocab_variant;
+    for (auto v : {vocab_variant::one_barrier, vocab_variant::two_barrier}) {
+      check_vocab_layout<double>({1, 1, 1, false, 2}, v, 1e-12, true);
+      check_vocab_layout<double>({1, 2, 1, false, 2}, v, 1e-12, true);
+    }
+  }
+
+  TEST_CASE("parallel gpt: what the vocabulary-balanced layout refuses") {
+    auto const c = small(2);
+    par::gpt_parallelism tp2{2, 0, false, 1, 0, 2, 0, true};
+    CHECK_THROWS_WITH_AS(par::gpt_shard_layout(c, tp2), doctest::Contains("1 under vocab_pipeline"),
+                         weft::invalid_argument_error);
+    par::gpt_parallelism const plain{1, 0, false, 1, 0, 2, 0};
+    CHECK_THROWS_WITH_AS(par::gpt_vocab_layout(c, plain),
+                         doctest::Contains("gpt_parallelism::vocab_pipeline"),
+                         weft::invalid_argument_error);
+    auto tiny = c;
+    tiny.vocab = 1;
+    CHECK_THROWS_WITH_AS(par::gpt_vocab_layout(tiny, {1, 0, false, 1, 0, 2, 0, true}),
+                         doctest::Contains(">= pp = 2"), weft::invalid_argument_error);
+    // The built-in cross-entropy counts every token: a microbatch with ignored targets fails
+    // the step on every rank, naming the row; a token loss on the stage is refused.
+    data_t const data;
+    std::mutex m;
+    std::vector<std::string> errors;
+    run_ranks(2, [&](comm_t& pp) {
+      par::gpt_parallelism const p{1, 0, false, 1, 0, 2, pp.rank(), true};
+      auto whole = reference_params<double>(c);
+      nn::param_store<double> store(par::gpt_shard_layout(c, p)),
+          vstore(par::gpt_vocab_layout(c, p));
+      par::gpt_load_shard(store, whole, c, p);
+      par::gpt_vocab_load(vstore, whole, c, p);
+      auto const mb = [&](int i) {
+        auto const at = static_cast<std::size_t>(i * kSeq);
+        return par::gpt_sequences{std::span(data.tokens).subspan(at, kSeq),
+                                  std::span(data.targets).subspan(at, kSeq), kSeq};
+      };
+      comm_t self = pp.split(pp.rank(), 0);
+      auto const loss = [](int, std::span<std::int64_t const>, std::span<double const>,
+                           std::span<double>) { return 0.0; };
+      std::string refused;
+      try {
+        par::gpt_pipeline_stage<double, comm_t, comm_t> bad(c, p, self, self, store, mb, loss);
+      } catch (weft::invalid_argument_error const& e) {
+        refused = e.what();
+      }
+      par::gpt_pipeline_stage<double, comm_t, comm_t> stage(c, p, self, self, store, mb);
+      par::gpt_vocab_shard<double> shard(c, p, vstore, mb);
+      auto vc = pp.split(0, pp.rank());
+      auto const sched = weft::pipeline::lower(
+          weft::pipeline::vocab_one_f_one_b(2, 2, weft::pipeline::vocab_variant::two_barrier));
+      auto plan = weft::pipeline::prepare_step(sched, pp.rank(), stage, shard);
+      std::string failed = "no error";
+      try {
+        (void)weft::pipeline::run_step(plan, stage, shard, pp, vc);
+      } catch (weft::error const& e) {
+        failed = e.what();
+      }
+      std::lock_guard lock(m);
+      errors.push_back(refused);
+      errors.push_back(failed);
+    });
+    REQUIRE(errors.size() == 4);
+    for (std::size_t k = 0; k < 4; k += 2) {
+      CHECK(errors[k].find("argument `token_loss`") != std::string::npos);
+      CHECK(errors[k].find("step_options::token_loss") != std::string::npos);
+      CHECK(errors[k + 1].find("has no target (-1)") != std::string::npos);
+    }
   }
 
 }  // TEST_SUITE("threads")
@@ -570,6 +812,30 @@ TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-devi
     }
     par::gpt_parallelism const whole_tp{2, 1, true, 1, 0};
     CHECK(held == par::gpt_shard_layout(three, whole_tp).size());
+  }
+  // Under vocab_pipeline no stage holds "wte" or "head": each pipeline rank's vocabulary shard
+  // holds its rows of both, bitwise the single device's, and the rows cover the vocabulary once.
+  for (int pp : {2, 3}) {
+    index_t rows = 0;
+    for (int s = 0; s < pp; ++s) {
+      par::gpt_parallelism const p{1, 0, false, 1, 0, pp, s, true};
+      INFO("vocab_pipeline pp " << pp << " rank " << s);
+      auto const stage = par::gpt_shard_layout(three, p);
+      CHECK_FALSE(stage.contains("wte"));
+      CHECK_FALSE(stage.contains("head"));
+      CHECK(stage.contains("wpe") == (s == 0));
+      CHECK(stage.contains("lnf.w") == (s == pp - 1));
+      nn::param_store<float> a(par::gpt_vocab_layout(three, p)), b(par::gpt_vocab_layout(three, p));
+      par::gpt_vocab_init(a, three, p, 7);
+      par::gpt_vocab_load(b, whole3, three, p);
+      CHECK(std::memcmp(a.params().data(), b.params().data(), a.params().size_bytes()) == 0);
+      auto const want = par::gpt_vocab_rows(three, p);
+      CHECK(a.layout().at("wte").shape == std::vector<index_t>{want.size, 16});
+      CHECK(a.layout().at("head").shape == std::vector<index_t>{want.size, 16});
+      CHECK(want.begin == rows);
+      rows += want.size;
+    }
+    CHECK(rows == three.vocab);
   }
   // The split: layers / pp each, the first layers % pp stages one more.
   CHECK(par::gpt_stage_layers(3, 2, 0).first == 0);

@@ -140,6 +140,10 @@ class gpt {
   double forward(gpt_sequences const& b, double token_weight = 0.0) {
     WEFT_EXPECTS(p_.pp == 1, "parallelism.pp", "1 for forward() (a pipeline stage: forward_stage)",
                  p_.pp);
+    WEFT_EXPECTS(!p_.vocab_pipeline, "parallelism.vocab_pipeline",
+                 "false for forward() (the embedding and head are gpt_vocab_shard's: "
+                 "forward_stage)",
+                 "true");
     prepare(b, token_weight > 0.0 ? token_weight : mean_weight(b));
     return run_forward({}, {});
   }
@@ -157,10 +161,11 @@ class gpt {
     expect_no_pending("forward_stage");
     prepare(b, token_weight);
     auto const want = static_cast<std::size_t>(m_ * c_.d_model);
-    if (!p_.first_stage())
+    bool const vp = p_.vocab_pipeline;
+    if (!p_.first_stage() || vp)
       WEFT_EXPECTS_SHAPE(in.size() == want, "in",
                          ::weft::detail::concat(want, " elements (boundary_size)"), in.size());
-    if (!p_.last_stage())
+    if (!p_.last_stage() || vp)
       WEFT_EXPECTS_SHAPE(out.size() == want, "out",
                          ::weft::detail::concat(want, " elements (boundary_size)"), out.size());
     return run_forward(in, out);
@@ -172,10 +177,11 @@ class gpt {
   void backward_stage(std::span<T const> dout, std::span<T> din) {
     if (!defer_) expect_no_pending("backward_stage");
     auto const want = static_cast<std::size_t>(m_ * c_.d_model);
-    if (!p_.last_stage())
+    bool const vp = p_.vocab_pipeline;
+    if (!p_.last_stage() || vp)
       WEFT_EXPECTS_SHAPE(dout.size() == want, "dout",
                          ::weft::detail::concat(want, " elements (boundary_size)"), dout.size());
-    if (!p_.first_stage())
+    if (!p_.first_stage() || vp)
       WEFT_EXPECTS_SHAPE(din.size() == want, "din",
                          ::weft::detail::concat(want, " elements (boundary_size)"), din.size());
     run_backward(dout, din);
@@ -242,8 +248,11 @@ class gpt {
     auto x0 = rows_of(x_[0], d);
     if (p_.first_stage()) {
       // Embeddings. Under SP the vocabulary-parallel lookup is reduce-scattered straight to the
-      // token slices and each rank adds the positions of its own rows.
-      if (sp) {
+      // token slices and each rank adds the positions of its own rows. Under vocab_pipeline the
+      // token embeddings arrive in `in` (gpt_vocab_shard's, summed over the pipeline).
+      if (p_.vocab_pipeline) {
+        std::copy(in.begin(), in.end(), x0.data_handle());
+      } else if (sp) {
         vocab_parallel_embedding_forward_sp(*tp_, std::span<std::int32_t const>(tokens_), shard_,
                                             p2("wte"), x0);
       } else {
@@ -263,6 +272,10 @@ class gpt {
     }
     nn::layer_norm_forward(rows_of(last, d), p1("lnf.w"), p1("lnf.b"), rows_of(lnf_, d),
                            vec(lnf_mean_), vec(lnf_rstd_), c_.ln_eps);
+    if (p_.vocab_pipeline) {  // the output layer is gpt_vocab_shard's
+      std::copy(lnf_.begin(), lnf_.end(), out.begin());
+      return 0.0;
+    }
     index_t const vs = shard_.size;
     if (sp) {
       vocab_parallel_output_forward_sp(*tp_, rows_of(lnf_, d), p2("head"), rows_of(lnf_total_, d),
@@ -295,18 +308,23 @@ class gpt {
     index_t const d = c_.d_model;
     bool const sp = p_.sequence_parallel;
     auto& dx = g_.dx;
-    if (p_.last_stage()) {
+    if (p_.last_stage() && p_.vocab_pipeline) {
+      std::copy(dout.begin(), dout.end(), g_.dln.begin());
+      final_norm_backward();
+    } else if (p_.last_stage()) {
       head_backward();
     } else {
       std::copy(dout.begin(), dout.end(), dx.begin());
     }
     for (index_t l = layers_.size() - 1; l >= 0; --l) block_backward(l, dx);
-    if (!p_.first_stage()) {
+    if (!p_.first_stage() || p_.vocab_pipeline) {
       std::copy(dx.begin(), dx.end(), din.begin());
-      return;
+      if (!p_.first_stage()) return;
     }
     auto const tokens = std::span<std::int32_t const>(tokens_);
-    if (sp && !defer_) {
+    if (p_.vocab_pipeline) {
+      // The token embeddings' gradient is din, gpt_vocab_shard's: only the positions here.
+    } else if (sp && !defer_) {
       vocab_parallel_embedding_backward_sp(*tp_, tokens, shard_, rows_of(dx, d), g2("wte"));
     } else if (sp) {
       // The same two steps, the all-gather (collective) now and the scatter-add deferred.
@@ -343,7 +361,6 @@ class gpt {
         rows_of(logits_, vs), shard_, std::span<std::int32_t const>(targets_),
         std::span<C const>(ce_lse_), std::span<C const>(dloss), rows_of(dlogits, vs), opt);
     auto& dln = g_.dln;
-    auto& dx = g_.dx;
     if (sp) {
       vocab_parallel_output_backward_input_sp(*tp_, rows_of(dlogits, vs), p2("head"),
                                               rows_of(dln, d));
@@ -354,6 +371,14 @@ class gpt {
       vocab_parallel_output_backward_weight(
           rows_of(g, vs), sp ? rows_of(lnf_total_, d) : rows_of(lnf_, d), g2("head"));
     });
+    final_norm_backward();
+  }
+
+  // From d(final norm's output) in g_.dln to d(last block's output) in g_.dx.
+  void final_norm_backward() {
+    index_t const d = c_.d_model;
+    auto& dln = g_.dln;
+    auto& dx = g_.dx;
     auto& last = x_[static_cast<std::size_t>(layers_.size())];
     nn::layer_norm_backward_input(rows_of(dln, d), rows_of(last, d), p1("lnf.w"), vec(lnf_mean_),
                                   vec(lnf_rstd_), rows_of(dx, d));
@@ -470,8 +495,9 @@ class gpt {
     lnf_total_.resize(last && sp ? n(n_, d) : 0);
     lnf_mean_.resize(last ? n(m_, 1) : 0);
     lnf_rstd_.resize(last ? n(m_, 1) : 0);
-    logits_.resize(last ? n(n_, shard_.size) : 0);
-    ce_lse_.resize(last ? n(n_, 1) : 0);
+    bool const head = last && !p_.vocab_pipeline;
+    logits_.resize(head ? n(n_, shard_.size) : 0);
+    ce_lse_.resize(head ? n(n_, 1) : 0);
     g_.dlogits.resize(logits_.size());
     for (auto* b : {&g_.dln, &g_.dx, &g_.dmid, &g_.tmp}) b->resize(n(m_, d));
     for (auto* b : {&g_.full, &g_.part, &g_.total}) b->resize(n(n_, d));

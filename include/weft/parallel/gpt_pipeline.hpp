@@ -31,8 +31,8 @@ namespace weft::parallel {
 
 //! One pipeline rank's share of a GPT (parallelism.pp stages, one chunk per rank: the plain
 //! schedules GPipe, 1F1B, ZB-H1, ZB-H2; a rank of interleaved 1F1B, ZBV or DualPipeV holds one of
-//! these per chunk in gpt_pipeline_chunks; not the vocabulary-balanced schedules, whose output
-//! layer is sharded over the pipeline) over its tensor-
+//! these per chunk in gpt_pipeline_chunks; the vocabulary-balanced schedules under
+//! parallelism.vocab_pipeline, with a gpt_vocab_shard beside it) over its tensor-
 //! and context-parallel groups. `microbatch(i)` gives microbatch i's sequences, the same on every
 //! stage, and must stay valid during the step (the spans are read in forward and the shapes in
 //! the layouts). The last stage's loss is Σ loss_weight · CE over its rows (the executor's
@@ -70,6 +70,10 @@ class gpt_pipeline_stage {
         microbatch_(std::move(microbatch)),
         token_loss_(std::move(token_loss)) {
     WEFT_EXPECTS(static_cast<bool>(microbatch_), "microbatch", "a callable", "an empty function");
+    WEFT_EXPECTS(!(token_loss_ && p_.vocab_pipeline), "token_loss",
+                 "empty under vocab_pipeline (the executor computes the loss there: "
+                 "step_options::token_loss, gpt_vocab_shard::token_loss)",
+                 "a function");
     // One instance now, so that a wrong layout or store fails at construction.
     models_.push_back(std::make_unique<model_type>(c_, p_, *tp_, *cp_, *store_));
   }
@@ -78,14 +82,16 @@ class gpt_pipeline_stage {
   //! The model instance of stash slot `slot` (its rows(), for instance).
   [[nodiscard]] model_type& model(int slot) { return *models_.at(static_cast<std::size_t>(slot)); }
 
+  // Layouts of any stage (under vocabulary parallelism every rank asks for the first stage's
+  // input and the last stage's output): the boundary is the same at every stage.
   [[nodiscard]] pipeline::message_layout input_layout(pipeline::stage_call const& c) const {
-    check(c);
-    if (c.first_stage()) return {0, dtype_of<T>};
+    check_stages(c);
+    if (c.first_stage() && !p_.vocab_pipeline) return {0, dtype_of<T>};
     return {boundary(c.microbatch), dtype_of<T>};
   }
   [[nodiscard]] pipeline::message_layout output_layout(pipeline::stage_call const& c) const {
-    check(c);
-    if (c.last_stage()) return {0, dtype_of<T>};
+    check_stages(c);
+    if (c.last_stage() && !p_.vocab_pipeline) return {0, dtype_of<T>};
     return {boundary(c.microbatch), dtype_of<T>};
   }
 
@@ -128,10 +134,15 @@ class gpt_pipeline_stage {
   }
 
  private:
-  void check(pipeline::stage_call const& c) const {
+  void check_stages(pipeline::stage_call const& c) const {
     WEFT_EXPECTS(c.num_stages == p_.pp, "stage_call::num_stages",
                  ::weft::detail::concat(p_.pp, " (parallelism.pp: the schedule's stages)"),
                  c.num_stages);
+    WEFT_EXPECTS(c.stage >= 0 && c.stage < p_.pp, "stage_call::stage",
+                 ::weft::detail::concat("in [0, ", p_.pp, ")"), c.stage);
+  }
+  void check(pipeline::stage_call const& c) const {
+    check_stages(c);
     WEFT_EXPECTS(c.stage == p_.pp_rank, "stage_call::stage",
                  ::weft::detail::concat(p_.pp_rank, " (parallelism.pp_rank)"), c.stage);
   }

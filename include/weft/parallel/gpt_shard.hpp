@@ -31,6 +31,12 @@ namespace weft::parallel {
 //! hold 2 zigzag chunks of every sequence (S a multiple of 2·cp) and run ring attention. `pp`
 //! pipeline stages each hold a contiguous range of the blocks (gpt_stage_layers; pp <= layers),
 //! the first also the token and position embeddings, the last the final LayerNorm and the head.
+//! `vocab_pipeline` is the layout of the vocabulary-balanced schedules (pipeline::
+//! vocab_one_f_one_b): the token embedding "wte" and the output layer "head" are then sharded
+//! over the pp ranks by vocabulary rows (gpt_vocab_shard, gpt_vocab_layout), and no stage holds
+//! them; the first stage takes the embedded tokens as its input, the last hands the final norm's
+//! output on. It needs tp = 1 (the vocabulary is split over the pipeline instead) and
+//! vocab >= pp; any cp.
 struct gpt_parallelism {
   int tp = 1;
   int tp_rank = 0;
@@ -39,6 +45,7 @@ struct gpt_parallelism {
   int cp_rank = 0;
   int pp = 1;
   int pp_rank = 0;
+  bool vocab_pipeline = false;
 
   [[nodiscard]] constexpr bool first_stage() const noexcept { return pp_rank == 0; }
   [[nodiscard]] constexpr bool last_stage() const noexcept { return pp_rank == pp - 1; }
@@ -108,10 +115,20 @@ inline void check_parallelism(nn::gpt_config const& c, gpt_parallelism const& p)
       ::weft::detail::concat("in [1, layers = ", c.layers, "] (every stage holds a block)"), p.pp);
   WEFT_EXPECTS(p.pp_rank >= 0 && p.pp_rank < p.pp, "gpt_parallelism::pp_rank",
                ::weft::detail::concat("in [0, ", p.pp, ")"), p.pp_rank);
+  if (p.vocab_pipeline) {
+    WEFT_EXPECTS(p.tp == 1, "gpt_parallelism::tp",
+                 "1 under vocab_pipeline (the vocabulary is sharded over the pipeline ranks)",
+                 p.tp);
+    WEFT_EXPECTS(c.vocab >= p.pp, "gpt_config::vocab",
+                 ::weft::detail::concat(">= pp = ", p.pp,
+                                        " under vocab_pipeline (every rank holds vocabulary rows)"),
+                 c.vocab);
+  }
 }
 
 //! Whether pipeline stage p.pp_rank holds the parameter `name` of nn::gpt_layout.
 inline bool stage_holds(std::string_view name, nn::gpt_config const& c, gpt_parallelism const& p) {
+  if (p.vocab_pipeline && (name == "wte" || name == "head")) return false;  // gpt_vocab_layout
   if (name == "wte" || name == "wpe") return p.first_stage();
   if (name == "head" || name.starts_with("lnf.")) return p.last_stage();
   if (name.size() > 1 && name[0] == 'h') {
@@ -263,17 +280,100 @@ void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gp
   }
 }
 
+//! The vocabulary rows pipeline rank p.pp_rank's gpt_vocab_shard holds under p.vocab_pipeline:
+//! vocab_shard::even(vocab, pp, pp_rank) (the first vocab % pp ranks one row more).
+[[nodiscard]] inline rl::vocab_shard gpt_vocab_rows(nn::gpt_config const& c,
+                                                    gpt_parallelism const& p) {
+  return rl::vocab_shard::even(c.vocab, p.pp, p.pp_rank);
+}
+
+//! The parameters of pipeline rank p.pp_rank's vocabulary shard under p.vocab_pipeline (the
+//! vocabulary-balanced schedules): "wte" and "head", each [gpt_vocab_rows(c, p).size, d_model],
+//! the global parameters' rows, in nn::gpt_layout's order, with their param_info (init_stream the
+//! global one's, so gpt_vocab_init gives nn::gpt_init's rows). invalid_argument_error without
+//! vocab_pipeline.
+inline nn::param_layout gpt_vocab_layout(nn::gpt_config const& c, gpt_parallelism const& p) {
+  detail::check_parallelism(c, p);
+  WEFT_EXPECTS(p.vocab_pipeline, "gpt_parallelism::vocab_pipeline",
+               "true (the vocabulary shard of the vocabulary-balanced schedules)", "false");
+  auto const rows = gpt_vocab_rows(c, p);
+  nn::param_layout out;
+  auto const global = nn::gpt_layout(c);
+  for (auto const& e : global.entries()) {
+    if (e.name != "wte" && e.name != "head") continue;
+    optim::param_info info = e.info;
+    info.count = 0;
+    out.add(e.name, {rows.size, e.shape[1]}, info);
+  }
+  return out;
+}
+
+namespace detail {
+// Copies the vocabulary rows of "wte" and "head" from `from` into `to`: the whole model into a
+// vocabulary shard when `to_shard`, else the shard into the whole model.
+template <class From, class To>
+void copy_vocab_rows(From const& from, To& to, nn::gpt_config const& c, gpt_parallelism const& p,
+                     bool to_shard) {
+  auto const rows = gpt_vocab_rows(c, p);
+  auto const global = nn::gpt_layout(c);
+  for (auto const& e : global.entries()) {
+    if (e.name != "wte" && e.name != "head") continue;
+    gpt_piece const piece{e.shape, 0, {vocab_rows(rows)}};
+    copy_piece(e, piece, from.param_span(e.name), to.param_span(e.name), to_shard);
+  }
+}
+template <class T>
+void expect_vocab_store(nn::param_store<T> const& store, nn::gpt_config const& c,
+                        gpt_parallelism const& p, char const* what) {
+  auto const want = gpt_vocab_layout(c, p).size();
+  WEFT_EXPECTS_SHAPE(
+      store.layout().size() == want, what,
+      ::weft::detail::concat(want, " elements (gpt_vocab_layout(config, parallelism))"),
+      store.layout().size());
+}
+}  // namespace detail
+
+//! nn::gpt_init for a vocabulary shard laid out by gpt_vocab_layout(c, p): bit for bit the rows
+//! of the single-device initialisation with the same seed.
+template <class T>
+void gpt_vocab_init(nn::param_store<T>& store, nn::gpt_config const& c, gpt_parallelism const& p,
+                    std::uint64_t seed) {
+  detail::expect_vocab_store(store, c, p, "store");
+  auto const rows = gpt_vocab_rows(c, p);
+  auto const global = nn::gpt_layout(c);
+  for (auto const& e : global.entries()) {
+    if (e.name != "wte" && e.name != "head") continue;
+    rng const gen(seed, store.layout().at(e.name).info.init_stream);
+    fill_normal_shard(store.template param<2>(e.name), gen, 0.0, 0.02, e.shape, 0,
+                      std::vector<shard_piece>{vocab_rows(rows)});
+  }
+}
+
+//! Copies a vocabulary shard's rows of "wte" and "head" out of a single-device store laid out by
+//! nn::gpt_layout(c) (gpt_load_shard's counterpart for gpt_vocab_layout).
+template <class T>
+void gpt_vocab_load(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gpt_config const& c,
+                    gpt_parallelism const& p) {
+  WEFT_EXPECTS_SHAPE(
+      whole.layout().size() == nn::gpt_layout(c).size(), "whole",
+      ::weft::detail::concat(nn::gpt_layout(c).size(), " elements (gpt_layout(config))"),
+      whole.layout().size());
+  detail::expect_vocab_store(shard, c, p, "shard");
+  detail::copy_vocab_rows(whole, shard, c, p, true);
+}
+
 namespace detail {
 //! Chunk k of a rank's chunks (gpt_chunks) agrees with chunk 0 on everything but pp_rank and names
 //! a stage no earlier chunk names; invalid_argument_error otherwise.
 inline void check_chunk(std::vector<gpt_parallelism> const& chunks, std::size_t k) {
   auto const& q = chunks[k];
   auto const& q0 = chunks.front();
-  WEFT_EXPECTS(q.tp == q0.tp && q.tp_rank == q0.tp_rank &&
-                   q.sequence_parallel == q0.sequence_parallel && q.cp == q0.cp &&
-                   q.cp_rank == q0.cp_rank && q.pp == q0.pp,
-               "chunks", "the same tp, cp, sequence parallelism and pp in every chunk",
-               ::weft::detail::concat("chunk ", k, " differs from chunk 0"));
+  WEFT_EXPECTS(
+      q.tp == q0.tp && q.tp_rank == q0.tp_rank && q.sequence_parallel == q0.sequence_parallel &&
+          q.cp == q0.cp && q.cp_rank == q0.cp_rank && q.pp == q0.pp &&
+          q.vocab_pipeline == q0.vocab_pipeline,
+      "chunks", "the same tp, cp, sequence parallelism, pp and vocab_pipeline in every chunk",
+      ::weft::detail::concat("chunk ", k, " differs from chunk 0"));
   for (std::size_t j = 0; j < k; ++j)
     WEFT_EXPECTS(chunks[j].pp_rank != q.pp_rank, "chunks", "distinct stages (pp_rank)",
                  ::weft::detail::concat("stage ", q.pp_rank, " in chunks ", j, " and ", k));
@@ -288,13 +388,16 @@ inline void check_chunk(std::vector<gpt_parallelism> const& chunks, std::size_t 
 //! {"pp", "tp"} group, or "tp" alone, or a group of one). Each rank writes its chunks' pieces into
 //! zeros (a replicated parameter from tp rank 0 only), then one SUM all-reduce joins them: exact,
 //! every element has one non-zero term (a -0.0 parameter arrives as +0.0). For generation on a
-//! full replica after each optimizer step (a few hundred KiB for small models). Collective over
-//! `model_group`; invalid_argument_error (before any communication) where the chunks disagree on
-//! anything but pp_rank, name a stage twice, or a store is null or of another size.
+//! full replica after each optimizer step (a few hundred KiB for small models). Under
+//! vocab_pipeline (one chunk a rank) `vocab` is the rank's gpt_vocab_shard store, whose rows of
+//! "wte" and "head" join the same sum. Collective over `model_group`; invalid_argument_error
+//! (before any communication) where the chunks disagree on anything but pp_rank, name a stage
+//! twice, or a store is null or of another size.
 template <comm::CollectiveIn<host_space> G, class T>
 void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T> const*> const& shards,
                         nn::param_store<T>& whole, nn::gpt_config const& c,
-                        std::vector<gpt_parallelism> const& chunks) {
+                        std::vector<gpt_parallelism> const& chunks,
+                        nn::param_store<T> const* vocab = nullptr) {
   auto const global = nn::gpt_layout(c);
   WEFT_EXPECTS_SHAPE(whole.layout().size() == global.size(), "whole",
                      ::weft::detail::concat(global.size(), " elements (gpt_layout(config))"),
@@ -315,6 +418,14 @@ void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T> const*> c
                        shards[k]->layout().size());
   }
   auto const n_chunks = static_cast<int>(chunks.size());
+  if (q0.vocab_pipeline) {
+    WEFT_EXPECTS(n_chunks == 1, "chunks", "one chunk a rank under vocab_pipeline", n_chunks);
+    WEFT_EXPECTS(vocab != nullptr, "vocab", "the rank's vocabulary shard under vocab_pipeline",
+                 "null");
+    detail::expect_vocab_store(*vocab, c, q0, "vocab");
+  } else {
+    WEFT_EXPECTS(vocab == nullptr, "vocab", "null without vocab_pipeline", "a store");
+  }
   WEFT_EXPECTS(q0.pp % n_chunks == 0, "chunks",
                ::weft::detail::concat("a number dividing pp = ", q0.pp), n_chunks);
   WEFT_EXPECTS(model_group.size() == q0.pp / n_chunks * q0.tp, "model_group.size()",
@@ -331,6 +442,7 @@ void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T> const*> c
       detail::copy_piece(e, piece, shards[k]->param_span(e.name), whole.param_span(e.name), false);
     }
   }
+  if (vocab != nullptr) detail::copy_vocab_rows(*vocab, whole, c, q0, false);
   if (model_group.size() > 1) comm::all_reduce(model_group, all, comm::reduce_kind::sum).wait();
 }
 
@@ -338,17 +450,19 @@ void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T> const*> c
 template <comm::CollectiveIn<host_space> G, class T>
 void gpt_gather_replica(G& model_group, std::vector<nn::param_store<T>*> const& shards,
                         nn::param_store<T>& whole, nn::gpt_config const& c,
-                        std::vector<gpt_parallelism> const& chunks) {
+                        std::vector<gpt_parallelism> const& chunks,
+                        nn::param_store<T> const* vocab = nullptr) {
   gpt_gather_replica(model_group,
                      std::vector<nn::param_store<T> const*>(shards.begin(), shards.end()), whole, c,
-                     chunks);
+                     chunks, vocab);
 }
 
 //! gpt_gather_replica of a rank that holds one chunk: its stage of a plain pipeline (or the whole
 //! model's layers, pp = 1). `model_group` holds pp × tp ranks.
 template <comm::CollectiveIn<host_space> G, class T>
 void gpt_gather_replica(G& model_group, nn::param_store<T> const& shard, nn::param_store<T>& whole,
-                        nn::gpt_config const& c, gpt_parallelism const& p) {
+                        nn::gpt_config const& c, gpt_parallelism const& p,
+                        nn::param_store<T> const* vocab = nullptr) {
   WEFT_EXPECTS_SHAPE(shard.layout().size() == gpt_shard_layout(c, p).size(), "shard",
                      ::weft::detail::concat(gpt_shard_layout(c, p).size(),
                                             " elements (gpt_shard_layout(config, parallelism))"),
@@ -356,7 +470,7 @@ void gpt_gather_replica(G& model_group, nn::param_store<T> const& shard, nn::par
   WEFT_EXPECTS(model_group.size() == p.pp * p.tp, "model_group.size()",
                ::weft::detail::concat("pp * tp = ", p.pp * p.tp), model_group.size());
   gpt_gather_replica(model_group, std::vector<nn::param_store<T> const*>{&shard}, whole, c,
-                     std::vector<gpt_parallelism>{p});
+                     std::vector<gpt_parallelism>{p}, vocab);
 }
 
 }  // namespace weft::parallel

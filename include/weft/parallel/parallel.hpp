@@ -11,3 +11,4 @@
 #include <weft/parallel/dp.hpp>        // bucket_plan, grad_sync, zero1
 #include <weft/parallel/gpt.hpp>       // nn::gpt over tp (+SP) and cp, shard init
 #include <weft/parallel/gpt_pipeline.hpp>  // the GPT cut into pipeline stages (a Stage)
+#include <weft/parallel/gpt_vocab.hpp>  // its vocabulary shard for the vocabulary-balanced schedules
