@@ -44,6 +44,7 @@
 #include <weft/optim/clip.hpp>
 #include <weft/parallel/gpt.hpp>
 #include <weft/parallel/gpt_pipeline.hpp>
+#include <weft/parallel/gpt_vocab.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/lower.hpp>
 #include <weft/rl/advantages.hpp>
@@ -120,7 +121,8 @@ class trainer {
         pp_(&mesh_.group("pp")),
         data_(&mesh_.group({"dp", "cp"})),
         model_group_(&mesh_.group({"pp", "tp"})),
-        p_{tp_->size(), tp_->rank(), o.sp, cp_->size(), cp_->rank(), pp_->size(), pp_->rank()},
+        p_{tp_->size(), tp_->rank(), o.sp,        cp_->size(),
+           cp_->rank(), pp_->size(), pp_->rank(), o.pp > 1 && vocab_schedule(o.schedule)},
         // The chunks this rank holds under the schedule's placement (any step's schedule of the
         // family has it: make_schedule's fallbacks keep it, run_units checks).
         chunks_(o.pp > 1
@@ -129,11 +131,20 @@ class trainer {
         replica_(nn::gpt_layout(c_)),
         dp_rank_(mesh_.local_rank("dp")),
         seq_len_(round_up(kPrompt + kMaxNew, 2 * o.cp)) {
-    stores_.reserve(chunks_.size());  // the pipeline stages hold pointers to the stores
+    stores_.reserve(chunks_.size() + 1);  // the pipeline stages hold pointers to the stores
     for (auto const& q : chunks_) {
       stores_.emplace_back(par::gpt_shard_layout(c_, q));
       par::gpt_init_shard(stores_.back(), c_, q, o.seed);
       last_stage_ = last_stage_ || q.last_stage();
+    }
+    if (p_.vocab_pipeline) {
+      // The vocabulary-balanced schedules: this rank's rows of the embedding and output layer in
+      // a store after the chunk's (the optimizer, clipping and checkpoints take every store),
+      // and the vocabulary passes' collectives on a channel of their own.
+      static_assert(rlt::kVocab == 14, "options.hpp bounds --pp by the vocabulary under vocab-*");
+      stores_.emplace_back(par::gpt_vocab_layout(c_, p_));
+      par::gpt_vocab_init(stores_.back(), c_, p_, o.seed);
+      vocab_channel_.emplace(pp_->split(0, pp_->rank()));
     }
     gather_replica();
     if (o.pp == 1) model_.emplace(c_, p_, *tp_, *cp_, store());
@@ -224,8 +235,9 @@ class trainer {
   //! replica_ = the whole model from every chunk of the model group (collective over it).
   void gather_replica() {
     std::vector<nn::param_store<T> const*> ptrs;
-    for (auto const& st : stores_) ptrs.push_back(&st);
-    par::gpt_gather_replica(*model_group_, ptrs, replica_, c_, chunks_);
+    for (std::size_t k = 0; k < chunks_.size(); ++k) ptrs.push_back(&stores_[k]);
+    par::gpt_gather_replica(*model_group_, ptrs, replica_, c_, chunks_,
+                            p_.vocab_pipeline ? &stores_.back() : nullptr);
   }
 
   static index_t round_up(index_t n, index_t k) { return (n + k - 1) / k * k; }
@@ -453,7 +465,14 @@ class trainer {
     so.total_tokens = 1.0 / ce_weight;  // w_i = ce_weight (unused under a token loss)
     auto const micro = [&](int i) { return unit(a + i); };
     pl::step_result r;
-    if (chunks_.size() == 1) {
+    if (p_.vocab_pipeline) {
+      // The loss from the executor's C0: the cross-entropy (ignored targets skipped) or `loss`.
+      par::gpt_pipeline_stage<T, Comm, Comm> stage(c_, p_, *tp_, *cp_, store(), micro);
+      par::gpt_vocab_shard<T> shard(c_, p_, stores_.back(), micro);
+      so.token_loss = mloss ? shard.token_loss(mloss) : shard.cross_entropy(ce_weight);
+      auto plan = pl::prepare_step(pl::lower(sched), pp_->rank(), stage, shard);
+      r = pl::run_step(plan, stage, shard, *pp_, *vocab_channel_, so);
+    } else if (chunks_.size() == 1) {
       par::gpt_pipeline_stage<T, Comm, Comm> stage(c_, p_, *tp_, *cp_, store(), micro, mloss);
       r = pl::run_step(pl::lower(sched), stage, *pp_, so);
     } else {
@@ -951,7 +970,9 @@ class trainer {
   Comm *tp_, *cp_, *pp_, *data_, *model_group_;
   par::gpt_parallelism p_;
   std::vector<par::gpt_parallelism> chunks_;  // the model chunks this rank holds (pp 1: one)
-  std::vector<nn::param_store<T>> stores_;    // one per chunk (gpt_shard_layout(c_, chunks_[k]))
+  std::vector<nn::param_store<T>> stores_;    // one per chunk (gpt_shard_layout(c_, chunks_[k])),
+                                              // then the vocabulary rows under vocab-*
+  std::optional<Comm> vocab_channel_;         // the vocabulary passes' collectives (vocab-*)
   nn::param_store<T> replica_;                // the whole model, for generation and the hash
   bool last_stage_ = false;                   // a chunk of this rank is the pipeline's last
 

@@ -11,6 +11,7 @@
 #include <weft/pipeline/schedules/gpipe.hpp>
 #include <weft/pipeline/schedules/interleaved.hpp>
 #include <weft/pipeline/schedules/one_f_one_b.hpp>
+#include <weft/pipeline/schedules/vocab.hpp>
 #include <weft/pipeline/schedules/zero_bubble.hpp>
 
 #include <cstdint>
@@ -45,7 +46,8 @@ struct options {
   bool sp = false;
   int layers = 2;  // transformer blocks; pp x (chunks a rank) <= layers
   // The pipeline schedule under --pp > 1: 1f1b | gpipe | zb-h1 | zb-h2 (one chunk a rank) or
-  // interleaved | zbv | v-half | v-min | dualpipe-v (two).
+  // interleaved | zbv | v-half | v-min | dualpipe-v (two) | vocab-1 | vocab-2 (one chunk, the
+  // embedding and output layer sharded over the pipeline ranks).
   std::string schedule = "1f1b";
   std::string out;  // output folder ("" = none)
   bool check = false;
@@ -61,11 +63,17 @@ struct options {
 
 //! Model chunks a rank holds under a pipeline schedule (0: not a schedule's name).
 inline int chunks_of(std::string_view s) {
-  if (s == "1f1b" || s == "gpipe" || s == "zb-h1" || s == "zb-h2") return 1;
+  if (s == "1f1b" || s == "gpipe" || s == "zb-h1" || s == "zb-h2" || s == "vocab-1" ||
+      s == "vocab-2")
+    return 1;
   if (s == "interleaved" || s == "zbv" || s == "v-half" || s == "v-min" || s == "dualpipe-v")
     return 2;
   return 0;
 }
+
+//! Whether `s` is a vocabulary-balanced schedule (1F1B with the vocabulary passes: the embedding
+//! and output layer sharded over the pipeline ranks; one or two barriers).
+inline bool vocab_schedule(std::string_view s) { return s == "vocab-1" || s == "vocab-2"; }
 
 //! What a checkpoint must agree on to be resumed: everything but the step count and outputs.
 inline std::string fingerprint(options const& o) {
@@ -82,6 +90,9 @@ inline std::string fingerprint(options const& o) {
   // V-shape schedules resume each other's checkpoints). One chunk: as before.
   if (o.pp > 1 && chunks_of(o.schedule) > 1)
     f << " chunks " << (o.schedule == "interleaved" ? "looped" : "v");
+  // The vocabulary-balanced schedules: a rank's file also holds its vocabulary rows (vocab-1
+  // and vocab-2 resume each other's checkpoints).
+  if (o.pp > 1 && vocab_schedule(o.schedule)) f << " vocab";
   return f.str();
 }
 
@@ -90,9 +101,16 @@ inline std::string fingerprint(options const& o) {
 //! m >= pp); for interleaved 1F1B the least microbatch group Megatron's rules accept
 //! (interleaved_group_for: pp where pp divides m), and below pp microbatches the default group
 //! without the rules (every forward is warmup); ZBV for DualPipeV (m >= 2 pp); ZBV, V-Half and
-//! V-Min take any m.
+//! V-Min take any m; the vocabulary-balanced 1F1B below pp microbatches without its m >= p rule.
 inline weft::pipeline::schedule make_schedule(std::string_view name, int pp, int m) {
   namespace pl = weft::pipeline;
+  if (vocab_schedule(name)) {
+    pl::vocab_options vo;
+    vo.unchecked = m < pp;
+    return pl::vocab_one_f_one_b(
+        pp, m, name == "vocab-1" ? pl::vocab_variant::one_barrier : pl::vocab_variant::two_barrier,
+        vo);
+  }
   if (name == "interleaved") {
     pl::interleaved_options io;
     if (m < pp)
@@ -152,7 +170,11 @@ inline void usage(std::ostream& os) {
         "                    the schedule: GPipe (one chunk), interleaved without Megatron's\n"
         "                    microbatch rule, or ZBV (dualpipe-v). The one-chunk schedules give\n"
         "                    the same parameters bit for bit, and so do the V-shape ones (each\n"
-        "                    stage adds its microbatches in order)\n"
+        "                    stage adds its microbatches in order). vocab-1, vocab-2: 1F1B with\n"
+        "                    the embedding and output layer sharded over the pipeline ranks\n"
+        "                    (vocabulary parallelism, one or two barriers; needs --tp 1): the\n"
+        "                    same training up to rounding (the softmax sums associate\n"
+        "                    differently)\n"
         "  --zero1           ZeRO-1 (Megatron's distributed optimizer): the gradients are\n"
         "                    reduce-scattered in buckets over the data group (dp x cp), each of\n"
         "                    its ranks steps AdamW on its 1/(dp x cp) of the parameters and the\n"
@@ -249,7 +271,7 @@ inline options parse(int argc, char** argv) {
       if (chunks_of(o.schedule) == 0)
         throw bad_argument{
             "argument `--schedule`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv, v-half, "
-            "v-min or dualpipe-v, actual `" +
+            "v-min, dualpipe-v, vocab-1 or vocab-2, actual `" +
             o.schedule + "`"};
     } else if (a == "--out") {
       o.out = std::string(value());
@@ -320,6 +342,19 @@ inline options parse(int argc, char** argv) {
         "argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
         "pipeline to schedule), actual `" +
         o.schedule + "`"};
+  if (o.pp > 1 && vocab_schedule(o.schedule) && o.tp > 1)
+    throw bad_argument{
+        "argument `--schedule`: expected a schedule without vocabulary passes with "
+        "--tp " +
+        std::to_string(o.tp) +
+        " (vocab-1 and vocab-2 split the vocabulary over the pipeline ranks, not "
+        "also over tp: --tp 1), actual `" +
+        o.schedule + "`"};
+  if (o.pp > 1 && vocab_schedule(o.schedule) && o.pp > 14)
+    throw bad_argument{
+        "argument `--pp`: expected at most 14 (the vocabulary's tokens: every "
+        "rank holds one) under --schedule " +
+        o.schedule + ", actual " + std::to_string(o.pp)};
   if (o.device != "cpu" && o.zero1)
     throw bad_argument{"argument `--zero1`: expected with --device cpu (the " + o.device +
                        " engine keeps the whole optimizer state), actual --device " + o.device};

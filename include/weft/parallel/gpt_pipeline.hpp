@@ -82,15 +82,15 @@ class gpt_pipeline_stage {
   //! The model instance of stash slot `slot` (its rows(), for instance).
   [[nodiscard]] model_type& model(int slot) { return *models_.at(static_cast<std::size_t>(slot)); }
 
-  // Layouts of any stage (under vocabulary parallelism every rank asks for the first stage's
-  // input and the last stage's output): the boundary is the same at every stage.
+  // Under vocabulary parallelism every rank is asked for the first stage's input and the last
+  // stage's output (the vocabulary buffers' layouts): any stage's, the boundary being the same.
   [[nodiscard]] pipeline::message_layout input_layout(pipeline::stage_call const& c) const {
-    check_stages(c);
+    check_layout_call(c);
     if (c.first_stage() && !p_.vocab_pipeline) return {0, dtype_of<T>};
     return {boundary(c.microbatch), dtype_of<T>};
   }
   [[nodiscard]] pipeline::message_layout output_layout(pipeline::stage_call const& c) const {
-    check_stages(c);
+    check_layout_call(c);
     if (c.last_stage() && !p_.vocab_pipeline) return {0, dtype_of<T>};
     return {boundary(c.microbatch), dtype_of<T>};
   }
@@ -140,6 +140,12 @@ class gpt_pipeline_stage {
                  c.num_stages);
     WEFT_EXPECTS(c.stage >= 0 && c.stage < p_.pp, "stage_call::stage",
                  ::weft::detail::concat("in [0, ", p_.pp, ")"), c.stage);
+  }
+  void check_layout_call(pipeline::stage_call const& c) const {
+    if (p_.vocab_pipeline)
+      check_stages(c);
+    else
+      check(c);
   }
   void check(pipeline::stage_call const& c) const {
     check_stages(c);

@@ -83,9 +83,7 @@ class gpt_vocab_shard {
     WEFT_EXPECTS_SHAPE(b.seq_len > 0, "microbatch(i).seq_len", "> 0", b.seq_len);
     return b.tokens.size() / static_cast<std::size_t>(p_.cp);
   }
-  [[nodiscard]] std::size_t hidden() const noexcept {
-    return static_cast<std::size_t>(c_.d_model);
-  }
+  [[nodiscard]] std::size_t hidden() const noexcept { return static_cast<std::size_t>(c_.d_model); }
 
   //! IF: the embedding rows of the tokens this shard owns, zeros for the others.
   void input_forward(pipeline::stage_call const& c, comm::buffer_view partial) {
@@ -153,7 +151,8 @@ class gpt_vocab_shard {
                        comm::buffer_view max, comm::buffer_view sumexp, comm::buffer_view dx) {
     load(c);
     auto it = logits_.find(c.microbatch);
-    WEFT_EXPECTS(it != logits_.end(), "output_backward", "an output_forward of the microbatch first",
+    WEFT_EXPECTS(it != logits_.end(), "output_backward",
+                 "an output_forward of the microbatch first",
                  ::weft::detail::concat("none for microbatch ", c.microbatch));
     auto const n = static_cast<index_t>(tokens_.size());
     index_t const vs = rows_.size;
@@ -201,20 +200,20 @@ class gpt_vocab_shard {
   //! target is >= 0, as on the GPT's last stage. The function refers to this shard.
   [[nodiscard]] token_loss_fn token_loss(microbatch_loss_fn fn) {
     WEFT_EXPECTS(static_cast<bool>(fn), "fn", "a callable", "an empty function");
-    return [this, fn = std::move(fn)](int i, std::span<double const> logp,
-                                      std::span<double> dlogp) {
-      load_rows(i);
-      WEFT_EXPECTS_SHAPE(logp.size() == targets_.size(), "logp",
-                         ::weft::detail::concat(targets_.size(), " elements"), logp.size());
-      masked_.assign(logp.begin(), logp.end());
-      for (std::size_t k = 0; k < masked_.size(); ++k)
-        if (targets_[k] < 0) masked_[k] = 0.0;
-      double const loss = fn(i, std::span<std::int64_t const>(global_rows_),
-                             std::span<double const>(masked_), dlogp);
-      for (std::size_t k = 0; k < masked_.size(); ++k)
-        if (targets_[k] < 0) dlogp[k] = 0.0;
-      return loss;
-    };
+    return
+        [this, fn = std::move(fn)](int i, std::span<double const> logp, std::span<double> dlogp) {
+          load_rows(i);
+          WEFT_EXPECTS_SHAPE(logp.size() == targets_.size(), "logp",
+                             ::weft::detail::concat(targets_.size(), " elements"), logp.size());
+          masked_.assign(logp.begin(), logp.end());
+          for (std::size_t k = 0; k < masked_.size(); ++k)
+            if (targets_[k] < 0) masked_[k] = 0.0;
+          double const loss = fn(i, std::span<std::int64_t const>(global_rows_),
+                                 std::span<double const>(masked_), dlogp);
+          for (std::size_t k = 0; k < masked_.size(); ++k)
+            if (targets_[k] < 0) dlogp[k] = 0.0;
+          return loss;
+        };
   }
 
   //! step_options::token_loss of the GPT's cross-entropy: Σ weight · (-logp) over the rows with
@@ -271,8 +270,9 @@ class gpt_vocab_shard {
   }
   void load(pipeline::stage_call const& c) {
     WEFT_EXPECTS(c.stage == p_.pp_rank, "stage_call::stage",
-                 ::weft::detail::concat(p_.pp_rank, " (parallelism.pp_rank: the vocabulary pass's "
-                                                    "rank)"),
+                 ::weft::detail::concat(p_.pp_rank,
+                                        " (parallelism.pp_rank: the vocabulary pass's "
+                                        "rank)"),
                  c.stage);
     load_rows(c.microbatch);
   }
@@ -283,8 +283,8 @@ class gpt_vocab_shard {
     return v;
   }
   static void expect_type(comm::buffer_view v, char const* what) {
-    WEFT_EXPECTS(v.type == dtype_of<T>, what, ::weft::detail::concat("elements of ", name(dtype_of<T>)),
-                 name(v.type));
+    WEFT_EXPECTS(v.type == dtype_of<T>, what,
+                 ::weft::detail::concat("elements of ", name(dtype_of<T>)), name(v.type));
   }
   // An n x d view of `v` (n: the loaded microbatch's rows).
   tensor_view<T, 2> matrix(comm::buffer_view v, char const* what) const {
