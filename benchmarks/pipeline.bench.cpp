@@ -29,22 +29,32 @@
 // nothing): time = the slowest rank's step; counters fitted_ms (simulate(lowered,
 // fit_costs(measured)): the program under the op times this run measured) and i_ms, w_ms (the mean
 // measured I and W of the split schedules). Two ranks on two cores; run with
-// OPENBLAS_NUM_THREADS=1. bm_search: search::search_schedule at p = 8, m = 32 (the bound:
-// under 10 s) with non-uniform stage costs, a p2p latency and a memory limit of 2p-1 microbatches
-// per rank (arg 1) or none (arg 0); counters makespan, best_hand (ZB-H1 there) and gain_pct.
+// OPENBLAS_NUM_THREADS=1. bm_gpt_vocab: the same step on a GPT whose output layer dominates (2
+// blocks, d 256, vocabulary 16384, so the last stage's head is about twice its blocks' work), under
+// 1F1B (embedding on stage 0, head on stage 1) and the vocabulary-balanced 1F1B with one and two
+// barriers (both sharded over the 2 ranks: gpt_vocab_shard); time = the slowest rank's step,
+// counters loss (the step's cross-entropy, the same for the three), compute0_ms, compute1_ms
+// (each rank's time in stage calls and vocabulary passes: the balance) and the fitted
+// per-microbatch times of the last stage's F and B and of S and T (fit_costs). bm_search:
+// search::search_schedule at p = 8, m = 32 (the bound: under 10 s) with non-uniform stage
+// costs, a p2p latency and a memory limit of 2p-1 microbatches per rank (arg 1) or none (arg 0);
+// counters makespan, best_hand (ZB-H1 there) and gain_pct.
 //   weft.bench.pipeline --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <weft/comm/threads/world.hpp>
 #include <weft/nn/gpt.hpp>
 #include <weft/parallel/gpt_pipeline.hpp>
+#include <weft/parallel/gpt_vocab.hpp>
 #include <weft/pipeline/pipeline.hpp>
 
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -439,6 +449,98 @@ void bm_gpt(benchmark::State& state) {
   state.counters["w_ms"] = w_ms / steps;
 }
 
+// 1F1B against the vocabulary-balanced 1F1B (arg: 0 = 1F1B, 1 = one barrier, 2 = two barriers)
+// on a GPT whose output layer outweighs its blocks.
+void bm_gpt_vocab(benchmark::State& state) {
+  namespace par = weft::parallel;
+  namespace nn = weft::nn;
+  using comm_t = wc::threads::communicator;
+  int const kind = static_cast<int>(state.range(0));
+  constexpr int p = 2, m = 8, seq = 128;
+  nn::gpt_config c;
+  c.vocab = 16384;
+  c.context = seq;
+  c.d_model = 256;
+  c.heads = 4;
+  c.layers = 2;
+  c.mlp_hidden = 1024;
+  std::vector<std::int32_t> tokens, targets;
+  for (int i = 0; i < m * seq; ++i) {
+    tokens.push_back(static_cast<std::int32_t>((i * 37 + 11) % c.vocab));
+    targets.push_back(static_cast<std::int32_t>((i * 53 + 7) % c.vocab));
+  }
+  auto const variant = kind == 1 ? pl::vocab_variant::one_barrier : pl::vocab_variant::two_barrier;
+  auto const lowered =
+      pl::lower(kind == 0 ? pl::one_f_one_b(p, m) : pl::vocab_one_f_one_b(p, m, variant));
+  auto const microbatch = [&](int i) {
+    auto const at = static_cast<std::size_t>(i * seq);
+    return par::gpt_sequences{std::span<std::int32_t const>(tokens).subspan(at, seq),
+                              std::span<std::int32_t const>(targets).subspan(at, seq), seq};
+  };
+  std::vector<pl::step_result> results(p);
+  std::vector<double> step_ms;
+  std::array<double, p> busy{};  // each rank's time in stage calls and vocabulary passes
+  double f_last = 0, b_last = 0, s_ms = 0, t_ms = 0;  // fitted per-microbatch pass times
+  double loss = 0.0;
+  int const iterations = static_cast<int>(state.max_iterations);
+  wc::threads::world(p).run([&](comm_t& pp) {
+    auto solo = pp.split(pp.rank(), 0);
+    auto vc = pp.split(0, pp.rank());
+    par::gpt_parallelism const q{1, 0, false, 1, 0, p, pp.rank(), kind != 0};
+    nn::param_store<float> store(par::gpt_shard_layout(c, q));
+    par::gpt_init_shard(store, c, q, 1);
+    std::optional<nn::param_store<float>> vocab;
+    std::optional<par::gpt_vocab_shard<float>> shard;
+    if (kind != 0) {
+      vocab.emplace(par::gpt_vocab_layout(c, q));
+      par::gpt_vocab_init(*vocab, c, q, 1);
+      shard.emplace(c, q, *vocab, microbatch);
+    }
+    par::gpt_pipeline_stage<float, comm_t, comm_t> stage(c, q, solo, solo, store, microbatch);
+    auto plan = kind == 0 ? pl::prepare_step(lowered, pp.rank(), stage)
+                          : pl::prepare_step(lowered, pp.rank(), stage, *shard);
+    pl::step_options so;
+    so.total_tokens = static_cast<double>(m * seq);  // the mean cross-entropy (every target counts)
+    for (int it = 0; it <= iterations; ++it) {       // the first step warms up, untimed
+      store.zero_grad();
+      if (vocab) vocab->zero_grad();
+      auto& r = results[static_cast<std::size_t>(pp.rank())];
+      r = kind == 0 ? pl::run_step(plan, stage, pp, so)
+                    : pl::run_step(plan, stage, *shard, pp, vc, so);
+      pp.barrier().wait();
+      if (pp.rank() == 0 && it > 0) {
+        std::chrono::nanoseconds slowest{0};
+        for (auto const& x : results) {
+          slowest = std::max(slowest, x.metrics.step);
+          if (x.has_loss) loss = x.loss;
+          busy[static_cast<std::size_t>(x.rank)] +=
+              std::chrono::duration<double, std::milli>(x.metrics.compute).count();
+        }
+        step_ms.push_back(std::chrono::duration<double, std::milli>(slowest).count());
+        auto const costs = pl::fit_costs(lowered, pl::merge_timelines(results));
+        f_last += costs.forward.back();
+        b_last += costs.backward_input.back() + costs.backward_weight.back();
+        s_ms += costs.vocab_forward;
+        t_ms += costs.vocab_backward;
+      }
+      pp.barrier().wait();
+    }
+  });
+  std::size_t next = 0;
+  for (auto _ : state) state.SetIterationTime(step_ms.at(next++) * 1e-3);
+  auto const steps = static_cast<double>(step_ms.size());
+  state.counters["f_last_ms"] = f_last / steps;
+  state.counters["b_last_ms"] = b_last / steps;
+  state.counters["s_ms"] = s_ms / steps;
+  state.counters["t_ms"] = t_ms / steps;
+  state.SetLabel(kind == 0 ? "1f1b p=2 m=8 V=16384"
+                           : (kind == 1 ? "vocab 1-barrier p=2 m=8 V=16384"
+                                        : "vocab 2-barrier p=2 m=8 V=16384"));
+  state.counters["compute0_ms"] = busy[0] / static_cast<double>(step_ms.size());
+  state.counters["compute1_ms"] = busy[1] / static_cast<double>(step_ms.size());
+  state.counters["loss"] = loss;
+}
+
 void gpt_schedules(benchmark::internal::Benchmark* b) {
   b->ArgNames({"schedule", "split"});
   for (gpt_kind k : gpt_kinds) {
@@ -454,6 +556,14 @@ BENCHMARK(bm_gpt)
     ->Apply(gpt_schedules)
     ->UseManualTime()
     ->Iterations(10)
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(bm_gpt_vocab)
+    ->ArgName("vocab")
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Iterations(4)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_search)->ArgName("limited")->Arg(1)->Arg(0)->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_step)->Apply(schedules)->UseManualTime()->Iterations(5)->Unit(benchmark::kMillisecond);

@@ -19,6 +19,7 @@
 #include <weft/parallel/gpt.hpp>
 #include <weft/parallel/gpt_shard.hpp>
 #include <weft/parallel/vocab.hpp>
+#include <weft/rl/logprobs.hpp>
 #include <weft/pipeline/stage.hpp>
 
 #include <algorithm>
@@ -100,7 +101,8 @@ class gpt_vocab_shard {
                              store_->template grad<2>("wte"));
   }
 
-  //! S: this shard's logits of x (kept until T) and their statistics (pipeline::VocabShard).
+  //! S: this shard's logits of x and their statistics (pipeline::VocabShard). Keeps, until T,
+  //! e_tv = exp(Y_tv - m_t) and the shard's maxima m_t (the exponentials are computed once).
   void output_forward(pipeline::stage_call const& c, comm::buffer_view x, comm::buffer_view stats) {
     load(c);
     auto const n = static_cast<index_t>(tokens_.size());
@@ -111,29 +113,38 @@ class gpt_vocab_shard {
                        ::weft::detail::concat(3 * n, " or ", 3 * n + 2 * n * d, " elements"),
                        stats.count);
     expect_type(stats, "stats");
-    auto& y = logits_[c.microbatch];
-    y.assign(static_cast<std::size_t>(n * vs), T(0));
-    tensor_view<T, 2> const yv(y.data(), n, vs);
+    auto& kept = kept_[c.microbatch];
+    auto& e = kept.e;
+    e.assign(static_cast<std::size_t>(n * vs), T(0));
+    kept.max.assign(static_cast<std::size_t>(n), T(0));
     auto const head = tensor_view<T const, 2>(store_->template param<2>("head"));
-    nn::linear_forward(tensor_view<T const, 2>(xv), head, nn::no_bias<T>(), yv);
+    nn::linear_forward(tensor_view<T const, 2>(xv), head, nn::no_bias<T>(),
+                       tensor_view<T, 2>(e.data(), n, vs));
     T* st = static_cast<T*>(stats.data);
-    std::vector<T> e(one ? static_cast<std::size_t>(n * vs) : 0);
+    // rl's row statistics (the log-prob kernels' vectorised sweep): the max, the sum of
+    // exponentials and each e^{Y - m_c} relative to its chunk's max m_c, moved onto the row's max.
+    // A NaN logit makes the row's statistics NaN, as under the other schedules.
+    saved_.resize(static_cast<std::size_t>(vs));
+    chunk_max_.resize(
+        static_cast<std::size_t>((vs + rl::detail::logit_chunk - 1) / rl::detail::logit_chunk));
     for (index_t t = 0; t < n; ++t) {
-      T const* row = y.data() + t * vs;
-      T const mx = *std::max_element(row, row + vs);  // vs >= 1: vocab >= pp
-      double sum = 0.0;
-      for (index_t v = 0; v < vs; ++v) {
-        double const ev = std::exp(static_cast<double>(row[v]) - static_cast<double>(mx));
-        sum += ev;
-        if (one) e[static_cast<std::size_t>(t * vs + v)] = static_cast<T>(ev);
-      }
+      T* row = e.data() + t * vs;
       auto const target = owned_target(t);
-      st[t] = mx;
-      st[n + t] = static_cast<T>(sum);
       st[2 * n + t] = target ? row[*target] : T(0);
+      auto const stat =
+          rl::detail::row_stats_saved(row, vs, T(1), saved_.data(), chunk_max_.data());
+      for (index_t c0 = 0; c0 < vs; c0 += rl::detail::logit_chunk) {
+        auto const f = static_cast<T>(std::exp(
+            chunk_max_[static_cast<std::size_t>(c0 / rl::detail::logit_chunk)] - stat.max));
+        index_t const end = std::min(vs, c0 + rl::detail::logit_chunk);
+        for (index_t v = c0; v < end; ++v) row[v] = saved_[static_cast<std::size_t>(v)] * f;
+      }
+      st[t] = static_cast<T>(stat.max);
+      st[n + t] = static_cast<T>(stat.sum);
+      kept.max[static_cast<std::size_t>(t)] = static_cast<T>(stat.max);
     }
     if (!one) return;
-    // G = E W (exp(Y - max) times the rows), H = the target's row (0 where not owned).
+    // G = E W (the exponentials times the rows), H = the target's row (0 where not owned).
     tensor_view<T, 2> const g(st + 3 * n, n, d), h(st + 3 * n + n * d, n, d);
     nn::linear_backward_input(tensor_view<T const, 2>(e.data(), n, vs), head, g);
     for (index_t t = 0; t < n; ++t) {
@@ -146,13 +157,13 @@ class gpt_vocab_shard {
     }
   }
 
-  //! T: adds this shard's output-layer gradient and, for the two-barrier variant, writes dx.
+  //! T: adds this shard's output-layer gradient and, for the two-barrier variant, writes dx:
+  //! dY_tv = g_t (e_tv exp(m_t - max_t) / sumexp_t - onehot_tv).
   void output_backward(pipeline::stage_call const& c, comm::buffer_view x, comm::buffer_view g,
                        comm::buffer_view max, comm::buffer_view sumexp, comm::buffer_view dx) {
     load(c);
-    auto it = logits_.find(c.microbatch);
-    WEFT_EXPECTS(it != logits_.end(), "output_backward",
-                 "an output_forward of the microbatch first",
+    auto it = kept_.find(c.microbatch);
+    WEFT_EXPECTS(it != kept_.end(), "output_backward", "an output_forward of the microbatch first",
                  ::weft::detail::concat("none for microbatch ", c.microbatch));
     auto const n = static_cast<index_t>(tokens_.size());
     index_t const vs = rows_.size;
@@ -170,12 +181,17 @@ class gpt_vocab_shard {
                    t, " has no target (-1) but the loss-gradient weight ", gv[t],
                    ": with ignored targets give step_options::token_loss "
                    "(gpt_vocab_shard::cross_entropy or token_loss), which gives them 0");
-    auto& y = it->second;  // becomes dY in place
+    auto& y = it->second.e;  // becomes dY in place
+    auto const& local_max = it->second.max;
     for (index_t t = 0; t < n; ++t) {
       T* row = y.data() + t * vs;
-      double const gt = gv[t], m = mv[t], s = sv[t];
-      for (index_t v = 0; v < vs; ++v)
-        row[v] = static_cast<T>(gt * std::exp(static_cast<double>(row[v]) - m) / s);
+      double const gt = gv[t];
+      auto const scale =
+          static_cast<T>(gt *
+                         std::exp(static_cast<double>(local_max[static_cast<std::size_t>(t)]) -
+                                  static_cast<double>(mv[t])) /
+                         static_cast<double>(sv[t]));
+      for (index_t v = 0; v < vs; ++v) row[v] *= scale;
       if (auto const target = owned_target(t)) row[*target] -= static_cast<T>(gt);
     }
     tensor_view<T const, 2> const dy(y.data(), n, vs);
@@ -184,7 +200,7 @@ class gpt_vocab_shard {
     if (dx.count > 0)
       nn::linear_backward_input(dy, tensor_view<T const, 2>(store_->template param<2>("head")),
                                 matrix(dx, "dx"));
-    logits_.erase(it);
+    kept_.erase(it);
   }
 
   // ---- the loss ----
@@ -303,7 +319,13 @@ class gpt_vocab_shard {
   std::vector<std::int32_t> tokens_, targets_;
   std::vector<std::int64_t> global_rows_;
   std::vector<double> masked_;
-  std::map<int, std::vector<T>> logits_;  // S's logits per microbatch, until its T
+  struct kept_exponentials {
+    std::vector<T> e;    // exp(Y - m) [n, vs], then dY in T
+    std::vector<T> max;  // m: the shard's per-token maxima
+  };
+  std::map<int, kept_exponentials> kept_;  // S's, per microbatch, until its T
+  std::vector<T> saved_;                   // S's scratch: one row's e^{Y - m_c}
+  std::vector<double> chunk_max_;          // and its chunks' maxima
 };
 
 }  // namespace weft::parallel
