@@ -142,6 +142,28 @@ weft::pipeline::schedule schedule_of(std::string const& name, int p, int m) {
   return weft::pipeline::one_f_one_b(p, m);
 }
 
+// Appends to `bad` every parameter of `got` whose gradient differs from `want`'s values (the
+// expected gradient's shard) by more than tol relative to the parameter's largest expected
+// gradient; where that vanishes (the key bias: softmax is shift-invariant, so its true gradient
+// is 0) relative to 1 % of the model's (`model_scale`).
+template <class T>
+void compare_grads(nn::param_store<T>& got_store, nn::param_store<T> const& want_store,
+                   double model_scale, double tol, int rank, std::vector<std::string>& bad) {
+  for (auto const& e : got_store.layout().entries()) {
+    auto const got = got_store.grad_span(e.name);
+    auto const want = want_store.param_span(e.name);
+    double scale = 0.0, err = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      scale = std::max(scale, std::abs(static_cast<double>(want[i])));
+      err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
+    }
+    scale = std::max(scale, 0.01 * model_scale);
+    if (!(err <= tol * scale))
+      bad.push_back("rank " + std::to_string(rank) + " " + e.name + ": max error " +
+                    std::to_string(err / scale) + " relative");
+  }
+}
+
 // Runs one step on the layout and checks loss and gradients against the single device.
 template <class T>
 void check_layout(layout_case const& l, double tol) {
@@ -223,19 +245,7 @@ void check_layout(layout_case const& l, double tol) {
       // The expected shard of the gradient.
       nn::param_store<T> expect(par::gpt_shard_layout(c, chunks[k]));
       par::gpt_load_shard(expect, ref.grads_as_params, c, chunks[k]);
-      for (auto const& e : stores[k].layout().entries()) {
-        auto const got = stores[k].grad_span(e.name);
-        auto const want = expect.param_span(e.name);
-        double scale = 0.0, err = 0.0;
-        for (std::size_t i = 0; i < got.size(); ++i) {
-          scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-          err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
-        }
-        scale = std::max(scale, 0.01 * model_scale);
-        if (!(err <= tol * scale))
-          bad.push_back("rank " + std::to_string(world.rank()) + " " + e.name + ": max error " +
-                        std::to_string(err / scale) + " relative");
-      }
+      compare_grads(stores[k], expect, model_scale, tol, world.rank(), bad);
     }
     std::lock_guard lock(m);
     failures.insert(failures.end(), bad.begin(), bad.end());
@@ -343,20 +353,8 @@ void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant vari
     nn::param_store<T> expect(par::gpt_shard_layout(c, p)), vexpect(par::gpt_vocab_layout(c, p));
     par::gpt_load_shard(expect, ref.grads_as_params, c, p);
     par::gpt_vocab_load(vexpect, ref.grads_as_params, c, p);
-    for (auto [got_store, want_store] : {std::pair{&store, &expect}, std::pair{&vstore, &vexpect}})
-      for (auto const& e : got_store->layout().entries()) {
-        auto const got = got_store->grad_span(e.name);
-        auto const want = want_store->param_span(e.name);
-        double scale = 0.0, err = 0.0;
-        for (std::size_t i = 0; i < got.size(); ++i) {
-          scale = std::max(scale, std::abs(static_cast<double>(want[i])));
-          err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])));
-        }
-        scale = std::max(scale, 0.01 * model_scale);
-        if (!(err <= tol * scale))
-          bad.push_back("rank " + std::to_string(world.rank()) + " " + e.name + ": max error " +
-                        std::to_string(err / scale) + " relative");
-      }
+    compare_grads(store, expect, model_scale, tol, world.rank(), bad);
+    compare_grads(vstore, vexpect, model_scale, tol, world.rank(), bad);
     // Every stage and shard has a gradient to compare (a wiring slip would leave zeros).
     if (vstore.grads().empty() ||
         std::all_of(vstore.grads().begin(), vstore.grads().end(), [](T g) { return g == T(0); }))

@@ -55,6 +55,23 @@ struct gpt_sequences {
   index_t seq_len = 0;
 };
 
+namespace detail {
+//! Calls f(row, src, position) for every row cp rank p.cp_rank holds of `seqs` sequences of `s`
+//! tokens (gpt's row order: sequence by sequence, each sequence's seq_layout::zigzag(cp, s)
+//! positions of the rank): row is the local row, src = sequence * s + position the global one.
+template <class F>
+void for_each_cp_row(index_t seqs, index_t s, gpt_parallelism const& p, F&& f) {
+  std::optional<attention::seq_layout> lay;
+  if (p.cp > 1) lay = attention::seq_layout::zigzag(p.cp, s);
+  index_t const c = s / p.cp;
+  for (index_t n = 0; n < seqs; ++n)
+    for (index_t i = 0; i < c; ++i) {
+      index_t const pos = lay ? lay->global_position(p.cp_rank, i) : i;
+      f(static_cast<std::size_t>(n * c + i), static_cast<std::size_t>(n * s + pos), pos);
+    }
+}
+}  // namespace detail
+
 //! nn::gpt over a tensor-parallel group `tp` and a context-parallel group `cp` (a group of size 1
 //! for either means none). The store is laid out by gpt_shard_layout(config, parallelism) with
 //! parallelism's tp, tp_rank, cp and cp_rank those of the groups. forward() and backward() are
@@ -445,18 +462,12 @@ class gpt {
     targets_.resize(tokens_.size());
     positions_.resize(tokens_.size());
     global_rows_.resize(tokens_.size());
-    std::optional<attention::seq_layout> lay;
-    if (p_.cp > 1) lay = attention::seq_layout::zigzag(p_.cp, s);
-    for (index_t n = 0; n < seqs; ++n)
-      for (index_t i = 0; i < c; ++i) {
-        index_t const pos = lay ? lay->global_position(p_.cp_rank, i) : i;
-        auto const row = static_cast<std::size_t>(n * c + i);
-        auto const src = static_cast<std::size_t>(n * s + pos);
-        tokens_[row] = b.tokens[src];
-        targets_[row] = b.targets[src];
-        positions_[row] = static_cast<std::int32_t>(pos);
-        global_rows_[row] = n * s + pos;
-      }
+    detail::for_each_cp_row(seqs, s, p_, [&](std::size_t row, std::size_t src, index_t pos) {
+      tokens_[row] = b.tokens[src];
+      targets_[row] = b.targets[src];
+      positions_[row] = static_cast<std::int32_t>(pos);
+      global_rows_[row] = static_cast<std::int64_t>(src);
+    });
     cu_seqlens_.resize(static_cast<std::size_t>(seqs + 1));
     for (index_t n = 0; n <= seqs; ++n) cu_seqlens_[static_cast<std::size_t>(n)] = n * c;
     allocate();

@@ -8,7 +8,6 @@
 // the blocks, the position embedding and the final norm.
 #pragma once
 
-#include <weft/attention/sharding.hpp>
 #include <weft/comm/concepts.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
@@ -261,28 +260,22 @@ class gpt_vocab_shard {
     if (p_.cp > 1)
       WEFT_EXPECTS_SHAPE(s % (2 * p_.cp) == 0, "microbatch(i).seq_len",
                          ::weft::detail::concat("a multiple of 2 * cp = ", 2 * p_.cp), s);
-    index_t const seqs = total / s, per = s / p_.cp;
-    std::optional<attention::seq_layout> lay;
-    if (p_.cp > 1) lay = attention::seq_layout::zigzag(p_.cp, s);
-    auto const n = static_cast<std::size_t>(seqs * per);
+    index_t const seqs = total / s;
+    auto const n = static_cast<std::size_t>(seqs * (s / p_.cp));
     tokens_.resize(n);
     targets_.resize(n);
     global_rows_.resize(n);
-    for (index_t q = 0; q < seqs; ++q)
-      for (index_t k = 0; k < per; ++k) {
-        index_t const pos = lay ? lay->global_position(p_.cp_rank, k) : k;
-        auto const row = static_cast<std::size_t>(q * per + k);
-        auto const src = static_cast<std::size_t>(q * s + pos);
-        tokens_[row] = b.tokens[src];
-        targets_[row] = b.targets[src];
-        global_rows_[row] = q * s + pos;
-        WEFT_EXPECTS(tokens_[row] >= 0 && tokens_[row] < c_.vocab, "microbatch(i).tokens",
-                     ::weft::detail::concat("ids in [0, ", c_.vocab, ")"),
-                     ::weft::detail::concat(tokens_[row], " at ", src));
-        WEFT_EXPECTS(targets_[row] >= -1 && targets_[row] < c_.vocab, "microbatch(i).targets",
-                     ::weft::detail::concat("-1 (ignored) or ids in [0, ", c_.vocab, ")"),
-                     ::weft::detail::concat(targets_[row], " at ", src));
-      }
+    detail::for_each_cp_row(seqs, s, p_, [&](std::size_t row, std::size_t src, index_t) {
+      tokens_[row] = b.tokens[src];
+      targets_[row] = b.targets[src];
+      global_rows_[row] = static_cast<std::int64_t>(src);
+      WEFT_EXPECTS(tokens_[row] >= 0 && tokens_[row] < c_.vocab, "microbatch(i).tokens",
+                   ::weft::detail::concat("ids in [0, ", c_.vocab, ")"),
+                   ::weft::detail::concat(tokens_[row], " at ", src));
+      WEFT_EXPECTS(targets_[row] >= -1 && targets_[row] < c_.vocab, "microbatch(i).targets",
+                   ::weft::detail::concat("-1 (ignored) or ids in [0, ", c_.vocab, ")"),
+                   ::weft::detail::concat(targets_[row], " at ", src));
+    });
   }
   void load(pipeline::stage_call const& c) {
     WEFT_EXPECTS(c.stage == p_.pp_rank, "stage_call::stage",
