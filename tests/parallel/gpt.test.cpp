@@ -142,6 +142,14 @@ weft::pipeline::schedule schedule_of(std::string const& name, int p, int m) {
   return weft::pipeline::one_f_one_b(p, m);
 }
 
+// The largest |value| of a store's parameters (here: the single device's gradients).
+template <class T>
+double largest(nn::param_store<T>& store) {
+  double m = 0.0;
+  for (auto g : store.params()) m = std::max(m, std::abs(static_cast<double>(g)));
+  return m;
+}
+
 // Appends to `bad` every parameter of `got` whose gradient differs from `want`'s values (the
 // expected gradient's shard) by more than tol relative to the parameter's largest expected
 // gradient; where that vanishes (the key bias: softmax is shift-invariant, so its true gradient
@@ -238,9 +246,7 @@ void check_layout(layout_case const& l, double tol) {
       bad.push_back("loss " + std::to_string(loss) + " vs " + std::to_string(ref.loss));
     // Errors relative to each parameter's largest gradient; where that vanishes (the key bias:
     // softmax is shift-invariant, so its true gradient is 0) relative to 1 % of the model's.
-    double model_scale = 0.0;
-    for (auto g : ref.grads_as_params.params())
-      model_scale = std::max(model_scale, std::abs(static_cast<double>(g)));
+    double const model_scale = largest(ref.grads_as_params);
     for (std::size_t k = 0; k < chunks.size(); ++k) {
       // The expected shard of the gradient.
       nn::param_store<T> expect(par::gpt_shard_layout(c, chunks[k]));
@@ -347,9 +353,7 @@ void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant vari
     std::vector<std::string> bad;
     if (!(std::abs(loss - ref.loss) <= tol * std::abs(ref.loss)))
       bad.push_back("loss " + std::to_string(loss) + " vs " + std::to_string(ref.loss));
-    double model_scale = 0.0;
-    for (auto g : ref.grads_as_params.params())
-      model_scale = std::max(model_scale, std::abs(static_cast<double>(g)));
+    double const model_scale = largest(ref.grads_as_params);
     nn::param_store<T> expect(par::gpt_shard_layout(c, p)), vexpect(par::gpt_vocab_layout(c, p));
     par::gpt_load_shard(expect, ref.grads_as_params, c, p);
     par::gpt_vocab_load(vexpect, ref.grads_as_params, c, p);

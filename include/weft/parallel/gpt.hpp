@@ -55,23 +55,6 @@ struct gpt_sequences {
   index_t seq_len = 0;
 };
 
-namespace detail {
-//! Calls f(row, src, position) for every row cp rank p.cp_rank holds of `seqs` sequences of `s`
-//! tokens (gpt's row order: sequence by sequence, each sequence's seq_layout::zigzag(cp, s)
-//! positions of the rank): row is the local row, src = sequence * s + position the global one.
-template <class F>
-void for_each_cp_row(index_t seqs, index_t s, gpt_parallelism const& p, F&& f) {
-  std::optional<attention::seq_layout> lay;
-  if (p.cp > 1) lay = attention::seq_layout::zigzag(p.cp, s);
-  index_t const c = s / p.cp;
-  for (index_t n = 0; n < seqs; ++n)
-    for (index_t i = 0; i < c; ++i) {
-      index_t const pos = lay ? lay->global_position(p.cp_rank, i) : i;
-      f(static_cast<std::size_t>(n * c + i), static_cast<std::size_t>(n * s + pos), pos);
-    }
-}
-}  // namespace detail
-
 //! nn::gpt over a tensor-parallel group `tp` and a context-parallel group `cp` (a group of size 1
 //! for either means none). The store is laid out by gpt_shard_layout(config, parallelism) with
 //! parallelism's tp, tp_rank, cp and cp_rank those of the groups. forward() and backward() are

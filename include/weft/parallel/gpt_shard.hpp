@@ -6,6 +6,7 @@
 // bitwise the single device's slice.
 #pragma once
 
+#include <weft/attention/sharding.hpp>
 #include <weft/comm/collectives.hpp>
 #include <weft/core/error.hpp>
 #include <weft/core/random.hpp>
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -50,6 +52,23 @@ struct gpt_parallelism {
   [[nodiscard]] constexpr bool first_stage() const noexcept { return pp_rank == 0; }
   [[nodiscard]] constexpr bool last_stage() const noexcept { return pp_rank == pp - 1; }
 };
+
+namespace detail {
+//! Calls f(row, src, position) for every row cp rank p.cp_rank holds of `seqs` sequences of `s`
+//! tokens (gpt's row order: sequence by sequence, each sequence's seq_layout::zigzag(cp, s)
+//! positions of the rank): row is the local row, src = sequence * s + position the global one.
+template <class F>
+void for_each_cp_row(index_t seqs, index_t s, gpt_parallelism const& p, F&& f) {
+  std::optional<attention::seq_layout> lay;
+  if (p.cp > 1) lay = attention::seq_layout::zigzag(p.cp, s);
+  index_t const c = s / p.cp;
+  for (index_t n = 0; n < seqs; ++n)
+    for (index_t i = 0; i < c; ++i) {
+      index_t const pos = lay ? lay->global_position(p.cp_rank, i) : i;
+      f(static_cast<std::size_t>(n * c + i), static_cast<std::size_t>(n * s + pos), pos);
+    }
+}
+}  // namespace detail
 
 //! The blocks [first, last) pipeline stage `pp_rank` of `pp` holds: layers / pp each, the first
 //! layers % pp stages one more (Megatron needs pp to divide the layers; weft does not).
