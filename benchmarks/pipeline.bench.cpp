@@ -1,13 +1,15 @@
 // benchmarks/pipeline.bench.cpp — the pipeline executor against the simulator: every schedule weft
 // generates (GPipe, 1F1B, interleaved 1F1B v = 2, ZB-H1, ZBV, vocabulary-balanced 1F1B with one
-// and two barriers) on p = 4 thread ranks at m = 8 and 16, with stages that sleep a fixed time per
-// action, so that 4 ranks fit 2 cores and the figures measure the executor, not the CPU.
+// and two barriers, their collectives overlapped and, the `_blocking` rows, blocking) on p = 4
+// thread ranks at m = 8 and 16, with stages that sleep a fixed time per action, so that 4 ranks
+// fit 2 cores and the figures measure the executor, not the CPU.
 //
 // bm_step (UseManualTime): one step per iteration; the time charged is the executed makespan, from
 // the first compute start to the last compute end over all ranks (as_simulation of the merged
 // timeline, the quantity simulate() calls makespan). Counters (means over the iterations):
 //   simulated_ms  simulate(lowered, costs): the program the executor ran, timed in program order,
-//                 with the sleeps as costs and blocking collectives (the executor waits for each)
+//                 with the sleeps as costs and the collectives blocking (the `_blocking` rows) or
+//                 on a stream of their own (overlapped)
 //   executed_ms   the measured makespan;  ratio = executed_ms / simulated_ms
 //   design_ms     simulate(compute-only schedule, same costs) with the collectives on a stream of
 //                 their own, the makespan the schedule was designed for; design_ratio likewise
@@ -32,7 +34,8 @@
 // OPENBLAS_NUM_THREADS=1. bm_gpt_vocab: the same step on a GPT whose output layer dominates (2
 // blocks, d 256, vocabulary 16384, so the last stage's head is about twice its blocks' work), under
 // 1F1B (embedding on stage 0, head on stage 1) and the vocabulary-balanced 1F1B with one and two
-// barriers (both sharded over the 2 ranks: gpt_vocab_shard); time = the slowest rank's step,
+// barriers (both sharded over the 2 ranks: gpt_vocab_shard), their collectives overlapped (the
+// default) or blocking (overlap:0); time = the slowest rank's step,
 // counters loss (the step's cross-entropy, the same for the three), compute0_ms, compute1_ms
 // (each rank's time in stage calls and vocabulary passes: the balance) and the fitted
 // per-microbatch times of the last stage's F and B and of S and T (fit_costs). bm_search:
@@ -144,11 +147,19 @@ enum class kind {
   vocab_1,
   vocab_2,
   zb_h2,
-  dualpipe_v
+  dualpipe_v,
+  vocab_1_blocking,  // the same schedules with step_options::vocab_overlap off
+  vocab_2_blocking
 };
-constexpr kind all_kinds[] = {kind::gpipe,      kind::one_f_one_b, kind::interleaved,
-                              kind::zb_h1,      kind::zb_h2,       kind::zbv,
-                              kind::dualpipe_v, kind::vocab_1,     kind::vocab_2};
+constexpr kind all_kinds[] = {kind::gpipe,           kind::one_f_one_b,
+                              kind::interleaved,     kind::zb_h1,
+                              kind::zb_h2,           kind::zbv,
+                              kind::dualpipe_v,      kind::vocab_1,
+                              kind::vocab_2,         kind::vocab_1_blocking,
+                              kind::vocab_2_blocking};
+
+// The vocabulary collectives run blocking where they stand (else overlapped, the default).
+bool blocking(kind k) { return k == kind::vocab_1_blocking || k == kind::vocab_2_blocking; }
 
 char const* name_of(kind k) {
   switch (k) {
@@ -161,6 +172,8 @@ char const* name_of(kind k) {
     case kind::dualpipe_v: return "dualpipe_v";
     case kind::vocab_1: return "vocab_1barrier";
     case kind::vocab_2: return "vocab_2barrier";
+    case kind::vocab_1_blocking: return "vocab_1barrier_blocking";
+    case kind::vocab_2_blocking: return "vocab_2barrier_blocking";
   }
   return "?";
 }
@@ -174,8 +187,12 @@ pl::schedule make(kind k, int m) {
     case kind::zb_h2: return pl::zero_bubble_h2(ranks, m);
     case kind::zbv: return pl::zero_bubble_v(ranks, m);
     case kind::dualpipe_v: return pl::dualpipe_v(ranks, m);
-    case kind::vocab_1: return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::one_barrier);
-    case kind::vocab_2: return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::two_barrier);
+    case kind::vocab_1:
+    case kind::vocab_1_blocking:
+      return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::one_barrier);
+    case kind::vocab_2:
+    case kind::vocab_2_blocking:
+      return pl::vocab_one_f_one_b(ranks, m, pl::vocab_variant::two_barrier);
   }
   return {};
 }
@@ -196,7 +213,7 @@ pl::cost_model costs_of(pl::schedule const& s, sleeps d, bool collectives_block)
 }
 
 // One step on `ranks` thread ranks; the vocabulary collectives get a channel of their own.
-std::vector<pl::step_result> run_once(pl::schedule const& lowered, sleeps d) {
+std::vector<pl::step_result> run_once(pl::schedule const& lowered, sleeps d, bool overlap = true) {
   std::vector<pl::step_result> results(ranks);
   bool const vocab = lowered.vocab() != pl::vocab_variant::none;
   wc::threads::world(ranks).run([&](wc::threads::communicator& c) {
@@ -209,7 +226,9 @@ std::vector<pl::step_result> run_once(pl::schedule const& lowered, sleeps d) {
       auto vc = c.split(0, c.rank());
       sleepy_shard shard(d);
       auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
-      out = pl::run_step(plan, stage, shard, c, vc);
+      pl::step_options so;
+      so.vocab_overlap = overlap;
+      out = pl::run_step(plan, stage, shard, c, vc, so);
     } else {
       auto plan = pl::prepare_step(lowered, c.rank(), stage);
       out = pl::run_step(plan, stage, c);
@@ -229,12 +248,13 @@ void bm_step(benchmark::State& state) {
   int const m = static_cast<int>(state.range(1));
   auto const compute = make(k, m);
   auto const lowered = pl::lower(compute);
-  double const simulated = pl::simulate(lowered, costs_of(lowered, timed, true)).makespan;
+  bool const overlap = !blocking(k);
+  double const simulated = pl::simulate(lowered, costs_of(lowered, timed, !overlap)).makespan;
   double const design = pl::simulate(compute, costs_of(compute, timed, false)).makespan;
   double executed = 0.0, fitted = 0.0;
-  (void)run_once(lowered, timed);  // warm-up: first thread start-ups and page faults
+  (void)run_once(lowered, timed, overlap);  // warm-up: first thread start-ups and page faults
   for (auto _ : state) {
-    auto const results = run_once(lowered, timed);
+    auto const results = run_once(lowered, timed, overlap);
     auto const timeline = pl::merge_timelines(results);
     double const made = pl::as_simulation(lowered, timeline).makespan;
     executed += made;
@@ -260,9 +280,9 @@ void bm_overhead(benchmark::State& state) {
   int const m = static_cast<int>(state.range(1));
   auto const lowered = pl::lower(make(k, m));
   double per_action = 0.0;
-  (void)run_once(lowered, none);
+  (void)run_once(lowered, none, !blocking(k));
   for (auto _ : state) {
-    auto const results = run_once(lowered, none);
+    auto const results = run_once(lowered, none, !blocking(k));
     std::chrono::nanoseconds slowest{0};
     std::size_t actions = 0;
     for (auto const& r : results) {
@@ -449,13 +469,15 @@ void bm_gpt(benchmark::State& state) {
   state.counters["w_ms"] = w_ms / steps;
 }
 
-// 1F1B against the vocabulary-balanced 1F1B (arg: 0 = 1F1B, 1 = one barrier, 2 = two barriers)
-// on a GPT whose output layer outweighs its blocks.
+// 1F1B against the vocabulary-balanced 1F1B (arg vocab: 0 = 1F1B, 1 = one barrier, 2 = two
+// barriers; arg overlap: the vocabulary collectives overlapped, the default, or blocking) on a GPT
+// whose output layer outweighs its blocks.
 void bm_gpt_vocab(benchmark::State& state) {
   namespace par = weft::parallel;
   namespace nn = weft::nn;
   using comm_t = wc::threads::communicator;
   int const kind = static_cast<int>(state.range(0));
+  bool const overlap = state.range(1) != 0;
   constexpr int p = 2, m = 8, seq = 128;
   nn::gpt_config c;
   c.vocab = 16384;
@@ -501,7 +523,8 @@ void bm_gpt_vocab(benchmark::State& state) {
                           : pl::prepare_step(lowered, pp.rank(), stage, *shard);
     pl::step_options so;
     so.total_tokens = static_cast<double>(m * seq);  // the mean cross-entropy (every target counts)
-    for (int it = 0; it <= iterations; ++it) {       // the first step warms up, untimed
+    so.vocab_overlap = overlap;
+    for (int it = 0; it <= iterations; ++it) {  // the first step warms up, untimed
       store.zero_grad();
       if (vocab) vocab->zero_grad();
       auto& r = results[static_cast<std::size_t>(pp.rank())];
@@ -534,8 +557,8 @@ void bm_gpt_vocab(benchmark::State& state) {
   state.counters["s_ms"] = s_ms / steps;
   state.counters["t_ms"] = t_ms / steps;
   state.SetLabel(kind == 0 ? "1f1b p=2 m=8 V=16384"
-                           : (kind == 1 ? "vocab 1-barrier p=2 m=8 V=16384"
-                                        : "vocab 2-barrier p=2 m=8 V=16384"));
+                           : std::string(kind == 1 ? "vocab 1-barrier" : "vocab 2-barrier") +
+                                 (overlap ? " overlapped" : " blocking") + " p=2 m=8 V=16384");
   state.counters["compute0_ms"] = busy[0] / static_cast<double>(step_ms.size());
   state.counters["compute1_ms"] = busy[1] / static_cast<double>(step_ms.size());
   state.counters["loss"] = loss;
@@ -558,10 +581,12 @@ BENCHMARK(bm_gpt)
     ->Iterations(10)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_gpt_vocab)
-    ->ArgName("vocab")
-    ->Arg(0)
-    ->Arg(1)
-    ->Arg(2)
+    ->ArgNames({"vocab", "overlap"})
+    ->Args({0, 1})
+    ->Args({1, 1})
+    ->Args({1, 0})
+    ->Args({2, 1})
+    ->Args({2, 0})
     ->UseManualTime()
     ->Iterations(4)
     ->Unit(benchmark::kMillisecond);

@@ -1180,7 +1180,11 @@ int finish(options const& o, run_result const& r) {
 // runs the one-rank reference on threads in the first process.
 int run_mpi(int& argc, char**& argv, options const& o) {
 #if WEFT_HAS_MPI
-  weft::comm::mpi::environment env(&argc, &argv);
+  // The vocabulary-balanced schedules overlap their collectives with compute on a second thread,
+  // which MPI allows under MPI_THREAD_MULTIPLE only (else the executor runs them blocking).
+  bool const overlap = o.pp > 1 && vocab_schedule(o.schedule);
+  weft::comm::mpi::environment env(&argc, &argv,
+                                   overlap ? MPI_THREAD_MULTIPLE : MPI_THREAD_SERIALIZED);
   auto world = weft::comm::mpi::communicator::world();
   int const want = o.dp * o.pp * o.tp * o.cp;
   if (world.size() != want) {

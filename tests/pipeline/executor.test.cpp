@@ -628,7 +628,8 @@ struct vocab_run {
   std::vector<std::optional<vocab_tables>> shards;
 };
 
-vocab_run run_vocab(pl::schedule const& lowered, int p, int m, pl::step_options const& run_opt) {
+vocab_run run_vocab(pl::schedule const& lowered, int p, int m, pl::step_options const& run_opt,
+                    std::function<void(int rank, vocab_shard&)> const& setup = {}) {
   data_set const data(m);
   vocab_data const vd(m);
   vocab_run out;
@@ -642,6 +643,7 @@ vocab_run run_vocab(pl::schedule const& lowered, int p, int m, pl::step_options 
     auto const r = static_cast<std::size_t>(c.rank());
     mlp_stage stage(lowered, c.rank(), data, true);
     vocab_shard shard(c.rank(), p, vd);
+    if (setup) setup(c.rank(), shard);
     auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
     out.results[r] = pl::run_step(plan, stage, shard, c, vc, run_opt);
     for (auto& ch : stage.chunks_) {
@@ -862,6 +864,9 @@ TEST_CASE("executor: a token loss of the target log-probabilities (step_options:
   }
   SUBCASE("one that throws fails the step on every rank, naming it") {
     pl::step_options opt;
+    SUBCASE("overlapped") {}
+    SUBCASE("blocking") { opt.vocab_overlap = false; }
+    CAPTURE(opt.vocab_overlap);
     opt.token_loss = [](int i, std::span<double const>, std::span<double>) -> double {
       if (i == 2) throw std::runtime_error("injected token-loss failure");
       return 0.0;
@@ -896,6 +901,108 @@ TEST_CASE("executor: a token loss of the target log-probabilities (step_options:
   }
 }
 
+TEST_CASE("executor: overlapped vocabulary collectives give the blocking step bit for bit") {
+  // step_options::vocab_overlap runs the same arithmetic in the same order on another thread:
+  // every loss, gradient and shard row equal to the blocking step's, the token loss called in
+  // the same microbatch order.
+  for (auto variant : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier})
+    for (int p : {2, 4})
+      for (int m : {1, p, 2 * p + 1})
+        for (bool custom : {false, true}) {
+          CAPTURE(pl::to_string(variant));
+          CAPTURE(p);
+          CAPTURE(m);
+          CAPTURE(custom);
+          pl::vocab_options vo;
+          vo.unchecked = m < p;
+          auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, variant, vo));
+          std::vector<int> calls;
+          pl::step_options opt;
+          if (custom)
+            opt.token_loss = [&](int i, std::span<double const> logp, std::span<double> dlogp) {
+              calls.push_back(i);
+              return smooth_token_loss(i, logp, dlogp);
+            };
+          auto const overlapped = run_vocab(lowered, p, m, opt);
+          opt.vocab_overlap = false;
+          auto const blocking = run_vocab(lowered, p, m, opt);
+          if (custom) {
+            REQUIRE(calls.size() == static_cast<std::size_t>(2 * m));
+            for (int k = 0; k < 2 * m; ++k) CHECK(calls[static_cast<std::size_t>(k)] == k % m);
+          }
+          for (int r = 0; r < p; ++r) {
+            CAPTURE(r);
+            auto const ur = static_cast<std::size_t>(r);
+            auto const& a = overlapped.results[ur];
+            auto const& b = blocking.results[ur];
+            CHECK(a.metrics.vocab_overlapped);
+            CHECK_FALSE(b.metrics.vocab_overlapped);
+            CHECK(a.has_loss == b.has_loss);
+            CHECK(a.loss == b.loss);
+            CHECK(a.microbatch_losses == b.microbatch_losses);
+            REQUIRE(a.timeline.size() == b.timeline.size());
+            REQUIRE(overlapped.grads[ur].size() == blocking.grads[ur].size());
+            for (std::size_t k = 0; k < overlapped.grads[ur].size(); ++k)
+              for (std::size_t l = 0; l < overlapped.grads[ur][k].size(); ++l) {
+                CHECK(overlapped.grads[ur][k][l].gw == blocking.grads[ur][k][l].gw);
+                CHECK(overlapped.grads[ur][k][l].gb == blocking.grads[ur][k][l].gb);
+              }
+            CHECK(overlapped.shards[ur]->gw == blocking.shards[ur]->gw);
+            CHECK(overlapped.shards[ur]->ge == blocking.shards[ur]->ge);
+          }
+          if (!custom) {  // and the single-device model's (the blocking step is not the reference)
+            int const last_rank = lowered.stage_to_rank(lowered.num_stages() - 1);
+            CHECK(blocking.results[static_cast<std::size_t>(last_rank)].loss > 0.0);
+          }
+        }
+}
+
+TEST_CASE("executor: an overlapped collective lets the rank's compute go on until it is read") {
+  // The last rank's S passes take 20 ms, so C0 completes late on every rank. Overlapped, the
+  // other ranks run compute that comes after a C0 in their program before that C0 completed
+  // (the timeline shows it); blocking, no action starts before the one before it ended.
+  using namespace std::chrono_literals;
+  int const p = 4, m = 8;
+  auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, pl::vocab_variant::one_barrier));
+  auto slow_last = [&](int rank, vocab_shard& shard) {
+    if (rank == p - 1)
+      shard.fail_at = [](pl::stage_call const&) {
+        std::this_thread::sleep_for(20ms);
+        return false;
+      };
+  };
+  // Per rank: the number of compute actions that started before an earlier collective ended.
+  auto overtaken = [&](pl::step_result const& r) {
+    int n = 0;
+    for (std::size_t k = 0; k < r.timeline.size(); ++k) {
+      if (r.timeline[k].what.kind != pl::op::collective) continue;
+      for (std::size_t j = k + 1; j < r.timeline.size(); ++j)
+        if (pl::is_compute(r.timeline[j].what.kind) && r.timeline[j].start < r.timeline[k].end) {
+          ++n;
+          break;
+        }
+    }
+    return n;
+  };
+  pl::step_options opt;
+  auto const overlapped = run_vocab(lowered, p, m, opt, slow_last);
+  opt.vocab_overlap = false;
+  auto const blocking = run_vocab(lowered, p, m, opt, slow_last);
+  int ahead = 0;
+  for (int r = 0; r < p; ++r) {
+    CAPTURE(r);
+    auto const ur = static_cast<std::size_t>(r);
+    ahead += overtaken(overlapped.results[ur]);
+    CHECK(overtaken(blocking.results[ur]) == 0);
+  }
+  CHECK(ahead > 0);
+  // fit_costs learns from the results whether the collectives blocked.
+  CHECK_FALSE(pl::merge_timelines(overlapped.results).collectives_block);
+  CHECK(pl::merge_timelines(blocking.results).collectives_block);
+  CHECK_FALSE(pl::fit_costs(lowered, pl::merge_timelines(overlapped.results)).collectives_block);
+  CHECK(pl::fit_costs(lowered, pl::merge_timelines(blocking.results)).collectives_block);
+}
+
 TEST_CASE("executor: a searched vocabulary-parallel schedule matches the single-device model") {
   // Uneven stages and an output layer sharded over the ranks: the search re-plans vocabulary
   // 1F1B (per-stage costs, other warm-up depths); the executor runs what it found.
@@ -919,8 +1026,12 @@ TEST_CASE("executor: a searched vocabulary-parallel schedule matches the single-
 }
 
 TEST_CASE("executor: a vocabulary pass that throws on one rank raises on every rank") {
+  pl::step_options opt;
+  SUBCASE("overlapped") {}
+  SUBCASE("blocking") { opt.vocab_overlap = false; }
+  CAPTURE(opt.vocab_overlap);
   auto const messages = failing_vocab_step(
-      pl::vocab_variant::one_barrier, {},
+      pl::vocab_variant::one_barrier, opt,
       [](pl::stage_call const& call) { return call.stage == 3 && call.microbatch == 2; });
   for (std::size_t r = 0; r < messages.size(); ++r) {
     auto const& msg = messages[r];

@@ -86,9 +86,13 @@ step_result run_step(schedule const& lowered, S& stage, C& channel, step_options
 }
 
 //! A step of a vocabulary-balanced schedule: as run_step, with the vocabulary passes run by
-//! `shard` and their collectives (RE, BX, C0, C1, BE, in program order, blocking) on
-//! `vocab_channel`, a communicator of its own over the same ranks (split it from the pipeline's
-//! up front) so that they never interleave with the pipeline's messages. The loss (on the last
+//! `shard` and their collectives (RE, BX, C0, C1, BE, in program order) on `vocab_channel`, a
+//! communicator of its own over the same ranks (split it from the pipeline's up front) so that
+//! they never interleave with the pipeline's messages. By default the collectives run on a
+//! progress thread of the rank, overlapped with its compute, and an action waits only for the
+//! collectives it reads (step_options::vocab_overlap; `vocab_channel` is then used by that thread
+//! alone during the step, and the shard and the token loss are still called on the rank's
+//! thread). The loss (on the last
 //! stage's rank) is sum_i w_i sum_t (log s_t - z_t) from C0; the per-token loss-gradient weight is
 //! w_i. Without step_options::tokens the shard's tokens(c) weight the loss. A failure aborts both
 //! channels.

@@ -97,8 +97,10 @@ inline simulation as_simulation(schedule const& lowered, measured_timeline const
 //! actions. A fused B measures I + W together; a stage that only ran fused backwards gets half of
 //! the mean B for each. The vocabulary passes (S, T, IF, IB) get their means over all ranks.
 //! Communication and memory stay 0 (the executor's timeline does not separate transfer time from
-//! waiting). Stages that ran nothing keep 0. Collectives block (the executor waits for each one
-//! on the rank's thread), so simulate(lowered, fit_costs(...)) times what the executor ran.
+//! waiting). Stages that ran nothing keep 0. Collectives block where the executor ran them
+//! blocking (measured_timeline::collectives_block: step_options::vocab_overlap off, or a channel
+//! that refuses a second thread) and run on their own stream where it overlapped them, so
+//! simulate(lowered, fit_costs(...)) times what the executor ran.
 inline cost_model fit_costs(schedule const& lowered, measured_timeline const& timeline,
                             double seconds_per_unit = 1e-3) {
   detail::require_timeline_matches(lowered, timeline);
@@ -156,7 +158,7 @@ inline cost_model fit_costs(schedule const& lowered, measured_timeline const& ti
   c.vocab_backward = mean(vocab_sum[1], vocab_cnt[1]);
   c.input_forward = mean(vocab_sum[2], vocab_cnt[2]);
   c.input_backward = mean(vocab_sum[3], vocab_cnt[3]);
-  c.collectives_block = true;
+  c.collectives_block = timeline.collectives_block;
   for (std::size_t s = 0; s < n; ++s) {
     c.forward[s] = mean(sum_f[s], cnt_f[s]);
     if (cnt_i[s] > 0 || cnt_w[s] > 0) {

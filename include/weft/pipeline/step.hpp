@@ -13,6 +13,7 @@
 #include <weft/pipeline/stage.hpp>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -66,6 +67,16 @@ struct step_options {
   //! there, run_step refuses it).
   std::function<double(int microbatch, std::span<double const> logp, std::span<double> dlogp)>
       token_loss;
+  //! Vocabulary-balanced schedules: run the collectives (RE, BX, C0, C1, BE) on a progress thread
+  //! of the rank, in program order, while the rank's thread goes on with its compute, waiting only
+  //! where an action reads a collective's result (section 2.5's overlap; the results are bit for
+  //! bit those of running each collective where it stands). C0's combination runs there too; its
+  //! loss (token_loss included) is computed on the rank's thread, in microbatch order, when the
+  //! first action needs it. Used only where both channels take calls from two threads at once
+  //! (a channel with `allows_concurrent_calls()` answering false, MPI without
+  //! MPI_THREAD_MULTIPLE, runs them blocking); false runs every collective blocking where it
+  //! stands. rank_metrics::vocab_overlapped says which ran.
+  bool vocab_overlap = true;
 };
 
 //! The loss weight of every microbatch under `opt`: w_i as documented at loss_weighting. An empty
@@ -119,16 +130,20 @@ struct timed_action {
 
 //! Per-rank measurements of one step.
 struct rank_metrics {
-  std::chrono::nanoseconds step{0};        //!< origin to the last send's completion
-  std::chrono::nanoseconds compute{0};     //!< inside stage calls (F, B, I, W)
-  std::chrono::nanoseconds recv_wait{0};   //!< waiting at RECV actions
-  std::chrono::nanoseconds send_post{0};   //!< posting sends (SEND actions)
-  std::chrono::nanoseconds send_wait{0};   //!< waiting for posted sends after the last action
-  std::chrono::nanoseconds collective{0};  //!< in vocabulary collectives (incl. their waits)
+  std::chrono::nanoseconds step{0};       //!< origin to the last send's completion
+  std::chrono::nanoseconds compute{0};    //!< inside stage calls (F, B, I, W)
+  std::chrono::nanoseconds recv_wait{0};  //!< waiting at RECV actions
+  std::chrono::nanoseconds send_post{0};  //!< posting sends (SEND actions)
+  std::chrono::nanoseconds send_wait{0};  //!< waiting for posted sends after the last action
+  //! On the rank's thread: in vocabulary collectives (blocking) or waiting for their results
+  //! (overlapped).
+  std::chrono::nanoseconds collective{0};
   std::size_t actions = 0;
   std::size_t bytes_sent = 0;
   std::size_t bytes_received = 0;
   std::vector<int> slots;  //!< stash slots per chunk (the peak in flight on this rank)
+  //! The vocabulary collectives ran on the rank's progress thread (step_options::vocab_overlap).
+  bool vocab_overlapped = false;
 };
 
 //! What run_step returns on each rank.
@@ -141,7 +156,9 @@ struct step_result {
   std::vector<double> microbatch_losses;  //!< weighted, per microbatch (last-stage rank only)
   rank_metrics metrics;
   std::chrono::steady_clock::time_point origin{};  //!< when the rank started the step
-  std::vector<timed_action> timeline;              //!< one entry per executed action
+  //! One entry per executed action. An overlapped collective's entry is its span on the progress
+  //! thread; a compute action's excludes the wait for the collectives it reads.
+  std::vector<timed_action> timeline;
 };
 
 //! Per-rank timelines on one time axis (the earliest origin). Meaningful when the ranks share a
@@ -149,6 +166,8 @@ struct step_result {
 struct measured_timeline {
   std::vector<std::vector<timed_action>> ranks;
   std::chrono::nanoseconds makespan{0};
+  //! The ranks ran their vocabulary collectives blocking (no rank overlapped them).
+  bool collectives_block = true;
 };
 
 //! Aligns the step results of all ranks (indexed by rank) on their earliest origin.
@@ -158,6 +177,8 @@ inline measured_timeline merge_timelines(std::span<step_result const> results) {
   if (results.empty()) return out;
   auto origin = results.front().origin;
   for (auto const& r : results) origin = std::min(origin, r.origin);
+  for (auto const& r : results)
+    if (r.metrics.vocab_overlapped) out.collectives_block = false;
   for (std::size_t i = 0; i < results.size(); ++i) {
     auto const shift =
         std::chrono::duration_cast<std::chrono::nanoseconds>(results[i].origin - origin);
@@ -184,11 +205,10 @@ template <class S, class V, class C, class VC>
 step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,
                 step_options const& opt);
 template <class F, class VC>
-double combine_c0_as(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
-                     bool holds_last, std::exception_ptr& loss_failure);
-template <class VC>
-double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
-                  bool holds_last, std::exception_ptr& loss_failure);
+void c0_combine_as(step_plan& plan, VC& vc, int i, step_options const& opt);
+template <class F>
+double c0_loss_as(step_plan& plan, int i, double weight, step_options const& opt,
+                  std::exception_ptr& loss_failure);
 
 }  // namespace detail
 
@@ -211,6 +231,12 @@ class step_plan {
     int in = -1;   //!< buffer: F input / B,I output-gradient / SEND source / RECV target
     int out = -1;  //!< buffer: F output / B,I input-gradient
     bool grads_final = false;
+    //! Vocabulary schedules: a collective's ordinal among the rank's collectives; for any step,
+    //! the ordinals of the collectives whose results it reads (-1: none), and the microbatch
+    //! whose C0 loss it needs first (-1: none; on the last stage's rank).
+    int ordinal = -1;
+    std::array<int, 3> waits{-1, -1, -1};
+    int c0 = -1;
   };
   struct buffer {
     message_layout layout{};
@@ -259,16 +285,14 @@ class step_plan {
   std::vector<std::size_t> tokens_;
   std::vector<int> re_, bx_, stats_, max_, g_, dout_, be_, x_;
   std::vector<double> logp_, dlogp_;  // step_options::token_loss's arguments (last stage's rank)
+  std::vector<int> c0_step_;          // the step index of C0 of each microbatch (for messages)
 
   template <class S, class V>
   friend step_plan detail::prepare(schedule const& lowered, int rank, S& stage, V* shard);
   template <class F, class VC>
-  friend double detail::combine_c0_as(step_plan& plan, VC& vc, int i, double weight,
-                                      step_options const& opt, bool holds_last,
-                                      std::exception_ptr& loss_failure);
-  template <class VC>
-  friend double detail::combine_c0(step_plan& plan, VC& vc, int i, double weight,
-                                   step_options const& opt, bool holds_last,
+  friend void detail::c0_combine_as(step_plan& plan, VC& vc, int i, step_options const& opt);
+  template <class F>
+  friend double detail::c0_loss_as(step_plan& plan, int i, double weight, step_options const& opt,
                                    std::exception_ptr& loss_failure);
   template <class S, class V, class C, class VC>
   friend step_result detail::run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,

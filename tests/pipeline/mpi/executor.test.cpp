@@ -77,13 +77,14 @@ void check_one_f_one_b(int m) {
   CHECK(res.timeline.size() == lowered.actions(c.rank()).size());
 }
 
-void check_vocab_mpi(pl::vocab_variant variant, int m) {
+void check_vocab_mpi(pl::vocab_variant variant, int m, bool overlap) {
   auto c = mpi::communicator::world(with_timeout(std::chrono::seconds(30)));
   auto vc = mpi::communicator::dup(MPI_COMM_WORLD, with_timeout(std::chrono::seconds(30)));
   int const p = c.size();
   CAPTURE(pl::to_string(variant));
   CAPTURE(p);
   CAPTURE(m);
+  CAPTURE(overlap);
   pl::vocab_options vo;
   vo.unchecked = m < p;
   auto const compute = pl::vocab_one_f_one_b(p, m, variant, vo);
@@ -99,7 +100,12 @@ void check_vocab_mpi(pl::vocab_variant variant, int m) {
   mlp_stage stage(lowered, c.rank(), data, true);
   vocab_shard shard(c.rank(), p, vd);
   auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
-  auto const res = pl::run_step(plan, stage, shard, c, vc, opt);
+  auto run_opt = opt;
+  run_opt.vocab_overlap = overlap;
+  auto const res = pl::run_step(plan, stage, shard, c, vc, run_opt);
+  // The suite runs under MPI_THREAD_MULTIPLE (tests/pipeline/mpi/CMakeLists.txt).
+  CHECK(c.allows_concurrent_calls());
+  CHECK(res.metrics.vocab_overlapped == overlap);
 
   auto const ref = vocab_reference(stages, m, weights, vd);
   int const last_rank = compute.stage_to_rank(stages - 1);
@@ -137,7 +143,8 @@ TEST_CASE("pipeline over MPI: the vocabulary-balanced schedules match the single
   int world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   for (auto variant : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier})
-    for (int m : {1, world, 2 * world + 1}) check_vocab_mpi(variant, m);
+    for (int m : {1, world, 2 * world + 1})
+      for (bool overlap : {true, false}) check_vocab_mpi(variant, m, overlap);
 }
 
 // The communicators end poisoned and leave abandoned requests to MPI_Finalize, so CMake runs this
@@ -179,6 +186,52 @@ TEST_CASE("pipeline over MPI: a stage that throws on one rank raises on every ra
   CHECK(msg.find(action) != std::string::npos);
   CHECK(msg.find("microbatch 1") != std::string::npos);
   CHECK(msg.find("injected stage failure") != std::string::npos);
+  if (c.rank() != failing)
+    CHECK(msg.find("rank " + std::to_string(failing) + " reported") != std::string::npos);
+}
+
+// The same under a vocabulary-balanced schedule with overlapped collectives: the failing rank's
+// S pass throws while the other ranks' progress threads wait in its collectives (MPI cannot wake
+// them: they time out, and the exchanged reports name the origin).
+TEST_CASE("pipeline over MPI: a vocabulary pass that throws on one rank raises on every rank") {
+  using namespace std::chrono_literals;
+  auto const deadline = 1000ms;
+  auto c = mpi::communicator::world(with_timeout(deadline));
+  auto vc = mpi::communicator::dup(MPI_COMM_WORLD, with_timeout(deadline));
+  auto reports = mpi::communicator::dup(MPI_COMM_WORLD, with_timeout(deadline));
+  int const p = c.size();
+  int const m = 4;
+  int const failing = p - 1;
+  auto const lowered = pl::lower(pl::vocab_one_f_one_b(p, m, pl::vocab_variant::one_barrier));
+  data_set const data(m);
+  vocab_data const vd(m);
+  mlp_stage stage(lowered, c.rank(), data, true);
+  vocab_shard shard(c.rank(), p, vd);
+  shard.fail_at = [&](pl::stage_call const& call) {
+    return call.stage == failing && call.microbatch == 1;
+  };
+  pl::step_options opt;
+  opt.report_failure = pl::exchange_failures(reports);
+  auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto const t0 = std::chrono::steady_clock::now();
+  std::string msg;
+  bool threw = false;
+  try {
+    (void)pl::run_step(plan, stage, shard, c, vc, opt);
+  } catch (weft::error const& e) {
+    threw = true;
+    msg = e.what();
+  }
+  auto const elapsed = std::chrono::steady_clock::now() - t0;
+  CAPTURE(msg);
+  CHECK(threw);
+  CHECK(elapsed < deadline + 2s);
+  std::string const origin = "pipeline rank " + std::to_string(failing);
+  std::string const action = "`" + std::to_string(failing) + "S1`";
+  CHECK(msg.find(origin) != std::string::npos);
+  CHECK(msg.find(action) != std::string::npos);
+  CHECK(msg.find("injected vocabulary failure") != std::string::npos);
   if (c.rank() != failing)
     CHECK(msg.find("rank " + std::to_string(failing) + " reported") != std::string::npos);
 }

@@ -107,6 +107,13 @@ class communicator : private detail::engine {
   }
   //! The wrapped communicator (MPI_COMM_NULL for a non-member).
   [[nodiscard]] MPI_Comm native() const noexcept { return s_ ? s_->comm : MPI_COMM_NULL; }
+  //! Whether one thread may call this communicator while another thread of the process calls
+  //! another one: MPI initialised with MPI_THREAD_MULTIPLE (MPI_Query_thread). The pipeline
+  //! executor overlaps its vocabulary collectives only then (step_options::vocab_overlap).
+  [[nodiscard]] bool allows_concurrent_calls() const noexcept {
+    int level = MPI_THREAD_SINGLE;
+    return MPI_Query_thread(&level) == MPI_SUCCESS && level == MPI_THREAD_MULTIPLE;
+  }
   [[nodiscard]] options const& opts() const noexcept {
     static options const none{};
     return s_ ? s_->opts : none;

@@ -11,6 +11,8 @@
 #include <weft/core/error.hpp>
 #include <weft/core/memory.hpp>
 #include <weft/pipeline/action.hpp>
+#include <weft/pipeline/detail/deps.hpp>
+#include <weft/pipeline/detail/progress.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/stage.hpp>
 
@@ -322,6 +324,37 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard) {
   if constexpr (has_vocab) {
     if (rank == plan.last_rank_)
       for (int mb = 0; mb < m; ++mb) plan.x_.push_back(index[key(last, mb)]);
+    // The collectives' ordinals in program order, and the ones each step reads the results of:
+    // where an overlapped step waits (and, on the last stage's rank, computes C0's loss).
+    constexpr std::size_t tags = static_cast<std::size_t>(collective_kind::broadcast_input) + 1;
+    auto const per_tag = static_cast<std::size_t>(m) + 1;
+    std::vector<int> ordinal(tags * per_tag, -1);
+    auto slot_of_coll = [&](collective_kind t, int mb) -> int& {
+      return ordinal[static_cast<std::size_t>(t) * per_tag + static_cast<std::size_t>(mb)];
+    };
+    plan.c0_step_.assign(static_cast<std::size_t>(m), -1);
+    int issued = 0;
+    for (std::size_t i = 0; i < plan.steps_.size(); ++i) {
+      auto& st = plan.steps_[i];
+      std::size_t w = 0;
+      for (auto const& n : needs_of(lowered, st.a, rank)) {
+        if (n.what != need::type::collective) continue;
+        int const k = n.mb >= 0 && n.mb <= m ? slot_of_coll(n.tag, n.mb) : -1;
+        if (k < 0)
+          fail(i, ::weft::detail::concat("expected collective ", to_string(n.tag),
+                                         " of microbatch ", n.mb,
+                                         ", whose result this action reads, earlier in the "
+                                         "rank's program"));
+        st.waits[w++] = k;
+        if (n.tag == collective_kind::c0 && rank == plan.last_rank_) st.c0 = n.mb;
+      }
+      if (st.a.kind == op::collective) {
+        st.ordinal = issued++;
+        slot_of_coll(st.a.tag, st.a.microbatch) = st.ordinal;
+        if (st.a.tag == collective_kind::c0)
+          plan.c0_step_[static_cast<std::size_t>(st.a.microbatch)] = static_cast<int>(i);
+      }
+    }
   }
   for (int c = 0; c < chunks; ++c) {
     auto const ci = static_cast<std::size_t>(c);
@@ -332,15 +365,11 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard) {
   return plan;
 }
 
-//! C0 in two deterministic rounds (section 2.5): MAX of the per-shard maxima, local rescaling,
-//! one SUM of [sumexp | target | G | H]; then, on the last stage's rank, the loss, the per-token
-//! loss-gradient weights g (the loss weight for the cross-entropy, -d loss / d logp for a
-//! step_options::token_loss) and (one barrier) the output gradient g (G / s - H).
-//! An exception from the token loss is caught into `loss_failure` (the caller reports it as a
-//! stage failure: on every rank, naming the action), and C0 returns 0.
+//! C0's collectives in two deterministic rounds (section 2.5): MAX of the per-shard maxima, local
+//! rescaling, one SUM of [sumexp | target | G | H]. Runs where the collectives run: on the rank's
+//! thread, or on its progress thread (step_options::vocab_overlap).
 template <class F, class VC>
-double combine_c0_as(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
-                     bool holds_last, std::exception_ptr& loss_failure) {
+void c0_combine_as(step_plan& plan, VC& vc, int i, step_options const& opt) {
   auto const ui = static_cast<std::size_t>(i);
   std::size_t const n = plan.tokens_[ui], h = plan.hidden_;
   bool const one = plan.vocab_ == vocab_variant::one_barrier;
@@ -359,7 +388,22 @@ double combine_c0_as(step_plan& plan, VC& vc, int i, double weight, step_options
       plan.view(plan.stats_[ui], n,
                 plan.buffers_[static_cast<std::size_t>(plan.stats_[ui])].layout.count - n);
   vc.all_reduce(sums, sums, comm::reduce_kind::sum, opt.p2p).wait();
-  if (!holds_last) return 0.0;
+}
+
+//! C0's loss on the last stage's rank, once c0_combine_as has run: the loss, the per-token
+//! loss-gradient weights g (the loss weight for the cross-entropy, -d loss / d logp for a
+//! step_options::token_loss) and (one barrier) the output gradient g (G / s - H). Runs on the
+//! rank's thread, in microbatch order. An exception from the token loss is caught into
+//! `loss_failure` (the caller reports it as a stage failure: on every rank, naming C0), and it
+//! returns 0.
+template <class F>
+double c0_loss_as(step_plan& plan, int i, double weight, step_options const& opt,
+                  std::exception_ptr& loss_failure) {
+  auto const ui = static_cast<std::size_t>(i);
+  std::size_t const n = plan.tokens_[ui], h = plan.hidden_;
+  bool const one = plan.vocab_ == vocab_variant::one_barrier;
+  F const* st = plan.elements<F>(plan.stats_[ui]);
+  F const* mx = plan.elements<F>(plan.max_[ui]);
   double loss = 0.0;
   bool const custom = static_cast<bool>(opt.token_loss);
   if (custom) {
@@ -391,13 +435,16 @@ double combine_c0_as(step_plan& plan, VC& vc, int i, double weight, step_options
   return custom ? loss : weight * loss;
 }
 
-//! combine_c0_as in the plan's vocabulary type (f32 or f64).
-template <class VC>
-double combine_c0(step_plan& plan, VC& vc, int i, double weight, step_options const& opt,
-                  bool holds_last, std::exception_ptr& loss_failure) {
-  return plan.vocab_type_ == dtype::f64
-             ? combine_c0_as<double>(plan, vc, i, weight, opt, holds_last, loss_failure)
-             : combine_c0_as<float>(plan, vc, i, weight, opt, holds_last, loss_failure);
+//! Whether `c` may be called from one thread while another thread of the process calls another
+//! communicator: a channel's `allows_concurrent_calls()` where it has one, else true.
+template <class C>
+bool allows_concurrent_calls(C const& c) {
+  if constexpr (requires {
+                  { c.allows_concurrent_calls() } -> std::convertible_to<bool>;
+                })
+    return c.allows_concurrent_calls();
+  else
+    return true;
 }
 
 template <class S, class V, class C, class VC>
@@ -457,6 +504,66 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
   sends.reserve(plan.steps_.size());
   std::size_t i = 0;
   bool aborted = false;  // by a stage failure, with its own description
+
+  // Vocabulary collectives: blocking where they stand, or posted to the progress thread in
+  // program order (the same on every rank), each action waiting for the ones it reads. The
+  // progress thread is joined when run returns or unwinds (after the catch below aborted the
+  // channels, so a collective it still runs fails fast instead of waiting for its peers).
+  bool overlap = false;
+  if constexpr (has_vocab)
+    overlap = opt.vocab_overlap && allows_concurrent_calls(channel) &&
+              allows_concurrent_calls(*vocab_channel);
+  res.metrics.vocab_overlapped = overlap;
+  progress_thread progress;
+  std::vector<std::size_t> posted_step;      // the step index of each posted collective
+  std::vector<std::size_t> posted_timeline;  // and of its timeline entry
+  int losses_done = 0;  // C0's loss is computed for microbatches below (last stage's rank)
+  // C0's loss, in microbatch order, up to microbatch `mb` (on the last stage's rank; a token loss
+  // that throws fails the step on every rank, naming C0).
+  auto c0_loss_through = [&](int mb) {
+    for (; losses_done <= mb; ++losses_done) {
+      auto const k = static_cast<std::size_t>(losses_done);
+      std::exception_ptr loss_failure;
+      losses[k] = plan.vocab_type_ == dtype::f64
+                      ? c0_loss_as<double>(plan, losses_done, weights[k], opt, loss_failure)
+                      : c0_loss_as<float>(plan, losses_done, weights[k], opt, loss_failure);
+      if (!loss_failure) continue;
+      std::string what = "a non-standard exception";
+      try {
+        std::rethrow_exception(loss_failure);
+      } catch (std::exception const& e) {
+        what = e.what();
+      } catch (...) {}
+      auto const at = static_cast<std::size_t>(plan.c0_step_[k]);
+      auto const msg = ::weft::detail::concat(describe_step(plan.rank_, at, plan.steps_[at].a),
+                                              ": step_options::token_loss of microbatch ",
+                                              losses_done, " threw: ", what);
+      abort_channels(channel, vocab_channel, msg);
+      aborted = true;
+      rethrow_with_reports(opt, msg, errc::internal);
+      try {
+        std::rethrow_exception(loss_failure);
+      } catch (...) {
+        std::throw_with_nested(error(errc::internal, msg));
+      }
+    }
+  };
+  // Before step `st`: the collectives it reads have completed, and C0's loss it needs exists.
+  // A failed collective is reported as that collective's failure.
+  auto await = [&](step_plan::step const& st) {
+    if (overlap)
+      for (int k : st.waits) {
+        if (k < 0) continue;
+        try {
+          progress.wait(k);
+        } catch (...) {
+          if (int const f = progress.failed(); f >= 0) i = posted_step[static_cast<std::size_t>(f)];
+          throw;
+        }
+      }
+    if (st.c0 >= 0) c0_loss_through(st.c0);
+  };
+
   res.origin = clock::now();
   try {
     for (std::size_t j = 0; j < plan.steps_.size(); ++j) {
@@ -467,6 +574,11 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
     for (i = 0; i < plan.steps_.size(); ++i) {
       auto const& st = plan.steps_[i];
       auto const& a = st.a;
+      if (has_vocab && a.kind != op::collective && (st.waits[0] >= 0 || st.c0 >= 0)) {
+        auto const tw = clock::now();
+        await(st);
+        res.metrics.collective += since(tw, clock::now());
+      }
       auto const t0 = clock::now();
       if (is_recv(a.kind)) {
         recvs[i].wait();
@@ -479,73 +591,74 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
         if constexpr (has_vocab) {
           auto& vc = *vocab_channel;
           auto const mb = static_cast<std::size_t>(a.microbatch);
+          await(st);  // BX on the last stage's rank: g of the previous microbatch
+          if (a.tag == collective_kind::broadcast_output && holds_last) {
+            // [X_i | g_{i-1}], packed on the rank's thread.
+            auto pack = [&]<class F>(std::type_identity<F>) {
+              F* out = plan.elements<F>(plan.bx_[mb]);
+              std::size_t x = 0;
+              if (a.microbatch < plan.microbatches_) {
+                x = plan.tokens_[mb] * plan.hidden_;
+                F const* src = plan.elements<F>(plan.x_[mb]);
+                std::copy(src, src + x, out);
+              }
+              if (a.microbatch > 0) {
+                F const* g = plan.elements<F>(plan.g_[mb - 1]);
+                std::copy(g, g + plan.tokens_[mb - 1], out + x);
+              }
+            };
+            if (plan.vocab_type_ == dtype::f64) {
+              pack(std::type_identity<double>{});
+            } else {
+              pack(std::type_identity<float>{});
+            }
+          }
+          std::function<void()> task;
           switch (a.tag) {
-            case collective_kind::reduce_input: {
-              auto const v = plan.view(plan.re_[mb]);
-              vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
+            case collective_kind::reduce_input:
+              task = [&plan, &vc, &opt, mb] {
+                auto const v = plan.view(plan.re_[mb]);
+                vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
+              };
               break;
-            }
-            case collective_kind::broadcast_output: {
-              auto const v = plan.view(plan.bx_[mb]);
-              if (holds_last) {
-                auto pack = [&]<class F>(std::type_identity<F>) {
-                  F* out = plan.elements<F>(plan.bx_[mb]);
-                  std::size_t x = 0;
-                  if (a.microbatch < plan.microbatches_) {
-                    x = plan.tokens_[mb] * plan.hidden_;
-                    F const* src = plan.elements<F>(plan.x_[mb]);
-                    std::copy(src, src + x, out);
-                  }
-                  if (a.microbatch > 0) {
-                    F const* g = plan.elements<F>(plan.g_[mb - 1]);
-                    std::copy(g, g + plan.tokens_[mb - 1], out + x);
-                  }
-                };
-                if (plan.vocab_type_ == dtype::f64) {
-                  pack(std::type_identity<double>{});
-                } else {
-                  pack(std::type_identity<float>{});
-                }
-              }
-              vc.broadcast(v, v, plan.last_rank_, opt.p2p).wait();
+            case collective_kind::broadcast_output:
+              task = [&plan, &vc, &opt, mb] {
+                auto const v = plan.view(plan.bx_[mb]);
+                vc.broadcast(v, v, plan.last_rank_, opt.p2p).wait();
+              };
               break;
-            }
-            case collective_kind::c0: {
-              std::exception_ptr loss_failure;
-              losses[mb] =
-                  combine_c0(plan, vc, a.microbatch, weights[mb], opt, holds_last, loss_failure);
-              if (loss_failure) {  // the user's token loss: reported as a stage's failure
-                std::string what = "a non-standard exception";
-                try {
-                  std::rethrow_exception(loss_failure);
-                } catch (std::exception const& e) {
-                  what = e.what();
-                } catch (...) {}
-                auto const msg = ::weft::detail::concat(describe_step(plan.rank_, i, a),
-                                                        ": step_options::token_loss of microbatch ",
-                                                        a.microbatch, " threw: ", what);
-                abort_channels(channel, vocab_channel, msg);
-                aborted = true;
-                rethrow_with_reports(opt, msg, errc::internal);
-                try {
-                  std::rethrow_exception(loss_failure);
-                } catch (...) {
-                  std::throw_with_nested(error(errc::internal, msg));
-                }
-              }
+            case collective_kind::c0:
+              task = [&plan, &vc, &opt, mb] {
+                if (plan.vocab_type_ == dtype::f64)
+                  c0_combine_as<double>(plan, vc, static_cast<int>(mb), opt);
+                else
+                  c0_combine_as<float>(plan, vc, static_cast<int>(mb), opt);
+              };
               break;
-            }
-            case collective_kind::c1: {
-              auto const v = plan.view(plan.dout_[mb]);
-              vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
+            case collective_kind::c1:
+              task = [&plan, &vc, &opt, mb] {
+                auto const v = plan.view(plan.dout_[mb]);
+                vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
+              };
               break;
-            }
-            case collective_kind::broadcast_input: {
-              auto const v = plan.view(plan.be_[mb]);
-              vc.broadcast(v, v, 0, opt.p2p).wait();
+            case collective_kind::broadcast_input:
+              task = [&plan, &vc, &opt, mb] {
+                auto const v = plan.view(plan.be_[mb]);
+                vc.broadcast(v, v, 0, opt.p2p).wait();
+              };
               break;
-            }
             case collective_kind::none: break;
+          }
+          if (overlap) {
+            posted_step.push_back(i);
+            posted_timeline.push_back(res.timeline.size());
+            if (task)
+              (void)progress.post(std::move(task));
+            else
+              (void)progress.post([] {});
+          } else {
+            if (task) task();
+            if (a.tag == collective_kind::c0 && holds_last) c0_loss_through(a.microbatch);
           }
         }
       } else {
@@ -631,6 +744,23 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
       if (a.kind == op::collective) res.metrics.collective += since(t0, t1);
       res.timeline.push_back(
           {a, static_cast<int>(i), since(res.origin, t0), since(res.origin, t1)});
+    }
+    if constexpr (has_vocab) {
+      // The collectives still in flight, the losses not needed by an action, the timeline.
+      auto const tw = clock::now();
+      if (overlap && !posted_step.empty()) {
+        step_plan::step all;
+        all.waits[0] = static_cast<int>(posted_step.size()) - 1;
+        await(all);
+      }
+      if (holds_last) c0_loss_through(plan.microbatches_ - 1);
+      res.metrics.collective += since(tw, clock::now());
+      for (std::size_t k = 0; k < posted_timeline.size(); ++k) {
+        auto const span = progress.times(static_cast<int>(k));
+        auto& e = res.timeline[posted_timeline[k]];
+        e.start = since(res.origin, span.start);
+        e.end = since(res.origin, span.end);
+      }
     }
     auto const t0 = clock::now();
     for (auto& w : sends) w.wait();
