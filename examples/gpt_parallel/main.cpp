@@ -383,12 +383,12 @@ std::vector<double> train_parallel(options const& o) {
       model.emplace(c, p, tp, cp, stores.front());
     } else if (chunks.size() == 1) {
       stage.emplace(c, p, tp, cp, stores.front(), microbatch);
-      plan = pl::prepare_step(pl::lower(*sched), pp.rank(), *stage);
+      plan = pl::prepare_step(pl::lower(*sched, pl::replay_model::executor()), pp.rank(), *stage);
     } else {
       std::vector<nn::param_store<T>*> ptrs;
       for (auto& s : stores) ptrs.push_back(&s);
       chunked.emplace(c, chunks, tp, cp, ptrs, microbatch);
-      plan = pl::prepare_step(pl::lower(*sched), pp.rank(), *chunked);
+      plan = pl::prepare_step(pl::lower(*sched, pl::replay_model::executor()), pp.rank(), *chunked);
     }
     for (int step = 0; step < o.steps; ++step) {
       auto const t0 = std::chrono::steady_clock::now();

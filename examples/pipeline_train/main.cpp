@@ -302,8 +302,10 @@ int main(int argc, char** argv) {
   std::vector<std::pair<std::string, pl::schedule>> programs;
   for (auto const& name : o.schedules) {
     try {
-      auto lowered = pl::lower(make_schedule(name, o.ranks, o.microbatches));
-      pl::validate(lowered);  // proves the SEND/RECV order deadlock-free before anything runs
+      auto lowered =
+          pl::lower(make_schedule(name, o.ranks, o.microbatches), pl::replay_model::executor());
+      // Proves the SEND/RECV order deadlock-free for the executor before anything runs.
+      pl::validate(lowered, pl::replay_model::executor());
       programs.emplace_back(name, std::move(lowered));
     } catch (weft::schedule_error const& e) {
       if (o.all) {

@@ -470,16 +470,17 @@ class trainer {
       par::gpt_pipeline_stage<T, Comm, Comm> stage(c_, p_, *tp_, *cp_, store(), micro);
       par::gpt_vocab_shard<T> shard(c_, p_, stores_.back(), micro);
       so.token_loss = mloss ? shard.token_loss(mloss) : shard.cross_entropy(ce_weight);
-      auto plan = pl::prepare_step(pl::lower(sched), pp_->rank(), stage, shard);
+      auto plan = pl::prepare_step(pl::lower(sched, pl::replay_model::executor()), pp_->rank(),
+                                   stage, shard);
       r = pl::run_step(plan, stage, shard, *pp_, *vocab_channel_, so);
     } else if (chunks_.size() == 1) {
       par::gpt_pipeline_stage<T, Comm, Comm> stage(c_, p_, *tp_, *cp_, store(), micro, mloss);
-      r = pl::run_step(pl::lower(sched), stage, *pp_, so);
+      r = pl::run_step(pl::lower(sched, pl::replay_model::executor()), stage, *pp_, so);
     } else {
       std::vector<nn::param_store<T>*> ptrs;
       for (auto& st : stores_) ptrs.push_back(&st);
       par::gpt_pipeline_chunks<T, Comm, Comm> stage(c_, chunks_, *tp_, *cp_, ptrs, micro, mloss);
-      r = pl::run_step(pl::lower(sched), stage, *pp_, so);
+      r = pl::run_step(pl::lower(sched, pl::replay_model::executor()), stage, *pp_, so);
     }
     return r.has_loss ? r.loss : 0.0;
   }

@@ -904,7 +904,8 @@ TEST_CASE("executor: a token loss of the target log-probabilities (step_options:
 TEST_CASE("executor: overlapped vocabulary collectives give the blocking step bit for bit") {
   // step_options::vocab_overlap runs the same arithmetic in the same order on another thread:
   // every loss, gradient and shard row equal to the blocking step's, the token loss called in
-  // the same microbatch order.
+  // the same microbatch order; and so does the program lowered for the executor
+  // (replay_model::executor(): its messages placed by time), overlapped or blocking.
   for (auto variant : {pl::vocab_variant::one_barrier, pl::vocab_variant::two_barrier})
     for (int p : {2, 4})
       for (int m : {1, p, 2 * p + 1})
@@ -926,9 +927,15 @@ TEST_CASE("executor: overlapped vocabulary collectives give the blocking step bi
           auto const overlapped = run_vocab(lowered, p, m, opt);
           opt.vocab_overlap = false;
           auto const blocking = run_vocab(lowered, p, m, opt);
+          // The program lowered for the executor (messages placed by time), both ways.
+          auto const for_executor =
+              pl::lower(pl::vocab_one_f_one_b(p, m, variant, vo), pl::replay_model::executor());
+          auto const timed_blocking = run_vocab(for_executor, p, m, opt);
+          opt.vocab_overlap = true;
+          auto const timed_overlapped = run_vocab(for_executor, p, m, opt);
           if (custom) {
-            REQUIRE(calls.size() == static_cast<std::size_t>(2 * m));
-            for (int k = 0; k < 2 * m; ++k) CHECK(calls[static_cast<std::size_t>(k)] == k % m);
+            REQUIRE(calls.size() == static_cast<std::size_t>(4 * m));
+            for (int k = 0; k < 4 * m; ++k) CHECK(calls[static_cast<std::size_t>(k)] == k % m);
           }
           for (int r = 0; r < p; ++r) {
             CAPTURE(r);
@@ -949,6 +956,18 @@ TEST_CASE("executor: overlapped vocabulary collectives give the blocking step bi
               }
             CHECK(overlapped.shards[ur]->gw == blocking.shards[ur]->gw);
             CHECK(overlapped.shards[ur]->ge == blocking.shards[ur]->ge);
+            for (auto const* other : {&timed_blocking, &timed_overlapped}) {
+              CHECK(other->results[ur].microbatch_losses == b.microbatch_losses);
+              REQUIRE(other->grads[ur].size() == blocking.grads[ur].size());
+              for (std::size_t k = 0; k < blocking.grads[ur].size(); ++k)
+                for (std::size_t l = 0; l < blocking.grads[ur][k].size(); ++l) {
+                  CHECK(other->grads[ur][k][l].gw == blocking.grads[ur][k][l].gw);
+                  CHECK(other->grads[ur][k][l].gb == blocking.grads[ur][k][l].gb);
+                }
+              CHECK(other->shards[ur]->gw == blocking.shards[ur]->gw);
+              CHECK(other->shards[ur]->ge == blocking.shards[ur]->ge);
+            }
+            CHECK(timed_overlapped.results[ur].metrics.vocab_overlapped);
           }
           if (!custom) {  // and the single-device model's (the blocking step is not the reference)
             int const last_rank = lowered.stage_to_rank(lowered.num_stages() - 1);

@@ -78,6 +78,140 @@ TEST_CASE("lowering: generated schedules lower to valid programs with the same t
     }
 }
 
+TEST_CASE("lowering for weft's executor: the vocabulary schedules run as designed") {
+  // replay_model::executor(): receives posted up front, sends that never block. There the
+  // vocabulary-balanced schedules keep the placement by time, which simulates exactly like the
+  // compute-only form; the rendezvous lowering (the default) is slower, because that placement
+  // breaks its rule that two ranks post their messages to each other in one order.
+  auto const model = replay_model::executor();
+  int slower = 0, cases = 0;
+  for (auto variant : {vocab_variant::one_barrier, vocab_variant::two_barrier})
+    for (int p : {2, 3, 4, 8})
+      for (int m : {p, 2 * p + 1, 4 * p, 32}) {
+        auto const s = vocab_one_f_one_b(p, m, variant);
+        CAPTURE(to_text(s));
+        auto const costs = unit_costs(s, 1.0, 1.0, 1.0, 0.0);
+        auto const low = lower(s, model);
+        auto const verdict = check(low, model);
+        CAPTURE(verdict.issue.message);
+        CHECK(verdict.ok);
+        CHECK(check(low, {true, true}).ok);  // and with the collectives overlapped
+        CHECK(reference_valid(low, true, false));
+        CHECK(reference_valid(low, true, true));
+        double const design = simulate(s, costs).makespan;
+        CHECK(simulate(low, costs).makespan == doctest::Approx(design));
+        double const rendezvous = simulate(lower(s), costs).makespan;
+        CHECK(rendezvous >= design - 1e-9);
+        slower += rendezvous > design * 1.05;
+        ++cases;
+        // The rendezvous rule refuses exactly the programs the default lowering would not keep.
+        if (rendezvous > design + 1e-9) {
+          auto const strict = check(low);
+          CHECK_FALSE(strict.ok);
+          CHECK(strict.issue.rule == "p2p-order");
+          CHECK_FALSE(reference_valid(low));
+        }
+        CHECK(parse_schedule(to_text(low)) == low);
+        schedule stripped(low.num_ranks(), low.num_stages(), low.num_microbatches(), low.style(),
+                          low.vocab());
+        for (int r = 0; r < p; ++r)
+          for (auto const& a : low.actions(r))
+            if (!is_p2p(a.kind)) stripped.push(r, a);
+        CHECK(stripped == s);
+      }
+  CHECK(slower > cases / 2);
+  // The other generators: the same validity, and their lowering is the default's timing.
+  for (auto const& entry : generators_p4_m8()) {
+    CAPTURE(entry.first);
+    auto const low = lower(entry.second, model);
+    CHECK(check(low, model).ok);
+    CHECK(simulate_note(low).makespan <= simulate_note(lower(entry.second)).makespan + 1e-9);
+  }
+}
+
+TEST_CASE("lowering: the executor's replay models judge mutations like the reference (p=4, m=8)") {
+  // Buffered point-to-point with blocking and with overlapped collectives: every adjacent swap
+  // and every dropped action of each generator's executor lowering, against the reference
+  // replay's queues (reference_replay.hpp).
+  for (auto const& entry : generators_p4_m8()) {
+    CAPTURE(entry.first);
+    auto const low = lower(entry.second, replay_model::executor());
+    for (bool overlapped : {false, true}) {
+      CAPTURE(overlapped);
+      replay_model const model{true, overlapped};
+      REQUIRE(check(low, model).ok);
+      REQUIRE(reference_valid(low, true, overlapped));
+      int tried = 0, caught = 0;
+      auto judge = [&](schedule const& m) {
+        bool const mine = check(m, model).ok, ref = reference_valid(m, true, overlapped);
+        ++tried;
+        caught += !ref;
+        CHECK(mine == ref);
+      };
+      for (int r = 0; r < low.num_ranks(); ++r) {
+        auto const n = low.actions(r).size();
+        for (std::size_t i = 0; i + 1 < n; ++i) {
+          auto m = low;
+          std::swap(m.actions(r)[i], m.actions(r)[i + 1]);
+          CAPTURE(r);
+          CAPTURE(i);
+          judge(m);
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          auto m = low;
+          m.actions(r).erase(m.actions(r).begin() + static_cast<std::ptrdiff_t>(i));
+          judge(m);
+        }
+      }
+      CHECK(caught > 0);
+      CHECK(caught < tried);
+    }
+  }
+}
+
+TEST_CASE("lowering: buffered messages need one order per direction, not across the two") {
+  // Rank 0 sends both activations before it receives a gradient; rank 1 receives, computes and
+  // sends back one microbatch at a time. The two ranks see the messages between them in different
+  // orders across the two directions: under rendezvous a deadlock (rank 0 waits in its second
+  // send, rank 1 in its first), which rule p2p-order refuses first; fine where sends are buffered.
+  schedule x(2, 2, 2);
+  for (int mb : {0, 1}) x.push(0, x.make(op::forward, 0, mb));
+  x.push(0, x.make(op::send_forward, 0, 0));
+  x.push(0, x.make(op::send_forward, 0, 1));
+  x.push(0, x.make(op::recv_backward, 0, 0));
+  x.push(0, x.make(op::recv_backward, 0, 1));
+  for (int mb : {0, 1}) x.push(0, x.make(op::backward, 0, mb));
+  for (int mb : {0, 1}) {
+    x.push(1, x.make(op::recv_forward, 1, mb));
+    x.push(1, x.make(op::forward, 1, mb));
+    x.push(1, x.make(op::backward, 1, mb));
+    x.push(1, x.make(op::send_backward, 1, mb));
+  }
+  auto const strict = check(x);
+  CHECK_FALSE(strict.ok);
+  CHECK(strict.issue.rule == "p2p-order");
+  CHECK(check(x, replay_model::executor()).ok);
+  CHECK(reference_valid(x, true, false));
+  // Rank 1 receiving microbatch 1's activation first: a receiver that matches messages in order
+  // would take microbatch 0's data for it, so every model refuses it.
+  schedule y(2, 2, 2);
+  y.actions(0) = x.actions(0);
+  y.push(1, y.make(op::recv_forward, 1, 1));
+  y.push(1, y.make(op::recv_forward, 1, 0));
+  for (int mb : {0, 1}) {
+    y.push(1, y.make(op::forward, 1, mb));
+    y.push(1, y.make(op::backward, 1, mb));
+    y.push(1, y.make(op::send_backward, 1, mb));
+  }
+  auto const buffered = check(y, replay_model::executor());
+  CHECK_FALSE(buffered.ok);
+  CHECK(buffered.issue.rule == "p2p-order");
+  CHECK(buffered.issue.message.find("rank 0 sends its messages to rank 1 in another order than "
+                                    "rank 1 receives them") != std::string::npos);
+  CHECK_FALSE(reference_valid(y, true, false));
+  CHECK_FALSE(check(y).ok);
+}
+
 TEST_CASE("lowering: exchanges follow the rank-parity rule") {
   // 1F1B steady state: rank 0 receives the gradient before it sends the next activation, rank 1
   // sends the gradient before it receives that activation (lower rank receives first).

@@ -1,7 +1,11 @@
 // An independent reference for the validator, written for the tests only: a brute-force
 // rendezvous replay over per-rank sets of "facts" (which activations and gradients a rank
 // holds, which collectives it has passed), plus completeness and FIFO counts. It shares no code
-// with weft/pipeline/validate.hpp beyond the schedule container and the action type.
+// with weft/pipeline/validate.hpp beyond the schedule container and the action type. Two more
+// executions, as weft's executor runs: `buffered` sends (each message queued per sender and
+// receiver, a RECV taking the head of its queue, so messages must arrive in the order they are
+// received) and `overlapped` collectives (posted by each rank on its own into its queue, as a
+// progress thread runs them in order; passed by all once every queue's oldest is the same one).
 #pragma once
 
 #include <weft/pipeline/action.hpp>
@@ -29,13 +33,40 @@ inline fact f(fact_kind k, int stage, int mb, int tag = 0) { return {k, stage, m
 struct reference_replay {
   schedule const& s;
   std::vector<std::set<fact>> facts;
+  bool buffered = false, overlapped = false;
+  // Messages in flight, per (sender, receiver): (recv kind, receiving stage, mb), oldest first.
+  std::map<std::pair<int, int>, std::vector<std::tuple<int, int, int>>> queues;
+  // Overlapped: each rank's posted collectives not yet passed, (tag, mb), oldest first.
+  std::vector<std::vector<std::pair<int, int>>> posted;
 
-  explicit reference_replay(schedule const& sched)
-      : s(sched), facts(static_cast<std::size_t>(sched.num_ranks())) {}
+  explicit reference_replay(schedule const& sched, bool buffered_p2p = false,
+                            bool overlapped_collectives = false)
+      : s(sched),
+        facts(static_cast<std::size_t>(sched.num_ranks())),
+        buffered(buffered_p2p),
+        overlapped(overlapped_collectives),
+        posted(static_cast<std::size_t>(sched.num_ranks())) {}
 
   bool has(int r, fact x) const { return facts[static_cast<std::size_t>(r)].count(x) > 0; }
+  // Passed by rank r (all ranks pass a collective together, blocking or overlapped).
   bool coll(int r, collective_kind t, int mb) const {
     return has(r, f(passed, -1, mb, static_cast<int>(t)));
+  }
+  // Overlapped: passes the collectives that are the oldest posted on every rank.
+  bool pass_posted() {
+    bool any = false;
+    for (;;) {
+      auto const& first = posted[0];
+      if (first.empty()) return any;
+      auto const head = first.front();
+      for (auto const& q : posted)
+        if (q.empty() || q.front() != head) return any;
+      for (std::size_t r = 0; r < posted.size(); ++r) {
+        posted[r].erase(posted[r].begin());
+        facts[r].insert(f(passed, -1, head.second, head.first));
+      }
+      any = true;
+    }
   }
 
   // What a compute op needs on its rank, spelled out from the rules docs/pipeline.md states.
@@ -126,6 +157,27 @@ struct reference_replay {
             ++pc[static_cast<std::size_t>(r)];
             fired = true;
           }
+        } else if (buffered && (a->kind == op::send_forward || a->kind == op::send_backward)) {
+          if (!enabled(r, *a)) continue;
+          int const to_stage = a->kind == op::send_forward ? a->stage + 1 : a->stage - 1;
+          if (to_stage < 0 || to_stage >= s.num_stages()) continue;
+          int const q = s.stage_to_rank(to_stage);
+          if (q == r) continue;
+          op const want = a->kind == op::send_forward ? op::recv_forward : op::recv_backward;
+          queues[{r, q}].emplace_back(static_cast<int>(want), to_stage, a->microbatch);
+          ++pc[static_cast<std::size_t>(r)];
+          fired = true;
+        } else if (buffered && (a->kind == op::recv_forward || a->kind == op::recv_backward)) {
+          int const from_stage = a->kind == op::recv_forward ? a->stage - 1 : a->stage + 1;
+          if (from_stage < 0 || from_stage >= s.num_stages()) continue;
+          auto& q = queues[{s.stage_to_rank(from_stage), r}];
+          if (q.empty() ||
+              q.front() != std::tuple{static_cast<int>(a->kind), a->stage, a->microbatch})
+            continue;
+          q.erase(q.begin());
+          apply(r, *a);
+          ++pc[static_cast<std::size_t>(r)];
+          fired = true;
         } else if (a->kind == op::send_forward || a->kind == op::send_backward) {
           if (!enabled(r, *a)) continue;
           int const to_stage = a->kind == op::send_forward ? a->stage + 1 : a->stage - 1;
@@ -138,6 +190,14 @@ struct reference_replay {
             apply(q, *b);
             ++pc[static_cast<std::size_t>(r)];
             ++pc[static_cast<std::size_t>(q)];
+            fired = true;
+          }
+        } else if (a->kind == op::collective && overlapped) {
+          if (collective_enabled(r, *a)) {
+            posted[static_cast<std::size_t>(r)].emplace_back(static_cast<int>(a->tag),
+                                                             a->microbatch);
+            ++pc[static_cast<std::size_t>(r)];
+            pass_posted();
             fired = true;
           }
         } else if (a->kind == op::collective) {
@@ -160,6 +220,10 @@ struct reference_replay {
     }
     for (int r = 0; r < p; ++r)
       if (head(r) != nullptr) return false;
+    for (auto const& [pair, q] : queues)
+      if (!q.empty()) return false;  // a message nobody received
+    for (auto const& q : posted)
+      if (!q.empty()) return false;  // a collective the ranks posted in different orders
     return true;
   }
 
@@ -200,8 +264,9 @@ struct reference_replay {
 };
 
 // The reference verdict on a lowered schedule.
-inline bool reference_valid(schedule const& s) {
-  reference_replay rr(s);
+inline bool reference_valid(schedule const& s, bool buffered_p2p = false,
+                            bool overlapped_collectives = false) {
+  reference_replay rr(s, buffered_p2p, overlapped_collectives);
   return rr.complete_and_fifo() && rr.runs_to_completion();
 }
 

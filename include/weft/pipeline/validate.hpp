@@ -34,6 +34,26 @@ struct validation_result {
   explicit operator bool() const noexcept { return ok; }
 };
 
+//! The execution under which `check`'s replay (rule `deadlock`) proves a lowered schedule to
+//! finish, and how strictly rule `p2p-order` compares two ranks' messages. The default is the
+//! strictest, which any transport satisfies; weft's executor needs less (executor()).
+struct replay_model {
+  //! A SEND completes at once and a RECV waits for its SEND: the receiver posted its receives up
+  //! front and sends do not block (weft's executor), so two ranks need only agree on the order of
+  //! their messages in each direction. false: a SEND and its RECV complete together (rendezvous),
+  //! and two ranks post their sends and receives to each other in one order.
+  bool buffered_p2p = false;
+  //! A collective is posted without waiting and completes once every rank has posted it; an
+  //! action that reads its result waits for that (weft's executor with
+  //! step_options::vocab_overlap). false: a collective holds every rank until all have reached it.
+  bool overlapped_collectives = false;
+
+  //! What weft's executor needs, with its vocabulary collectives overlapped or blocking:
+  //! buffered point-to-point and collectives that may block (a program that finishes with
+  //! blocking collectives finishes with overlapped ones).
+  [[nodiscard]] static constexpr replay_model executor() noexcept { return {true, false}; }
+};
+
 namespace detail {
 
 //! The point-to-point op that carries a cross-rank need of a compute action into its rank:
@@ -87,7 +107,9 @@ inline std::string at(schedule const& s, int rank, int index) {
 //! its local preconditions hold). Nothing is buffered, so a schedule that finishes here finishes
 //! under any more forgiving transport. In compute-only schedules cross-rank data needs no RECV.
 //! Returns ranks' positions when stuck (all equal to program sizes on success).
-inline std::vector<std::size_t> replay(schedule const& s, action_index const& index) {
+//! With `model` buffered or overlapped, as replay_model describes.
+inline std::vector<std::size_t> replay(schedule const& s, action_index const& index,
+                                       replay_model model = {}) {
   int const p = s.num_ranks();
   bool const lowered = s.has_p2p();
   std::vector<std::size_t> pos(static_cast<std::size_t>(p), 0);
@@ -100,7 +122,13 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
   auto satisfied = [&](action const& a, int r) {
     for (auto const& n : needs_of(s, a, r)) {
       if (n.what == need::type::collective) {
-        if (!is_done(r, index.collective_pos(r, n.tag, n.mb))) return false;
+        // Blocking, a collective ends on every rank at once; overlapped, once all posted it.
+        if (!model.overlapped_collectives) {
+          if (!is_done(r, index.collective_pos(r, n.tag, n.mb))) return false;
+          continue;
+        }
+        for (int q = 0; q < p; ++q)
+          if (!is_done(q, index.collective_pos(q, n.tag, n.mb))) return false;
         continue;
       }
       auto const l = index.resolve(n);
@@ -134,6 +162,17 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
           if (!satisfied(*a, r)) break;
           advance(r);
           progress = true;
+        } else if (is_p2p(a->kind) && model.buffered_p2p) {
+          // A SEND leaves once its data exists; a RECV waits for the SEND.
+          if (is_send(a->kind)) {
+            if (!satisfied(*a, r)) break;
+          } else {
+            auto const want = partner_of(*a);
+            auto const l = index.find(want.kind, want.stage, want.microbatch);
+            if (l.count != 1 || l.rank != a->peer || !is_done(l.rank, l.pos)) break;
+          }
+          advance(r);
+          progress = true;
         } else if (is_p2p(a->kind)) {
           if (is_send(a->kind) && !satisfied(*a, r)) break;
           int const q = a->peer;
@@ -146,6 +185,10 @@ inline std::vector<std::size_t> replay(schedule const& s, action_index const& in
           if (is_send(b->kind) && !satisfied(*b, q)) break;
           advance(r);
           advance(q);
+          progress = true;
+        } else if (model.overlapped_collectives) {  // posted once its own inputs exist
+          if (!satisfied(*a, r)) break;
+          advance(r);
           progress = true;
         } else {  // collective: every rank must be at the same one, its preconditions met
           bool all = true;
@@ -245,7 +288,8 @@ inline void require_mapping(schedule const& s, char const* who) {
 }  // namespace detail
 
 //! Checks every rule; returns the first violation found (static rules first, then the replay).
-inline validation_result check(schedule const& s) {
+//! `model`: the execution the replay assumes (the default, rendezvous, is the strictest).
+inline validation_result check(schedule const& s, replay_model model = {}) {
   using detail::at;
   using detail::fail;
   int const p = s.num_ranks();
@@ -383,19 +427,30 @@ inline validation_result check(schedule const& s) {
           return fail(r, i, "pairing",
                       at(s, r, i) + " has no matching " + to_string(want) + " on rank " +
                           std::to_string(a.peer));
-        // Record the message (identified by its sending stage) in the order this rank sees it.
+        // Record the message (identified by its sending stage) in the order this rank sees it;
+        // buffered, each direction on its own.
         int const send_stage = is_send(a.kind) ? a.stage : want.stage;
         int const dir = (a.kind == op::send_forward || a.kind == op::recv_forward) ? 0 : 1;
-        seq[{r, a.peer}].emplace_back(send_stage, a.microbatch, dir);
+        auto const key = !model.buffered_p2p ? std::pair{r, a.peer}
+                         : is_send(a.kind)   ? std::pair{r, a.peer + p}
+                                             : std::pair{r + p, a.peer};
+        seq[key].emplace_back(send_stage, a.microbatch, dir);
       }
     }
     for (auto const& [pair, mine] : seq) {
       auto const it = seq.find({pair.second, pair.first});
-      if (it == seq.end() || it->second != mine)
-        return fail(pair.first, -1, "p2p-order",
-                    ::weft::detail::concat(
-                        "ranks ", pair.first, " and ", pair.second,
-                        " post their sends and recvs to each other in different orders"));
+      if (it == seq.end() || it->second != mine) {
+        if (!model.buffered_p2p)
+          return fail(pair.first, -1, "p2p-order",
+                      ::weft::detail::concat(
+                          "ranks ", pair.first, " and ", pair.second,
+                          " post their sends and recvs to each other in different orders"));
+        // (from, to + p) holds from's sends to `to`, (from + p, to) to's receives from `from`.
+        int const from = pair.first % p, to = pair.second % p;
+        return fail(from, -1, "p2p-order",
+                    ::weft::detail::concat("rank ", from, " sends its messages to rank ", to,
+                                           " in another order than rank ", to, " receives them"));
+      }
     }
   }
 
@@ -420,8 +475,8 @@ inline validation_result check(schedule const& s) {
     }
   }
 
-  // 7. Rendezvous replay.
-  auto const pos = detail::replay(s, index);
+  // 7. Rendezvous replay (or the replay of `model`).
+  auto const pos = detail::replay(s, index, model);
   for (int r = 0; r < p; ++r) {
     auto const i = pos[static_cast<std::size_t>(r)];
     if (i < s.actions(r).size()) {
@@ -437,9 +492,10 @@ inline validation_result check(schedule const& s) {
   return {};
 }
 
-//! Throws schedule_error naming the rank, the action index and the rule when `s` breaks one.
-inline void validate(schedule const& s) {
-  auto const r = check(s);
+//! Throws schedule_error naming the rank, the action index and the rule when `s` breaks one
+//! (under `model`: see check).
+inline void validate(schedule const& s, replay_model model = {}) {
+  auto const r = check(s, model);
   if (!r.ok)
     WEFT_THROW(schedule_error, "invalid schedule: rank ", r.issue.rank, ", action ",
                r.issue.index < 0 ? std::string("(missing)") : std::to_string(r.issue.index),
