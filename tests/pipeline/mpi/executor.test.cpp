@@ -131,6 +131,28 @@ void check_vocab_mpi(pl::vocab_variant variant, int m, bool overlap) {
   CHECK(close(sh.gw, ref_gw));
 }
 
+// Runs `step` on every process at once (after a barrier): it must throw a weft::error within the
+// deadline plus the 2 s the acceptance allows; returns the message.
+template <class F>
+std::string fails_in_time(std::chrono::milliseconds deadline, F&& step) {
+  using namespace std::chrono_literals;
+  MPI_Barrier(MPI_COMM_WORLD);
+  auto const t0 = std::chrono::steady_clock::now();
+  std::string msg;
+  bool threw = false;
+  try {
+    step();
+  } catch (weft::error const& e) {
+    threw = true;
+    msg = e.what();
+  }
+  auto const elapsed = std::chrono::steady_clock::now() - t0;
+  CAPTURE(msg);
+  CHECK(threw);
+  CHECK(elapsed < deadline + 2s);
+  return msg;
+}
+
 }  // namespace
 
 TEST_CASE("pipeline over MPI: 1F1B equals sequential accumulation bit for bit") {
@@ -165,20 +187,8 @@ TEST_CASE("pipeline over MPI: a stage that throws on one rank raises on every ra
   };
   pl::step_options opt;
   opt.report_failure = pl::exchange_failures(reports);
-  MPI_Barrier(MPI_COMM_WORLD);
-  auto const t0 = std::chrono::steady_clock::now();
-  std::string msg;
-  bool threw = false;
-  try {
-    (void)pl::run_step(lowered, stage, c, opt);
-  } catch (weft::error const& e) {
-    threw = true;
-    msg = e.what();
-  }
-  auto const elapsed = std::chrono::steady_clock::now() - t0;
+  auto const msg = fails_in_time(deadline, [&] { (void)pl::run_step(lowered, stage, c, opt); });
   CAPTURE(msg);
-  CHECK(threw);
-  CHECK(elapsed < deadline + 2s);
   // Every rank names the failing rank, its action and microbatch, and the stage's own error.
   std::string const origin = "pipeline rank " + std::to_string(failing);
   std::string const action = "`" + std::to_string(failing) + "F1`";
@@ -213,20 +223,9 @@ TEST_CASE("pipeline over MPI: a vocabulary pass that throws on one rank raises o
   pl::step_options opt;
   opt.report_failure = pl::exchange_failures(reports);
   auto plan = pl::prepare_step(lowered, c.rank(), stage, shard);
-  MPI_Barrier(MPI_COMM_WORLD);
-  auto const t0 = std::chrono::steady_clock::now();
-  std::string msg;
-  bool threw = false;
-  try {
-    (void)pl::run_step(plan, stage, shard, c, vc, opt);
-  } catch (weft::error const& e) {
-    threw = true;
-    msg = e.what();
-  }
-  auto const elapsed = std::chrono::steady_clock::now() - t0;
+  auto const msg =
+      fails_in_time(deadline, [&] { (void)pl::run_step(plan, stage, shard, c, vc, opt); });
   CAPTURE(msg);
-  CHECK(threw);
-  CHECK(elapsed < deadline + 2s);
   std::string const origin = "pipeline rank " + std::to_string(failing);
   std::string const action = "`" + std::to_string(failing) + "S1`";
   CHECK(msg.find(origin) != std::string::npos);

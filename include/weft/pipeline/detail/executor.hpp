@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -514,7 +515,8 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
     overlap = opt.vocab_overlap && allows_concurrent_calls(channel) &&
               allows_concurrent_calls(*vocab_channel);
   res.metrics.vocab_overlapped = overlap;
-  progress_thread progress;
+  std::optional<progress_thread> progress;
+  if (overlap) progress.emplace();
   std::vector<std::size_t> posted_step;      // the step index of each posted collective
   std::vector<std::size_t> posted_timeline;  // and of its timeline entry
   int losses_done = 0;  // C0's loss is computed for microbatches below (last stage's rank)
@@ -555,9 +557,10 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
       for (int k : st.waits) {
         if (k < 0) continue;
         try {
-          progress.wait(k);
+          progress->wait(k);
         } catch (...) {
-          if (int const f = progress.failed(); f >= 0) i = posted_step[static_cast<std::size_t>(f)];
+          if (int const f = progress->failed(); f >= 0)
+            i = posted_step[static_cast<std::size_t>(f)];
           throw;
         }
       }
@@ -653,9 +656,9 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
             posted_step.push_back(i);
             posted_timeline.push_back(res.timeline.size());
             if (task)
-              (void)progress.post(std::move(task));
+              (void)progress->post(std::move(task));
             else
-              (void)progress.post([] {});
+              (void)progress->post([] {});
           } else {
             if (task) task();
             if (a.tag == collective_kind::c0 && holds_last) c0_loss_through(a.microbatch);
@@ -756,7 +759,7 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
       if (holds_last) c0_loss_through(plan.microbatches_ - 1);
       res.metrics.collective += since(tw, clock::now());
       for (std::size_t k = 0; k < posted_timeline.size(); ++k) {
-        auto const span = progress.times(static_cast<int>(k));
+        auto const span = progress->times(static_cast<int>(k));
         auto& e = res.timeline[posted_timeline[k]];
         e.start = since(res.origin, span.start);
         e.end = since(res.origin, span.end);
