@@ -204,11 +204,7 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard);
 template <class S, class V, class C, class VC>
 step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,
                 step_options const& opt);
-template <class F, class VC>
-void c0_combine_as(step_plan& plan, VC& vc, int i, step_options const& opt);
-template <class F>
-double c0_loss_as(step_plan& plan, int i, double weight, step_options const& opt,
-                  std::exception_ptr& loss_failure);
+struct vocab_ops;
 
 }  // namespace detail
 
@@ -289,11 +285,7 @@ class step_plan {
 
   template <class S, class V>
   friend step_plan detail::prepare(schedule const& lowered, int rank, S& stage, V* shard);
-  template <class F, class VC>
-  friend void detail::c0_combine_as(step_plan& plan, VC& vc, int i, step_options const& opt);
-  template <class F>
-  friend double detail::c0_loss_as(step_plan& plan, int i, double weight, step_options const& opt,
-                                   std::exception_ptr& loss_failure);
+  friend struct detail::vocab_ops;
   template <class S, class V, class C, class VC>
   friend step_result detail::run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,
                                  step_options const& opt);

@@ -1,6 +1,7 @@
 // weft/pipeline/detail/executor.hpp — the pipeline executor's interpreter: building a rank's
-// step_plan from a lowered program (slots, message buffers, the checks), the vocabulary passes'
-// collectives, running one step, and turning a failure into an abort of the channels.
+// step_plan from a lowered program (slots, message buffers, the checks), running one step (the
+// vocabulary collectives blocking or on the progress thread: vocab_ops.hpp, progress.hpp), and
+// turning a failure into an abort of the channels.
 #pragma once
 
 #include <weft/pipeline/step.hpp>
@@ -13,6 +14,7 @@
 #include <weft/pipeline/action.hpp>
 #include <weft/pipeline/detail/deps.hpp>
 #include <weft/pipeline/detail/progress.hpp>
+#include <weft/pipeline/detail/vocab_ops.hpp>
 #include <weft/pipeline/schedule.hpp>
 #include <weft/pipeline/stage.hpp>
 
@@ -366,88 +368,6 @@ step_plan prepare(schedule const& lowered, int rank, S& stage, V* shard) {
   return plan;
 }
 
-//! C0's collectives in two deterministic rounds (section 2.5): MAX of the per-shard maxima, local
-//! rescaling, one SUM of [sumexp | target | G | H]. Runs where the collectives run: on the rank's
-//! thread, or on its progress thread (step_options::vocab_overlap).
-template <class F, class VC>
-void c0_combine_as(step_plan& plan, VC& vc, int i, step_options const& opt) {
-  auto const ui = static_cast<std::size_t>(i);
-  std::size_t const n = plan.tokens_[ui], h = plan.hidden_;
-  bool const one = plan.vocab_ == vocab_variant::one_barrier;
-  F* st = plan.elements<F>(plan.stats_[ui]);
-  F* mx = plan.elements<F>(plan.max_[ui]);
-  std::copy(st, st + n, mx);
-  auto const gmax = plan.view(plan.max_[ui]);
-  vc.all_reduce(gmax, gmax, comm::reduce_kind::max, opt.p2p).wait();
-  for (std::size_t t = 0; t < n; ++t) {
-    F const f = std::exp(st[t] - mx[t]);
-    st[n + t] *= f;
-    if (one)
-      for (std::size_t k = 0; k < h; ++k) st[3 * n + t * h + k] *= f;
-  }
-  auto const sums =
-      plan.view(plan.stats_[ui], n,
-                plan.buffers_[static_cast<std::size_t>(plan.stats_[ui])].layout.count - n);
-  vc.all_reduce(sums, sums, comm::reduce_kind::sum, opt.p2p).wait();
-}
-
-//! C0's loss on the last stage's rank, once c0_combine_as has run: the loss, the per-token
-//! loss-gradient weights g (the loss weight for the cross-entropy, -d loss / d logp for a
-//! step_options::token_loss) and (one barrier) the output gradient g (G / s - H). Runs on the
-//! rank's thread, in microbatch order. An exception from the token loss is caught into
-//! `loss_failure` (the caller reports it as a stage failure: on every rank, naming C0), and it
-//! returns 0.
-template <class F>
-double c0_loss_as(step_plan& plan, int i, double weight, step_options const& opt,
-                  std::exception_ptr& loss_failure) {
-  auto const ui = static_cast<std::size_t>(i);
-  std::size_t const n = plan.tokens_[ui], h = plan.hidden_;
-  bool const one = plan.vocab_ == vocab_variant::one_barrier;
-  F const* st = plan.elements<F>(plan.stats_[ui]);
-  F const* mx = plan.elements<F>(plan.max_[ui]);
-  double loss = 0.0;
-  bool const custom = static_cast<bool>(opt.token_loss);
-  if (custom) {
-    plan.logp_.resize(n);
-    plan.dlogp_.assign(n, 0.0);
-    for (std::size_t t = 0; t < n; ++t)
-      plan.logp_[t] = static_cast<double>(st[2 * n + t]) - static_cast<double>(mx[t]) -
-                      std::log(static_cast<double>(st[n + t]));
-    try {
-      loss = opt.token_loss(i, std::span<double const>(plan.logp_), std::span<double>(plan.dlogp_));
-    } catch (...) {
-      loss_failure = std::current_exception();
-      return 0.0;
-    }
-  }
-  F* g = plan.elements<F>(plan.g_[ui]);
-  F* dout = plan.elements<F>(plan.dout_[ui]);
-  for (std::size_t t = 0; t < n; ++t) {
-    double const s = st[n + t];
-    double const gt = custom ? -plan.dlogp_[t] : weight;
-    if (!custom)
-      loss += std::log(s) - (static_cast<double>(st[2 * n + t]) - static_cast<double>(mx[t]));
-    g[t] = static_cast<F>(gt);
-    if (one)
-      for (std::size_t k = 0; k < h; ++k)
-        dout[t * h + k] = static_cast<F>(gt * (static_cast<double>(st[3 * n + t * h + k]) / s -
-                                               static_cast<double>(st[3 * n + n * h + t * h + k])));
-  }
-  return custom ? loss : weight * loss;
-}
-
-//! Whether `c` may be called from one thread while another thread of the process calls another
-//! communicator: a channel's `allows_concurrent_calls()` where it has one, else true.
-template <class C>
-bool allows_concurrent_calls(C const& c) {
-  if constexpr (requires {
-                  { c.allows_concurrent_calls() } -> std::convertible_to<bool>;
-                })
-    return c.allows_concurrent_calls();
-  else
-    return true;
-}
-
 template <class S, class V, class C, class VC>
 step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_channel,
                 step_options const& opt) {
@@ -527,8 +447,8 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
       auto const k = static_cast<std::size_t>(losses_done);
       std::exception_ptr loss_failure;
       losses[k] = plan.vocab_type_ == dtype::f64
-                      ? c0_loss_as<double>(plan, losses_done, weights[k], opt, loss_failure)
-                      : c0_loss_as<float>(plan, losses_done, weights[k], opt, loss_failure);
+                      ? vocab_ops::c0_loss<double>(plan, losses_done, weights[k], opt, loss_failure)
+                      : vocab_ops::c0_loss<float>(plan, losses_done, weights[k], opt, loss_failure);
       if (!loss_failure) continue;
       std::string what = "a non-standard exception";
       try {
@@ -595,72 +515,15 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
           auto& vc = *vocab_channel;
           auto const mb = static_cast<std::size_t>(a.microbatch);
           await(st);  // BX on the last stage's rank: g of the previous microbatch
-          if (a.tag == collective_kind::broadcast_output && holds_last) {
-            // [X_i | g_{i-1}], packed on the rank's thread.
-            auto pack = [&]<class F>(std::type_identity<F>) {
-              F* out = plan.elements<F>(plan.bx_[mb]);
-              std::size_t x = 0;
-              if (a.microbatch < plan.microbatches_) {
-                x = plan.tokens_[mb] * plan.hidden_;
-                F const* src = plan.elements<F>(plan.x_[mb]);
-                std::copy(src, src + x, out);
-              }
-              if (a.microbatch > 0) {
-                F const* g = plan.elements<F>(plan.g_[mb - 1]);
-                std::copy(g, g + plan.tokens_[mb - 1], out + x);
-              }
-            };
-            if (plan.vocab_type_ == dtype::f64) {
-              pack(std::type_identity<double>{});
-            } else {
-              pack(std::type_identity<float>{});
-            }
-          }
-          std::function<void()> task;
-          switch (a.tag) {
-            case collective_kind::reduce_input:
-              task = [&plan, &vc, &opt, mb] {
-                auto const v = plan.view(plan.re_[mb]);
-                vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
-              };
-              break;
-            case collective_kind::broadcast_output:
-              task = [&plan, &vc, &opt, mb] {
-                auto const v = plan.view(plan.bx_[mb]);
-                vc.broadcast(v, v, plan.last_rank_, opt.p2p).wait();
-              };
-              break;
-            case collective_kind::c0:
-              task = [&plan, &vc, &opt, mb] {
-                if (plan.vocab_type_ == dtype::f64)
-                  c0_combine_as<double>(plan, vc, static_cast<int>(mb), opt);
-                else
-                  c0_combine_as<float>(plan, vc, static_cast<int>(mb), opt);
-              };
-              break;
-            case collective_kind::c1:
-              task = [&plan, &vc, &opt, mb] {
-                auto const v = plan.view(plan.dout_[mb]);
-                vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
-              };
-              break;
-            case collective_kind::broadcast_input:
-              task = [&plan, &vc, &opt, mb] {
-                auto const v = plan.view(plan.be_[mb]);
-                vc.broadcast(v, v, 0, opt.p2p).wait();
-              };
-              break;
-            case collective_kind::none: break;
-          }
+          if (a.tag == collective_kind::broadcast_output && holds_last)
+            vocab_ops::pack_output(plan, a.microbatch);  // [X_i | g_{i-1}], on the rank's thread
+          auto task = vocab_ops::task(plan, vc, a.tag, a.microbatch, opt);
           if (overlap) {
             posted_step.push_back(i);
             posted_timeline.push_back(res.timeline.size());
-            if (task)
-              (void)progress->post(std::move(task));
-            else
-              (void)progress->post([] {});
+            (void)progress->post(std::move(task));
           } else {
-            if (task) task();
+            task();
             if (a.tag == collective_kind::c0 && holds_last) c0_loss_through(a.microbatch);
           }
         }
