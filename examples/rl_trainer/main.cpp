@@ -141,7 +141,8 @@ class trainer {
       // The vocabulary-balanced schedules: this rank's rows of the embedding and output layer in
       // a store after the chunk's (the optimizer, clipping and checkpoints take every store),
       // and the vocabulary passes' collectives on a channel of their own.
-      static_assert(rlt::kVocab == 14, "options.hpp bounds --pp by the vocabulary under vocab-*");
+      static_assert(rlt::kVocab == 14,
+                    "options.hpp bounds --pp x --tp by the vocabulary under vocab-*");
       stores_.emplace_back(par::gpt_vocab_layout(c_, p_));
       par::gpt_vocab_init(stores_.back(), c_, p_, o.seed);
       vocab_channel_.emplace(pp_->split(0, pp_->rank()));
@@ -468,7 +469,7 @@ class trainer {
     if (p_.vocab_pipeline) {
       // The loss from the executor's C0: the cross-entropy (ignored targets skipped) or `loss`.
       par::gpt_pipeline_stage<T, Comm, Comm> stage(c_, p_, *tp_, *cp_, store(), micro);
-      par::gpt_vocab_shard<T> shard(c_, p_, stores_.back(), micro);
+      par::gpt_vocab_shard<T, Comm> shard(c_, p_, *tp_, stores_.back(), micro);
       so.token_loss = mloss ? shard.token_loss(mloss) : shard.cross_entropy(ce_weight);
       auto plan = pl::prepare_step(pl::lower(sched, pl::replay_model::executor()), pp_->rank(),
                                    stage, shard);

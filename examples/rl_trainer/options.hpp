@@ -172,9 +172,9 @@ inline void usage(std::ostream& os) {
         "                    the same parameters bit for bit, and so do the V-shape ones (each\n"
         "                    stage adds its microbatches in order). vocab-1, vocab-2: 1F1B with\n"
         "                    the embedding and output layer sharded over the pipeline ranks\n"
-        "                    (vocabulary parallelism, one or two barriers; needs --tp 1): the\n"
-        "                    same training up to rounding (the softmax sums associate\n"
-        "                    differently)\n"
+        "                    and their tp ranks (vocabulary parallelism, one or two barriers;\n"
+        "                    pp x tp at most 14): the same training up to rounding (the softmax\n"
+        "                    sums associate differently)\n"
         "  --zero1           ZeRO-1 (Megatron's distributed optimizer): the gradients are\n"
         "                    reduce-scattered in buckets over the data group (dp x cp), each of\n"
         "                    its ranks steps AdamW on its 1/(dp x cp) of the parameters and the\n"
@@ -342,19 +342,11 @@ inline options parse(int argc, char** argv) {
         "argument `--schedule`: expected 1f1b (the default) with --pp 1 (no "
         "pipeline to schedule), actual `" +
         o.schedule + "`"};
-  if (o.pp > 1 && vocab_schedule(o.schedule) && o.tp > 1)
+  if (o.pp > 1 && vocab_schedule(o.schedule) && o.pp * o.tp > 14)
     throw bad_argument{
-        "argument `--schedule`: expected a schedule without vocabulary passes with "
-        "--tp " +
-        std::to_string(o.tp) +
-        " (vocab-1 and vocab-2 split the vocabulary over the pipeline ranks, not "
-        "also over tp: --tp 1), actual `" +
-        o.schedule + "`"};
-  if (o.pp > 1 && vocab_schedule(o.schedule) && o.pp > 14)
-    throw bad_argument{
-        "argument `--pp`: expected at most 14 (the vocabulary's tokens: every "
-        "rank holds one) under --schedule " +
-        o.schedule + ", actual " + std::to_string(o.pp)};
+        "argument `--pp x --tp`: expected at most 14 (the vocabulary's tokens: every "
+        "pipeline and tp rank holds one) under --schedule " +
+        o.schedule + ", actual " + std::to_string(o.pp * o.tp)};
   if (o.device != "cpu" && o.zero1)
     throw bad_argument{"argument `--zero1`: expected with --device cpu (the " + o.device +
                        " engine keeps the whole optimizer state), actual --device " + o.device};

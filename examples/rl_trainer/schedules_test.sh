@@ -44,7 +44,7 @@ expect_refused() {  # expect_refused MESSAGE FLAGS...
   grep -qF -- "$message" "$refused" || { echo "FAILED: no clear error for $*"; cat "$refused"; exit 1; }
 }
 expect_refused "argument \`--schedule\`: expected 1f1b, gpipe, zb-h1, zb-h2, interleaved, zbv, v-half, v-min, dualpipe-v, vocab-1 or vocab-2, actual \`chimera\`" --schedule chimera
-expect_refused "argument \`--schedule\`: expected a schedule without vocabulary passes with --tp 2 (vocab-1 and vocab-2 split the vocabulary over the pipeline ranks, not also over tp: --tp 1), actual \`vocab-2\`" --schedule vocab-2 --tp 2
+expect_refused "argument \`--pp x --tp\`: expected at most 14 (the vocabulary's tokens: every pipeline and tp rank holds one) under --schedule vocab-2, actual 16" --schedule vocab-2 --pp 4 --tp 4 --layers 4
 expect_refused "argument \`--layers\`: expected at least 2 x pp = 4 under --schedule zbv (two chunks a rank, each at least a block), actual 2" --schedule zbv
 expect_refused "argument \`--pp\`: expected at most --layers = 2 (every stage holds a block), actual 3" --pp 3
 echo "schedules: bit for bit"

@@ -277,10 +277,10 @@ double smooth_rows_loss(index_t first_row, std::span<std::int64_t const> rows,
   return loss;
 }
 
-// One step of a vocabulary-balanced schedule (layout l with tp 1: pp ranks holding the blocks,
-// each also a gpt_vocab_shard) against the single device: the loss, every stage's gradients and
-// every vocabulary shard's rows of "wte" and "head". `smooth`: smooth_rows_loss instead of the
-// cross-entropy, against the GPT's own token loss on one rank.
+// One step of a vocabulary-balanced schedule (layout l: pp ranks holding the blocks over their
+// tp ranks, each also a gpt_vocab_shard of V / (pp tp) rows) against the single device: the loss,
+// every stage's gradients and every vocabulary shard's rows of "wte" and "head". `smooth`:
+// smooth_rows_loss instead of the cross-entropy, against the GPT's own token loss on one rank.
 template <class T>
 void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant variant, double tol,
                         bool smooth = false) {
@@ -308,14 +308,15 @@ void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant vari
                            (smooth ? " smooth token loss" : " cross-entropy");
   std::mutex m;
   std::vector<std::string> failures;
-  run_ranks(l.pp * l.dp * l.cp, [&](comm_t& world) {
-    weft::device_mesh<comm_t> mesh(world, {l.pp, l.dp, l.cp, 1}, {"pp", "dp", "cp", "tp"},
+  run_ranks(l.pp * l.dp * l.cp * l.tp, [&](comm_t& world) {
+    weft::device_mesh<comm_t> mesh(world, {l.pp, l.dp, l.cp, l.tp}, {"pp", "dp", "cp", "tp"},
                                    {{"dp", "cp"}});
     auto& tp = mesh.group("tp");
     auto& cp = mesh.group("cp");
     auto& pp = mesh.group("pp");
     auto& data_group = mesh.group({"dp", "cp"});
-    par::gpt_parallelism const p{1, 0, false, cp.size(), cp.rank(), pp.size(), pp.rank(), true};
+    par::gpt_parallelism const p{tp.size(), tp.rank(), l.sp,      cp.size(),
+                                 cp.rank(), pp.size(), pp.rank(), true};
     nn::param_store<T> store(par::gpt_shard_layout(c, p)), vstore(par::gpt_vocab_layout(c, p));
     par::gpt_load_shard(store, whole, c, p);
     par::gpt_vocab_load(vstore, whole, c, p);
@@ -328,7 +329,7 @@ void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant vari
                                 std::span(data.targets).subspan(at, kSeq), kSeq};
     };
     par::gpt_pipeline_stage<T, comm_t, comm_t> stage(c, p, tp, cp, store, mb);
-    par::gpt_vocab_shard<T> shard(c, p, vstore, mb);
+    par::gpt_vocab_shard<T, comm_t> shard(c, p, tp, vstore, mb);
     auto vc = pp.split(0, pp.rank());
     weft::pipeline::step_options opt;
     if (smooth) {
@@ -687,6 +688,23 @@ TEST_SUITE("threads") {
     check_vocab_layout<double>({2, 2, 1, false, 2, "1f1b", 4}, vocab_variant::one_barrier, 1e-12);
   }
 
+  TEST_CASE("parallel gpt: the vocabulary-balanced schedules over tensor parallelism") {
+    // Each pipeline rank's vocabulary rows split again over its tp ranks (V / (pp tp) a shard),
+    // the shard combining its passes over tp; with sequence parallelism the first stage keeps
+    // its token slice of the embeddings and the last all-gathers the final norm's slices.
+    using weft::pipeline::vocab_variant;
+    for (auto v : {vocab_variant::one_barrier, vocab_variant::two_barrier}) {
+      check_vocab_layout<double>({1, 1, 2, false, 2}, v, 1e-12);
+      check_vocab_layout<double>({1, 1, 2, true, 2}, v, 1e-12);
+      check_vocab_layout<float>({1, 1, 2, true, 2}, v, 1e-5);
+    }
+    check_vocab_layout<double>({1, 1, 2, true, 4, "1f1b", 4}, vocab_variant::two_barrier, 1e-12);
+    check_vocab_layout<double>({2, 1, 2, true, 2}, vocab_variant::one_barrier, 1e-12);
+    check_vocab_layout<double>({1, 2, 2, true, 2}, vocab_variant::two_barrier, 1e-12);
+    check_vocab_layout<double>({1, 1, 2, true, 2}, vocab_variant::one_barrier, 1e-12, true);
+    check_vocab_layout<double>({1, 2, 2, false, 2}, vocab_variant::two_barrier, 1e-12, true);
+  }
+
   TEST_CASE("parallel gpt: a token loss under the vocabulary-balanced schedules") {
     // A loss of the targets' log-probabilities with per-row coefficients of both signs, given as
     // a microbatch_loss_fn (rows, logp, dlogp): equal to the GPT's own token loss on one rank.
@@ -699,9 +717,6 @@ TEST_SUITE("threads") {
 
   TEST_CASE("parallel gpt: what the vocabulary-balanced layout refuses") {
     auto const c = small(2);
-    par::gpt_parallelism tp2{2, 0, false, 1, 0, 2, 0, true};
-    CHECK_THROWS_WITH_AS(par::gpt_shard_layout(c, tp2), doctest::Contains("1 under vocab_pipeline"),
-                         weft::invalid_argument_error);
     par::gpt_parallelism const plain{1, 0, false, 1, 0, 2, 0};
     CHECK_THROWS_WITH_AS(par::gpt_vocab_layout(c, plain),
                          doctest::Contains("gpt_parallelism::vocab_pipeline"),
@@ -709,7 +724,23 @@ TEST_SUITE("threads") {
     auto tiny = c;
     tiny.vocab = 1;
     CHECK_THROWS_WITH_AS(par::gpt_vocab_layout(tiny, {1, 0, false, 1, 0, 2, 0, true}),
-                         doctest::Contains(">= pp = 2"), weft::invalid_argument_error);
+                         doctest::Contains(">= pp * tp = 2"), weft::invalid_argument_error);
+    tiny.vocab = 3;
+    CHECK_THROWS_WITH_AS(par::gpt_vocab_layout(tiny, {2, 1, false, 1, 0, 2, 0, true}),
+                         doctest::Contains(">= pp * tp = 4"), weft::invalid_argument_error);
+    // A shard of tp 2 needs the tp group, of that size and rank.
+    {
+      par::gpt_parallelism const tp2{2, 1, false, 1, 0, 2, 0, true};
+      nn::param_store<double> vs(par::gpt_vocab_layout(c, tp2));
+      auto const none = [](int) { return par::gpt_sequences{}; };
+      CHECK_THROWS_WITH_AS(par::gpt_vocab_shard<double>(c, tp2, vs, none),
+                           doctest::Contains("1 without a tp group"), weft::invalid_argument_error);
+      run_ranks(1, [&](comm_t& one) {
+        CHECK_THROWS_WITH_AS((par::gpt_vocab_shard<double, comm_t>(c, tp2, one, vs, none)),
+                             doctest::Contains("1, 0 (the tp group's)"),
+                             weft::invalid_argument_error);
+      });
+    }
     // The built-in cross-entropy counts every token: a microbatch with ignored targets fails
     // the step on every rank, naming the row; a token loss on the stage is refused.
     data_t const data;
@@ -815,13 +846,15 @@ TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-devi
     par::gpt_parallelism const whole_tp{2, 1, true, 1, 0};
     CHECK(held == par::gpt_shard_layout(three, whole_tp).size());
   }
-  // Under vocab_pipeline no stage holds "wte" or "head": each pipeline rank's vocabulary shard
-  // holds its rows of both, bitwise the single device's, and the rows cover the vocabulary once.
-  for (int pp : {2, 3}) {
+  // Under vocab_pipeline no stage holds "wte" or "head": each (pipeline, tp) rank's vocabulary
+  // shard holds its rows of both, bitwise the single device's, and the rows cover the vocabulary
+  // once, pipeline rank by pipeline rank, each split over its tp ranks.
+  for (auto [pp, tp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{3, 2}}) {
     index_t rows = 0;
-    for (int s = 0; s < pp; ++s) {
-      par::gpt_parallelism const p{1, 0, false, 1, 0, pp, s, true};
-      INFO("vocab_pipeline pp " << pp << " rank " << s);
+    for (int q = 0; q < pp * tp; ++q) {
+      int const s = q / tp;
+      par::gpt_parallelism const p{tp, q % tp, false, 1, 0, pp, s, true};
+      INFO("vocab_pipeline pp " << pp << " tp " << tp << " rank " << s << ", " << q % tp);
       auto const stage = par::gpt_shard_layout(three, p);
       CHECK_FALSE(stage.contains("wte"));
       CHECK_FALSE(stage.contains("head"));

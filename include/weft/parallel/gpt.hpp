@@ -132,6 +132,13 @@ class gpt {
     index_t const rows = sequences * seq_len / p_.cp / (p_.sequence_parallel ? p_.tp : 1);
     return static_cast<std::size_t>(rows * c_.d_model);
   }
+  //! Under vocab_pipeline: the elements of the first stage's input (the token embeddings) and of
+  //! the last stage's output (the final norm's), the vocabulary passes' n x d_model: all of the
+  //! rank's N rows, under sequence parallelism too (the first stage keeps its token slice, the
+  //! last all-gathers the slices; their gradients go the adjoint way).
+  [[nodiscard]] std::size_t vocab_boundary_size(index_t sequences, index_t seq_len) const noexcept {
+    return static_cast<std::size_t>(sequences * seq_len / p_.cp * c_.d_model);
+  }
 
   //! Σ token_weight · CE over THIS rank's rows with a target (the same on every tp rank; sum it
   //! over cp and dp for the batch's loss). token_weight 0 means 1 / (targets in `b`), the mean
@@ -160,14 +167,9 @@ class gpt {
                        std::span<T> out) {
     expect_no_pending("forward_stage");
     prepare(b, token_weight);
-    auto const want = static_cast<std::size_t>(m_ * c_.d_model);
     bool const vp = p_.vocab_pipeline;
-    if (!p_.first_stage() || vp)
-      WEFT_EXPECTS_SHAPE(in.size() == want, "in",
-                         ::weft::detail::concat(want, " elements (boundary_size)"), in.size());
-    if (!p_.last_stage() || vp)
-      WEFT_EXPECTS_SHAPE(out.size() == want, "out",
-                         ::weft::detail::concat(want, " elements (boundary_size)"), out.size());
+    if (!p_.first_stage() || vp) expect_boundary(in.size(), p_.first_stage(), "in");
+    if (!p_.last_stage() || vp) expect_boundary(out.size(), p_.last_stage(), "out");
     return run_forward(in, out);
   }
 
@@ -176,14 +178,9 @@ class gpt {
   //! every stage but the first writes the gradient of its input to `din` (boundary_size each).
   void backward_stage(std::span<T const> dout, std::span<T> din) {
     if (!defer_) expect_no_pending("backward_stage");
-    auto const want = static_cast<std::size_t>(m_ * c_.d_model);
     bool const vp = p_.vocab_pipeline;
-    if (!p_.last_stage() || vp)
-      WEFT_EXPECTS_SHAPE(dout.size() == want, "dout",
-                         ::weft::detail::concat(want, " elements (boundary_size)"), dout.size());
-    if (!p_.first_stage() || vp)
-      WEFT_EXPECTS_SHAPE(din.size() == want, "din",
-                         ::weft::detail::concat(want, " elements (boundary_size)"), din.size());
+    if (!p_.last_stage() || vp) expect_boundary(dout.size(), p_.last_stage(), "dout");
+    if (!p_.first_stage() || vp) expect_boundary(din.size(), p_.first_stage(), "din");
     run_backward(dout, din);
   }
 
@@ -225,6 +222,17 @@ class gpt {
   }
 
  private:
+  // A boundary buffer of the loaded microbatch: boundary_size, or vocab_boundary_size where
+  // `vocab_end` (the first stage's input or the last stage's output under vocab_pipeline).
+  void expect_boundary(std::size_t got, bool vocab_end, char const* what) const {
+    bool const v = vocab_end && p_.vocab_pipeline;
+    auto const want = static_cast<std::size_t>((v ? n_ : m_) * c_.d_model);
+    WEFT_EXPECTS_SHAPE(got == want, what,
+                       ::weft::detail::concat(want, v ? " elements (vocab_boundary_size)"
+                                                      : " elements (boundary_size)"),
+                       got);
+  }
+
   void expect_no_pending(char const* call) const {
     WEFT_EXPECTS(!pending_, call, "no pending weight gradients (backward_weight_stage first)",
                  "a backward_input_stage without its backward_weight_stage");
@@ -250,8 +258,9 @@ class gpt {
       // Embeddings. Under SP the vocabulary-parallel lookup is reduce-scattered straight to the
       // token slices and each rank adds the positions of its own rows. Under vocab_pipeline the
       // token embeddings arrive in `in` (gpt_vocab_shard's, summed over the pipeline).
-      if (p_.vocab_pipeline) {
-        std::copy(in.begin(), in.end(), x0.data_handle());
+      if (p_.vocab_pipeline) {  // all N rows; under SP this rank's slice of them
+        auto const first = sp ? static_cast<std::size_t>(p_.tp_rank * m_ * d) : std::size_t{0};
+        std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(first), m_ * d, x0.data_handle());
       } else if (sp) {
         vocab_parallel_embedding_forward_sp(*tp_, std::span<std::int32_t const>(tokens_), shard_,
                                             p2("wte"), x0);
@@ -272,8 +281,12 @@ class gpt {
     }
     nn::layer_norm_forward(rows_of(last, d), p1("lnf.w"), p1("lnf.b"), rows_of(lnf_, d),
                            vec(lnf_mean_), vec(lnf_rstd_), c_.ln_eps);
-    if (p_.vocab_pipeline) {  // the output layer is gpt_vocab_shard's
-      std::copy(lnf_.begin(), lnf_.end(), out.begin());
+    if (p_.vocab_pipeline) {  // the output layer is gpt_vocab_shard's: all N rows
+      if (sp)
+        gather_from_sp_forward(*tp_, tensor_view<T const, 2>(rows_of(lnf_, d)),
+                               tensor_view<T, 2>(out.data(), n_, d));
+      else
+        std::copy(lnf_.begin(), lnf_.end(), out.begin());
       return 0.0;
     }
     index_t const vs = shard_.size;
@@ -308,8 +321,9 @@ class gpt {
     index_t const d = c_.d_model;
     bool const sp = p_.sequence_parallel;
     auto& dx = g_.dx;
-    if (p_.last_stage() && p_.vocab_pipeline) {
-      std::copy(dout.begin(), dout.end(), g_.dln.begin());
+    if (p_.last_stage() && p_.vocab_pipeline) {  // dout: all N rows (this slice's under SP)
+      auto const first = sp ? static_cast<std::size_t>(p_.tp_rank * m_ * d) : std::size_t{0};
+      std::copy_n(dout.begin() + static_cast<std::ptrdiff_t>(first), m_ * d, g_.dln.begin());
       final_norm_backward();
     } else if (p_.last_stage()) {
       head_backward();
@@ -317,9 +331,15 @@ class gpt {
       std::copy(dout.begin(), dout.end(), dx.begin());
     }
     for (index_t l = layers_.size() - 1; l >= 0; --l) block_backward(l, dx);
-    if (!p_.first_stage() || p_.vocab_pipeline) {
+    if (!p_.first_stage()) {
       std::copy(dx.begin(), dx.end(), din.begin());
-      if (!p_.first_stage()) return;
+      return;
+    }
+    if (p_.vocab_pipeline && sp) {  // the N rows' gradient: the slices all-gathered
+      gather_from_sp_forward(*tp_, tensor_view<T const, 2>(rows_of(dx, d)),
+                             tensor_view<T, 2>(din.data(), n_, d));
+    } else if (p_.vocab_pipeline) {
+      std::copy(dx.begin(), dx.end(), din.begin());
     }
     auto const tokens = std::span<std::int32_t const>(tokens_);
     if (p_.vocab_pipeline) {

@@ -83,16 +83,18 @@ class gpt_pipeline_stage {
   [[nodiscard]] model_type& model(int slot) { return *models_.at(static_cast<std::size_t>(slot)); }
 
   // Under vocabulary parallelism every rank is asked for the first stage's input and the last
-  // stage's output (the vocabulary buffers' layouts): any stage's, the boundary being the same.
+  // stage's output (the vocabulary buffers' layouts: all of the microbatch's N rows, under
+  // sequence parallelism too, gpt::vocab_boundary_size); between stages the boundary is
+  // gpt::boundary_size (a token slice under sequence parallelism).
   [[nodiscard]] pipeline::message_layout input_layout(pipeline::stage_call const& c) const {
     check_layout_call(c);
     if (c.first_stage() && !p_.vocab_pipeline) return {0, dtype_of<T>};
-    return {boundary(c.microbatch), dtype_of<T>};
+    return {boundary(c.microbatch, c.first_stage()), dtype_of<T>};
   }
   [[nodiscard]] pipeline::message_layout output_layout(pipeline::stage_call const& c) const {
     check_layout_call(c);
     if (c.last_stage() && !p_.vocab_pipeline) return {0, dtype_of<T>};
-    return {boundary(c.microbatch), dtype_of<T>};
+    return {boundary(c.microbatch, c.last_stage()), dtype_of<T>};
   }
 
   void reserve_slots(int chunk, int slots) {
@@ -152,11 +154,14 @@ class gpt_pipeline_stage {
     WEFT_EXPECTS(c.stage == p_.pp_rank, "stage_call::stage",
                  ::weft::detail::concat(p_.pp_rank, " (parallelism.pp_rank)"), c.stage);
   }
-  [[nodiscard]] std::size_t boundary(int microbatch) const {
+  // `vocab_end`: the first stage's input or the last stage's output.
+  [[nodiscard]] std::size_t boundary(int microbatch, bool vocab_end) const {
     auto const b = microbatch_(microbatch);
     WEFT_EXPECTS_SHAPE(b.seq_len > 0, "microbatch(i).seq_len", "> 0", b.seq_len);
     index_t const seqs = static_cast<index_t>(b.tokens.size()) / b.seq_len;
-    return models_.front()->boundary_size(seqs, b.seq_len);
+    auto const& m = *models_.front();
+    return vocab_end && p_.vocab_pipeline ? m.vocab_boundary_size(seqs, b.seq_len)
+                                          : m.boundary_size(seqs, b.seq_len);
   }
   model_type& slot(pipeline::stage_call const& c) {
     WEFT_EXPECTS(c.slot >= 0 && static_cast<std::size_t>(c.slot) < models_.size(),

@@ -35,10 +35,10 @@ namespace weft::parallel {
 //! the first also the token and position embeddings, the last the final LayerNorm and the head.
 //! `vocab_pipeline` is the layout of the vocabulary-balanced schedules (pipeline::
 //! vocab_one_f_one_b): the token embedding "wte" and the output layer "head" are then sharded
-//! over the pp ranks by vocabulary rows (gpt_vocab_shard, gpt_vocab_layout), and no stage holds
-//! them; the first stage takes the embedded tokens as its input, the last hands the final norm's
-//! output on. It needs tp = 1 (the vocabulary is split over the pipeline instead) and
-//! vocab >= pp; any cp.
+//! by vocabulary rows over the pp ranks and again over each one's tp ranks (gpt_vocab_shard,
+//! gpt_vocab_rows, gpt_vocab_layout), and no stage holds them; the first stage takes the embedded
+//! tokens as its input, the last hands the final norm's output on (all of the microbatch's rows,
+//! under sequence parallelism too). It needs vocab >= pp · tp; any tp, sequence parallelism, cp.
 struct gpt_parallelism {
   int tp = 1;
   int tp_rank = 0;
@@ -134,15 +134,11 @@ inline void check_parallelism(nn::gpt_config const& c, gpt_parallelism const& p)
       ::weft::detail::concat("in [1, layers = ", c.layers, "] (every stage holds a block)"), p.pp);
   WEFT_EXPECTS(p.pp_rank >= 0 && p.pp_rank < p.pp, "gpt_parallelism::pp_rank",
                ::weft::detail::concat("in [0, ", p.pp, ")"), p.pp_rank);
-  if (p.vocab_pipeline) {
-    WEFT_EXPECTS(p.tp == 1, "gpt_parallelism::tp",
-                 "1 under vocab_pipeline (the vocabulary is sharded over the pipeline ranks)",
-                 p.tp);
-    WEFT_EXPECTS(c.vocab >= p.pp, "gpt_config::vocab",
-                 ::weft::detail::concat(">= pp = ", p.pp,
+  if (p.vocab_pipeline)
+    WEFT_EXPECTS(c.vocab >= p.pp * p.tp, "gpt_config::vocab",
+                 ::weft::detail::concat(">= pp * tp = ", p.pp * p.tp,
                                         " under vocab_pipeline (every rank holds vocabulary rows)"),
                  c.vocab);
-  }
 }
 
 //! Whether pipeline stage p.pp_rank holds the parameter `name` of nn::gpt_layout.
@@ -299,14 +295,16 @@ void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gp
   }
 }
 
-//! The vocabulary rows pipeline rank p.pp_rank's gpt_vocab_shard holds under p.vocab_pipeline:
-//! vocab_shard::even(vocab, pp, pp_rank) (the first vocab % pp ranks one row more).
+//! The vocabulary rows the gpt_vocab_shard of pipeline rank p.pp_rank, tp rank p.tp_rank holds
+//! under p.vocab_pipeline: vocab_shard::even(vocab, pp · tp, pp_rank · tp + tp_rank) (a pipeline
+//! rank's rows are contiguous, split over its tp ranks; the first vocab % (pp · tp) shards hold
+//! one row more).
 [[nodiscard]] inline rl::vocab_shard gpt_vocab_rows(nn::gpt_config const& c,
                                                     gpt_parallelism const& p) {
-  return rl::vocab_shard::even(c.vocab, p.pp, p.pp_rank);
+  return rl::vocab_shard::even(c.vocab, p.pp * p.tp, p.pp_rank * p.tp + p.tp_rank);
 }
 
-//! The parameters of pipeline rank p.pp_rank's vocabulary shard under p.vocab_pipeline (the
+//! The parameters of rank (p.pp_rank, p.tp_rank)'s vocabulary shard under p.vocab_pipeline (the
 //! vocabulary-balanced schedules): "wte" and "head", each [gpt_vocab_rows(c, p).size, d_model],
 //! the global parameters' rows, in nn::gpt_layout's order, with their param_info (init_stream the
 //! global one's, so gpt_vocab_init gives nn::gpt_init's rows). invalid_argument_error without
@@ -322,6 +320,7 @@ inline nn::param_layout gpt_vocab_layout(nn::gpt_config const& c, gpt_parallelis
     if (e.name != "wte" && e.name != "head") continue;
     optim::param_info info = e.info;
     info.count = 0;
+    info.tp_sharded = p.tp > 1;  // each tp rank its own rows (the gradient norm counts them all)
     out.add(e.name, {rows.size, e.shape[1]}, info);
   }
   return out;

@@ -1,13 +1,15 @@
 // weft/parallel/gpt_vocab.hpp — the vocabulary shard of a GPT under the vocabulary-balanced
 // pipeline schedules (pipeline::vocab_one_f_one_b; reference note pipeline.md section 2.5): every
-// pipeline rank holds V/p rows of the token embedding "wte" and of the output layer "head"
-// (gpt_vocab_layout), and runs the executor's vocabulary passes on them: IF (the embedding rows
-// of the tokens it owns), IB (their gradient), S (its logits' per-token max, sum of exponentials
-// and target logit) and T (the output layer's gradient, and the input gradient for the
-// two-barrier variant). The stages (gpt_pipeline_stage over gpt_parallelism::vocab_pipeline) run
-// the blocks, the position embedding and the final norm.
+// pipeline rank holds V/p rows of the token embedding "wte" and of the output layer "head",
+// split again over its tensor-parallel ranks (V/(p·tp) each: gpt_vocab_rows, gpt_vocab_layout),
+// and runs the executor's vocabulary passes on them: IF (the embedding rows of the tokens it
+// owns), IB (their gradient), S (its logits' per-token max, sum of exponentials and target logit)
+// and T (the output layer's gradient, and the input gradient for the two-barrier variant). The
+// stages (gpt_pipeline_stage over gpt_parallelism::vocab_pipeline) run the blocks, the position
+// embedding and the final norm.
 #pragma once
 
+#include <weft/comm/collectives.hpp>
 #include <weft/comm/concepts.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/core/error.hpp>
@@ -29,28 +31,47 @@
 #include <map>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 namespace weft::parallel {
 
-//! Pipeline rank p.pp_rank's vocabulary shard of a GPT (p.vocab_pipeline; tp = 1, any cp): a
-//! pipeline::VocabShard over `store` (laid out by gpt_vocab_layout(config, p): rows
-//! gpt_vocab_rows(config, p) of "wte" and "head"). `microbatch(i)` gives microbatch i's
-//! sequences, the same as the stages'; a cp rank works on its own rows, in the stages' order
-//! (gpt::rows()). Buffers are T, the stages' boundary type. The gradients accumulate in `store`'s
-//! gradient buffer in microbatch order; zeroing them, the reduction over the data group (dp x cp:
+namespace detail {
+//! gpt_vocab_shard's tensor-parallel group type where there is none (tp = 1).
+struct no_tp_group {};
+}  // namespace detail
+
+//! The vocabulary shard of pipeline rank p.pp_rank, tp rank p.tp_rank of a GPT (p.vocab_pipeline;
+//! any tp, sequence parallelism and cp): a pipeline::VocabShard over `store` (laid out by
+//! gpt_vocab_layout(config, p): rows gpt_vocab_rows(config, p) of "wte" and "head").
+//! `microbatch(i)` gives microbatch i's sequences, the same as the stages'; a cp rank works on its
+//! own rows, in the stages' order (gpt::rows()), all of them under sequence parallelism too.
+//! Buffers are T, the stages' boundary type. The gradients accumulate in `store`'s gradient
+//! buffer in microbatch order; zeroing them, the reduction over the data group (dp x cp:
 //! reduce_gpt_grads) and the optimizer are the caller's, as for the stages' stores.
+//!
+//! Tensor parallelism (TP: the rank's tp group, of p.tp ranks). The executor's collectives run
+//! over the pipeline ranks of one tp index (a vocabulary channel per tp rank), so each pass hands
+//! the executor its pipeline rank's result, combined over tp by the shard itself, collective over
+//! `tp` in the same order on its ranks: IF sums the embeddings (one SUM all-reduce of n x d), S
+//! combines the statistics as C0 does over the pipeline (a MAX all-reduce of the maxima, then one
+//! SUM all-reduce of the rescaled sums, the target logits and, one barrier, G and H), T sums the
+//! input gradient (two barriers: a SUM all-reduce of n x d). IB and the output layer's gradient
+//! need nothing. Without a tp group (the constructor without `tp`) p.tp must be 1.
 //!
 //! The loss. The executor's built-in cross-entropy counts every token; a microbatch with ignored
 //! targets (-1) needs a step_options::token_loss: cross_entropy(weight) gives the GPT's, and
 //! token_loss(fn) adapts a gpt_pipeline_stage::microbatch_loss_fn (rows and log-probabilities as
 //! the GPT's last stage gives them). A token without a target whose loss-gradient weight is not
 //! 0 fails the step (T throws invalid_argument_error on every rank, naming it).
-template <class T>
+template <class T, class TP = detail::no_tp_group>
 class gpt_vocab_shard {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "weft::parallel::gpt_vocab_shard<T>: T must be float or double");
+  static constexpr bool has_tp = !std::is_same_v<TP, detail::no_tp_group>;
+  static_assert(!has_tp || comm::CollectiveIn<TP, host_space>,
+                "weft::parallel::gpt_vocab_shard<T, TP>: TP must be a host collective group");
 
  public:
   using vocab_concept = pipeline::vocab_tag;
@@ -62,19 +83,19 @@ class gpt_vocab_shard {
   using token_loss_fn =
       std::function<double(int microbatch, std::span<double const> logp, std::span<double> dlogp)>;
 
+  //! tp = 1 (parallelism.tp must be 1).
   gpt_vocab_shard(nn::gpt_config const& config, gpt_parallelism const& parallelism,
-                  nn::param_store<T>& store, std::function<gpt_sequences(int)> microbatch)
-      : c_(config),
-        p_(parallelism),
-        rows_(gpt_vocab_rows(config, parallelism)),
-        store_(&store),
-        microbatch_(std::move(microbatch)) {
-    WEFT_EXPECTS(static_cast<bool>(microbatch_), "microbatch", "a callable", "an empty function");
-    nn::detail::expect_layout(store.layout(), gpt_vocab_layout(c_, p_),
-                              "gpt_vocab_layout(config, parallelism)");
-  }
+                  nn::param_store<T>& store,
+                  std::function<gpt_sequences(int)> microbatch) requires(!has_tp)
+      : gpt_vocab_shard(config, parallelism, nullptr, store, std::move(microbatch)) {}
 
-  //! The vocabulary rows this shard holds.
+  //! Over the tensor-parallel group `tp` (parallelism.tp and tp_rank must be its size and rank).
+  gpt_vocab_shard(nn::gpt_config const& config, gpt_parallelism const& parallelism, TP& tp,
+                  nn::param_store<T>& store,
+                  std::function<gpt_sequences(int)> microbatch) requires has_tp
+      : gpt_vocab_shard(config, parallelism, &tp, store, std::move(microbatch)) {}
+
+  //! The vocabulary rows this shard holds (gpt_vocab_rows).
   [[nodiscard]] rl::vocab_shard const& vocab_rows() const noexcept { return rows_; }
 
   // ---- pipeline::VocabShard ----
@@ -88,9 +109,10 @@ class gpt_vocab_shard {
   //! IF: the embedding rows of the tokens this shard owns, zeros for the others.
   void input_forward(pipeline::stage_call const& c, comm::buffer_view partial) {
     load(c);
+    auto const out = matrix(partial, "partial");
     detail::masked_lookup(std::span<std::int32_t const>(tokens_), rows_,
-                          tensor_view<T const, 2>(store_->template param<2>("wte")),
-                          matrix(partial, "partial"));
+                          tensor_view<T const, 2>(store_->template param<2>("wte")), out);
+    tp_sum(std::span<T>(out.data_handle(), partial.count));
   }
   //! IB: adds the owned rows of `grad` (the embedding output's gradient) into "wte"'s gradient.
   void input_backward(pipeline::stage_call const& c, comm::buffer_view grad) {
@@ -142,18 +164,20 @@ class gpt_vocab_shard {
       st[n + t] = static_cast<T>(stat.sum);
       kept.max[static_cast<std::size_t>(t)] = static_cast<T>(stat.max);
     }
-    if (!one) return;
-    // G = E W (the exponentials times the rows), H = the target's row (0 where not owned).
-    tensor_view<T, 2> const g(st + 3 * n, n, d), h(st + 3 * n + n * d, n, d);
-    nn::linear_backward_input(tensor_view<T const, 2>(e.data(), n, vs), head, g);
-    for (index_t t = 0; t < n; ++t) {
-      auto const target = owned_target(t);
-      T* out = h.data_handle() + t * d;
-      if (target)
-        std::copy_n(head.data_handle() + *target * d, d, out);
-      else
-        std::fill_n(out, d, T(0));
+    if (one) {
+      // G = E W (the exponentials times the rows), H = the target's row (0 where not owned).
+      tensor_view<T, 2> const g(st + 3 * n, n, d), h(st + 3 * n + n * d, n, d);
+      nn::linear_backward_input(tensor_view<T const, 2>(e.data(), n, vs), head, g);
+      for (index_t t = 0; t < n; ++t) {
+        auto const target = owned_target(t);
+        T* out = h.data_handle() + t * d;
+        if (target)
+          std::copy_n(head.data_handle() + *target * d, d, out);
+        else
+          std::fill_n(out, d, T(0));
+      }
     }
+    tp_combine_stats(st, static_cast<std::size_t>(n), stats.count, one ? d : 0);
   }
 
   //! T: adds this shard's output-layer gradient and, for the two-barrier variant, writes dx:
@@ -196,9 +220,12 @@ class gpt_vocab_shard {
     tensor_view<T const, 2> const dy(y.data(), n, vs);
     nn::linear_backward_weight(dy, tensor_view<T const, 2>(matrix(x, "x")),
                                store_->template grad<2>("head"), nn::no_bias_grad<T>());
-    if (dx.count > 0)
+    if (dx.count > 0) {
+      auto const out = matrix(dx, "dx");
       nn::linear_backward_input(dy, tensor_view<T const, 2>(store_->template param<2>("head")),
-                                matrix(dx, "dx"));
+                                out);
+      tp_sum(std::span<T>(out.data_handle(), dx.count));
+    }
     kept_.erase(it);
   }
 
@@ -246,6 +273,54 @@ class gpt_vocab_shard {
   }
 
  private:
+  gpt_vocab_shard(nn::gpt_config const& config, gpt_parallelism const& parallelism, TP* tp,
+                  nn::param_store<T>& store, std::function<gpt_sequences(int)> microbatch)
+      : c_(config),
+        p_(parallelism),
+        rows_(gpt_vocab_rows(config, parallelism)),
+        tp_(tp),
+        store_(&store),
+        microbatch_(std::move(microbatch)) {
+    WEFT_EXPECTS(static_cast<bool>(microbatch_), "microbatch", "a callable", "an empty function");
+    if constexpr (has_tp) {
+      WEFT_EXPECTS(p_.tp == tp->size() && p_.tp_rank == tp->rank(), "parallelism.tp, tp_rank",
+                   ::weft::detail::concat(tp->size(), ", ", tp->rank(), " (the tp group's)"),
+                   ::weft::detail::concat(p_.tp, ", ", p_.tp_rank));
+    } else {
+      WEFT_EXPECTS(p_.tp == 1, "parallelism.tp",
+                   "1 without a tp group (gpt_vocab_shard<T, TP>(config, parallelism, tp, ...))",
+                   p_.tp);
+    }
+    nn::detail::expect_layout(store.layout(), gpt_vocab_layout(c_, p_),
+                              "gpt_vocab_layout(config, parallelism)");
+  }
+
+  // x summed over the tp group, in place (nothing at tp = 1).
+  void tp_sum(std::span<T> x) {
+    if constexpr (has_tp)
+      if (tp_->size() > 1) comm::all_reduce(*tp_, x, comm::reduce_kind::sum).wait();
+  }
+  // S's statistics of n tokens (`count` elements: max, sum, target logit, and G, H of width `g`
+  // for the one-barrier variant) combined over the tp group as C0 combines them over the
+  // pipeline: the maxima's MAX, each sum and G row rescaled onto it, then one SUM of the rest.
+  void tp_combine_stats(T* st, std::size_t n, std::size_t count, index_t g) {
+    if constexpr (has_tp) {
+      if (tp_->size() == 1) return;
+      tp_max_.assign(st, st + n);
+      comm::all_reduce(*tp_, std::span<T>(tp_max_), comm::reduce_kind::max).wait();
+      auto const w = static_cast<std::size_t>(g);
+      for (std::size_t t = 0; t < n; ++t) {
+        auto const f = static_cast<T>(std::exp(st[t] - tp_max_[t]));
+        st[n + t] *= f;
+        for (std::size_t k = 0; k < w; ++k) st[3 * n + t * w + k] *= f;
+        st[t] = tp_max_[t];
+      }
+      tp_sum(std::span<T>(st + n, count - n));
+    } else {
+      (void)st, (void)n, (void)count, (void)g;
+    }
+  }
+
   // This cp rank's tokens, targets and global rows of microbatch i, in the GPT's row order.
   void load_rows(int i) {
     auto const b = microbatch_(i);
@@ -307,6 +382,7 @@ class gpt_vocab_shard {
   nn::gpt_config c_;
   gpt_parallelism p_;
   rl::vocab_shard rows_;
+  TP* tp_ = nullptr;  // the tensor-parallel group (has_tp)
   nn::param_store<T>* store_;
   std::function<gpt_sequences(int)> microbatch_;
   std::vector<std::int32_t> tokens_, targets_;
@@ -319,6 +395,7 @@ class gpt_vocab_shard {
   std::map<int, kept_exponentials> kept_;  // S's, per microbatch, until its T
   std::vector<T> saved_;                   // S's scratch: one row's e^{Y - m_c}
   std::vector<double> chunk_max_;          // and its chunks' maxima
+  std::vector<T> tp_max_;                  // S's maxima over the tp group
 };
 
 }  // namespace weft::parallel

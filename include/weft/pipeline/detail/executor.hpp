@@ -513,7 +513,6 @@ step_result run(step_plan& plan, S& stage, V* shard, C& channel, VC* vocab_chann
       } else if (a.kind == op::collective) {
         if constexpr (has_vocab) {
           auto& vc = *vocab_channel;
-          auto const mb = static_cast<std::size_t>(a.microbatch);
           await(st);  // BX on the last stage's rank: g of the previous microbatch
           if (a.tag == collective_kind::broadcast_output && holds_last)
             vocab_ops::pack_output(plan, a.microbatch);  // [X_i | g_{i-1}], on the rank's thread
