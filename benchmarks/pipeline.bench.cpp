@@ -38,7 +38,9 @@
 // blocks, d 256, vocabulary 16384, so the last stage's head is about twice its blocks' work), under
 // 1F1B (embedding on stage 0, head on stage 1) and the vocabulary-balanced 1F1B with one and two
 // barriers (both sharded over the 2 ranks: gpt_vocab_shard), their collectives overlapped (the
-// default) or blocking (overlap:0); time = the slowest rank's step,
+// default) or blocking (overlap:0), on one rank a stage or (tp:2) on two tp ranks a stage with
+// sequence parallelism (4 threads on the 2 cores: compare its rows with each other, not with
+// tp:1's); time = the slowest rank's step,
 // counters loss (the step's cross-entropy, the same for the three), compute0_ms, compute1_ms
 // (each rank's time in stage calls and vocabulary passes: the balance) and the fitted
 // per-microbatch times of the last stage's F and B and of S and T (fit_costs). bm_search:
@@ -47,6 +49,7 @@
 // counters makespan, best_hand (ZB-H1 there) and gain_pct.
 //   weft.bench.pipeline --benchmark_repetitions=5 --benchmark_report_aggregates_only=true
 #include <weft/comm/threads/world.hpp>
+#include <weft/mesh/device_mesh.hpp>
 #include <weft/nn/gpt.hpp>
 #include <weft/parallel/gpt_pipeline.hpp>
 #include <weft/parallel/gpt_vocab.hpp>
@@ -475,14 +478,16 @@ void bm_gpt(benchmark::State& state) {
 }
 
 // 1F1B against the vocabulary-balanced 1F1B (arg vocab: 0 = 1F1B, 1 = one barrier, 2 = two
-// barriers; arg overlap: the vocabulary collectives overlapped, the default, or blocking) on a GPT
-// whose output layer outweighs its blocks.
+// barriers; arg overlap: the vocabulary collectives overlapped, the default, or blocking; arg tp:
+// each stage over tp ranks, with sequence parallelism where tp > 1) on a GPT whose output layer
+// outweighs its blocks.
 void bm_gpt_vocab(benchmark::State& state) {
   namespace par = weft::parallel;
   namespace nn = weft::nn;
   using comm_t = wc::threads::communicator;
   int const kind = static_cast<int>(state.range(0));
   bool const overlap = state.range(1) != 0;
+  int const tp = static_cast<int>(state.range(2));
   constexpr int p = 2, m = 8, seq = 128;
   nn::gpt_config c;
   c.vocab = 16384;
@@ -505,26 +510,29 @@ void bm_gpt_vocab(benchmark::State& state) {
     return par::gpt_sequences{std::span<std::int32_t const>(tokens).subspan(at, seq),
                               std::span<std::int32_t const>(targets).subspan(at, seq), seq};
   };
-  std::vector<pl::step_result> results(p);
+  std::vector<pl::step_result> results(static_cast<std::size_t>(p * tp));  // by world rank
   std::vector<double> step_ms;
-  std::array<double, p> busy{};  // each rank's time in stage calls and vocabulary passes
+  std::array<double, p> busy{};  // each pipeline rank's (tp rank 0) time in stage calls and passes
   double f_last = 0, b_last = 0, s_ms = 0, t_ms = 0;  // fitted per-microbatch pass times
   double loss = 0.0;
   int const iterations = static_cast<int>(state.max_iterations);
-  wc::threads::world(p).run([&](comm_t& pp) {
-    auto solo = pp.split(pp.rank(), 0);
+  wc::threads::world(p * tp).run([&](comm_t& world) {
+    weft::device_mesh<comm_t> mesh(world, {p, tp}, {"pp", "tp"});
+    auto& pp = mesh.group("pp");
+    auto& tpg = mesh.group("tp");
+    auto solo = world.split(world.rank(), 0);
     auto vc = pp.split(0, pp.rank());
-    par::gpt_parallelism const q{1, 0, false, 1, 0, p, pp.rank(), kind != 0};
+    par::gpt_parallelism const q{tp, tpg.rank(), tp > 1, 1, 0, p, pp.rank(), kind != 0};
     nn::param_store<float> store(par::gpt_shard_layout(c, q));
     par::gpt_init_shard(store, c, q, 1);
     std::optional<nn::param_store<float>> vocab;
-    std::optional<par::gpt_vocab_shard<float>> shard;
+    std::optional<par::gpt_vocab_shard<float, comm_t>> shard;
     if (kind != 0) {
       vocab.emplace(par::gpt_vocab_layout(c, q));
       par::gpt_vocab_init(*vocab, c, q, 1);
-      shard.emplace(c, q, *vocab, microbatch);
+      shard.emplace(c, q, tpg, *vocab, microbatch);
     }
-    par::gpt_pipeline_stage<float, comm_t, comm_t> stage(c, q, solo, solo, store, microbatch);
+    par::gpt_pipeline_stage<float, comm_t, comm_t> stage(c, q, tpg, solo, store, microbatch);
     auto plan = kind == 0 ? pl::prepare_step(lowered, pp.rank(), stage)
                           : pl::prepare_step(lowered, pp.rank(), stage, *shard);
     pl::step_options so;
@@ -533,26 +541,30 @@ void bm_gpt_vocab(benchmark::State& state) {
     for (int it = 0; it <= iterations; ++it) {  // the first step warms up, untimed
       store.zero_grad();
       if (vocab) vocab->zero_grad();
-      auto& r = results[static_cast<std::size_t>(pp.rank())];
+      auto& r = results[static_cast<std::size_t>(world.rank())];
       r = kind == 0 ? pl::run_step(plan, stage, pp, so)
                     : pl::run_step(plan, stage, *shard, pp, vc, so);
-      pp.barrier().wait();
-      if (pp.rank() == 0 && it > 0) {
+      world.barrier().wait();
+      if (world.rank() == 0 && it > 0) {
         std::chrono::nanoseconds slowest{0};
-        for (auto const& x : results) {
+        std::vector<pl::step_result> column;  // tp rank 0's pipeline
+        for (std::size_t w = 0; w < results.size(); ++w) {
+          auto const& x = results[w];
           slowest = std::max(slowest, x.metrics.step);
           if (x.has_loss) loss = x.loss;
+          if (w % static_cast<std::size_t>(tp) != 0) continue;
+          column.push_back(x);
           busy[static_cast<std::size_t>(x.rank)] +=
               std::chrono::duration<double, std::milli>(x.metrics.compute).count();
         }
         step_ms.push_back(std::chrono::duration<double, std::milli>(slowest).count());
-        auto const costs = pl::fit_costs(lowered, pl::merge_timelines(results));
+        auto const costs = pl::fit_costs(lowered, pl::merge_timelines(column));
         f_last += costs.forward.back();
         b_last += costs.backward_input.back() + costs.backward_weight.back();
         s_ms += costs.vocab_forward;
         t_ms += costs.vocab_backward;
       }
-      pp.barrier().wait();
+      world.barrier().wait();
     }
   });
   std::size_t next = 0;
@@ -562,9 +574,10 @@ void bm_gpt_vocab(benchmark::State& state) {
   state.counters["b_last_ms"] = b_last / steps;
   state.counters["s_ms"] = s_ms / steps;
   state.counters["t_ms"] = t_ms / steps;
-  state.SetLabel(kind == 0 ? "1f1b p=2 m=8 V=16384"
-                           : std::string(kind == 1 ? "vocab 1-barrier" : "vocab 2-barrier") +
-                                 (overlap ? " overlapped" : " blocking") + " p=2 m=8 V=16384");
+  state.SetLabel((kind == 0 ? std::string("1f1b")
+                            : std::string(kind == 1 ? "vocab 1-barrier" : "vocab 2-barrier") +
+                                  (overlap ? " overlapped" : " blocking")) +
+                 " p=2 m=8 V=16384" + (tp > 1 ? " tp=" + std::to_string(tp) + " +SP" : ""));
   state.counters["compute0_ms"] = busy[0] / static_cast<double>(step_ms.size());
   state.counters["compute1_ms"] = busy[1] / static_cast<double>(step_ms.size());
   state.counters["loss"] = loss;
@@ -587,12 +600,15 @@ BENCHMARK(bm_gpt)
     ->Iterations(10)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK(bm_gpt_vocab)
-    ->ArgNames({"vocab", "overlap"})
-    ->Args({0, 1})
-    ->Args({1, 1})
-    ->Args({1, 0})
-    ->Args({2, 1})
-    ->Args({2, 0})
+    ->ArgNames({"vocab", "overlap", "tp"})
+    ->Args({0, 1, 1})
+    ->Args({1, 1, 1})
+    ->Args({1, 0, 1})
+    ->Args({2, 1, 1})
+    ->Args({2, 0, 1})
+    ->Args({0, 1, 2})
+    ->Args({1, 1, 2})
+    ->Args({2, 1, 2})
     ->UseManualTime()
     ->Iterations(4)
     ->Unit(benchmark::kMillisecond);

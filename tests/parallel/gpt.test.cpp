@@ -849,7 +849,9 @@ TEST_CASE("parallel gpt: every shard's initialisation is bitwise the single-devi
   // Under vocab_pipeline no stage holds "wte" or "head": each (pipeline, tp) rank's vocabulary
   // shard holds its rows of both, bitwise the single device's, and the rows cover the vocabulary
   // once, pipeline rank by pipeline rank, each split over its tp ranks.
-  for (auto [pp, tp] : {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{3, 2}}) {
+  for (auto const& [pp_, tp_] :
+       {std::pair{2, 1}, std::pair{3, 1}, std::pair{2, 2}, std::pair{3, 2}}) {
+    int const pp = pp_, tp = tp_;  // (clang's lambdas cannot capture structured bindings)
     index_t rows = 0;
     for (int q = 0; q < pp * tp; ++q) {
       int const s = q / tp;
