@@ -343,10 +343,10 @@ inline options parse(int argc, char** argv) {
         "pipeline to schedule), actual `" +
         o.schedule + "`"};
   if (o.pp > 1 && vocab_schedule(o.schedule) && o.pp * o.tp > 14)
-    throw bad_argument{
-        "argument `--pp x --tp`: expected at most 14 (the vocabulary's tokens: every "
-        "pipeline and tp rank holds one) under --schedule " +
-        o.schedule + ", actual " + std::to_string(o.pp * o.tp)};
+    throw bad_argument{std::string("argument `") + (o.tp > 1 ? "--pp x --tp" : "--pp") +
+                       "`: expected at most 14 (the vocabulary's tokens: every "
+                       "pipeline and tp rank holds one) under --schedule " +
+                       o.schedule + ", actual " + std::to_string(o.pp * o.tp)};
   if (o.device != "cpu" && o.zero1)
     throw bad_argument{"argument `--zero1`: expected with --device cpu (the " + o.device +
                        " engine keeps the whole optimizer state), actual --device " + o.device};

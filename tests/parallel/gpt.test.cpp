@@ -310,7 +310,7 @@ void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant vari
   std::vector<std::string> failures;
   run_ranks(l.pp * l.dp * l.cp * l.tp, [&](comm_t& world) {
     weft::device_mesh<comm_t> mesh(world, {l.pp, l.dp, l.cp, l.tp}, {"pp", "dp", "cp", "tp"},
-                                   {{"dp", "cp"}});
+                                   {{"dp", "cp"}, {"pp", "tp"}});
     auto& tp = mesh.group("tp");
     auto& cp = mesh.group("cp");
     auto& pp = mesh.group("pp");
@@ -360,6 +360,13 @@ void check_vocab_layout(layout_case const& l, weft::pipeline::vocab_variant vari
     par::gpt_vocab_load(vexpect, ref.grads_as_params, c, p);
     compare_grads(store, expect, model_scale, tol, world.rank(), bad);
     compare_grads(vstore, vexpect, model_scale, tol, world.rank(), bad);
+    // The replica gathered over pp x tp from the stages and the vocabulary shards is the single
+    // device's parameters bit for bit (each element has one writer).
+    nn::param_store<T> replica(nn::gpt_layout(c));
+    par::gpt_gather_replica(mesh.group({"pp", "tp"}), store, replica, c, p, &vstore);
+    if (std::memcmp(replica.params().data(), whole.params().data(), whole.params().size_bytes()) !=
+        0)
+      bad.push_back("rank " + std::to_string(world.rank()) + ": the gathered replica differs");
     // Every stage and shard has a gradient to compare (a wiring slip would leave zeros).
     if (vstore.grads().empty() ||
         std::all_of(vstore.grads().begin(), vstore.grads().end(), [](T g) { return g == T(0); }))

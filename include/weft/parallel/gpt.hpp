@@ -134,8 +134,11 @@ class gpt {
   }
   //! Under vocab_pipeline: the elements of the first stage's input (the token embeddings) and of
   //! the last stage's output (the final norm's), the vocabulary passes' n x d_model: all of the
-  //! rank's N rows, under sequence parallelism too (the first stage keeps its token slice, the
-  //! last all-gathers the slices; their gradients go the adjoint way).
+  //! rank's N rows, under sequence parallelism too. There the first stage keeps its token slice
+  //! and writes the all-gathered slices' gradient to `din`; the last all-gathers the final norm's
+  //! slices and takes its slice of `dout`. Neither gradient is a reduce-scatter: every tp rank's
+  //! gpt_vocab_shard sees the same N rows and has already summed their gradients over tp (IF's
+  //! and T's all-reduces), so `dout` and the embeddings' gradient are whole on every tp rank.
   [[nodiscard]] std::size_t vocab_boundary_size(index_t sequences, index_t seq_len) const noexcept {
     return static_cast<std::size_t>(sequences * seq_len / p_.cp * c_.d_model);
   }
@@ -157,7 +160,8 @@ class gpt {
 
   //! One pipeline stage's forward of microbatch `b` (every stage is given the same sequences:
   //! the first reads the tokens, the last the targets, all the shapes). The first stage embeds
-  //! the tokens, the others read the previous stage's activation from `in` (boundary_size
+  //! the tokens (under vocab_pipeline it reads their embeddings from `in`, vocab_boundary_size
+  //! elements), the others read the previous stage's activation from `in` (boundary_size
   //! elements); every stage runs its blocks; the last returns Σ token_weight · CE over this rank's
   //! rows (token_weight taken as is: the pipeline's loss weight), the others write their output
   //! activation to `out` (boundary_size elements) and return 0. `in` must stay unchanged until
@@ -175,7 +179,9 @@ class gpt {
 
   //! Accumulates this rank's part of the gradient of the last forward_stage's weighted loss: the
   //! last stage seeds it from the loss, the others read the gradient of their output from `dout`;
-  //! every stage but the first writes the gradient of its input to `din` (boundary_size each).
+  //! every stage but the first writes the gradient of its input to `din` (boundary_size each;
+  //! under vocab_pipeline the last stage reads `dout` and the first writes `din` too, both
+  //! vocab_boundary_size).
   void backward_stage(std::span<T const> dout, std::span<T> din) {
     if (!defer_) expect_no_pending("backward_stage");
     bool const vp = p_.vocab_pipeline;
@@ -257,7 +263,7 @@ class gpt {
     if (p_.first_stage()) {
       // Embeddings. Under SP the vocabulary-parallel lookup is reduce-scattered straight to the
       // token slices and each rank adds the positions of its own rows. Under vocab_pipeline the
-      // token embeddings arrive in `in` (gpt_vocab_shard's, summed over the pipeline).
+      // token embeddings arrive in `in` (gpt_vocab_shard's, summed over tp and the pipeline).
       if (p_.vocab_pipeline) {  // all N rows; under SP this rank's slice of them
         auto const first = sp ? static_cast<std::size_t>(p_.tp_rank * m_ * d) : std::size_t{0};
         std::copy_n(in.begin() + static_cast<std::ptrdiff_t>(first), m_ * d, x0.data_handle());

@@ -296,12 +296,14 @@ void gpt_load_shard(nn::param_store<T>& shard, nn::param_store<T>& whole, nn::gp
 }
 
 //! The vocabulary rows the gpt_vocab_shard of pipeline rank p.pp_rank, tp rank p.tp_rank holds
-//! under p.vocab_pipeline: vocab_shard::even(vocab, pp · tp, pp_rank · tp + tp_rank) (a pipeline
-//! rank's rows are contiguous, split over its tp ranks; the first vocab % (pp · tp) shards hold
-//! one row more).
+//! under p.vocab_pipeline: the pipeline rank's vocab_shard::even(vocab, pp, pp_rank) (the first
+//! vocab % pp ranks one row more, so the pipeline ranks' work differs by one row at most), split
+//! evenly again over its tp ranks, contiguous in tp rank order.
 [[nodiscard]] inline rl::vocab_shard gpt_vocab_rows(nn::gpt_config const& c,
                                                     gpt_parallelism const& p) {
-  return rl::vocab_shard::even(c.vocab, p.pp * p.tp, p.pp_rank * p.tp + p.tp_rank);
+  auto const stage = rl::vocab_shard::even(c.vocab, p.pp, p.pp_rank);
+  auto const part = rl::vocab_shard::even(stage.size, p.tp, p.tp_rank);
+  return {stage.begin + part.begin, part.size, c.vocab};
 }
 
 //! The parameters of rank (p.pp_rank, p.tp_rank)'s vocabulary shard under p.vocab_pipeline (the
