@@ -22,6 +22,7 @@
 #include <weft/parallel/vocab.hpp>
 #include <weft/rl/logprobs.hpp>
 #include <weft/pipeline/stage.hpp>
+#include <weft/pipeline/vocab_stats.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -302,20 +303,14 @@ class gpt_vocab_shard {
   }
   // S's statistics of n tokens (`count` elements: max, sum, target logit, and G, H of width `g`
   // for the one-barrier variant) combined over the tp group as C0 combines them over the
-  // pipeline: the maxima's MAX, each sum and G row rescaled onto it, then one SUM of the rest.
+  // pipeline (combine_vocab_stats), the group's maxima written back as the shard's.
   void tp_combine_stats(T* st, std::size_t n, std::size_t count, index_t g) {
     if constexpr (has_tp) {
       if (tp_->size() == 1) return;
-      tp_max_.assign(st, st + n);
-      comm::all_reduce(*tp_, std::span<T>(tp_max_), comm::reduce_kind::max).wait();
-      auto const w = static_cast<std::size_t>(g);
-      for (std::size_t t = 0; t < n; ++t) {
-        auto const f = static_cast<T>(std::exp(st[t] - tp_max_[t]));
-        st[n + t] *= f;
-        for (std::size_t k = 0; k < w; ++k) st[3 * n + t * w + k] *= f;
-        st[t] = tp_max_[t];
-      }
-      tp_sum(std::span<T>(st + n, count - n));
+      tp_max_.resize(n);
+      pipeline::combine_vocab_stats(*tp_, std::span<T>(st, count), std::span<T>(tp_max_), n,
+                                    static_cast<std::size_t>(g));
+      std::copy(tp_max_.begin(), tp_max_.end(), st);
     } else {
       (void)st, (void)n, (void)count, (void)g;
     }

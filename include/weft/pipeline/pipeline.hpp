@@ -24,3 +24,4 @@
 #include <weft/pipeline/step.hpp>
 #include <weft/pipeline/text.hpp>
 #include <weft/pipeline/validate.hpp>
+#include <weft/pipeline/vocab_stats.hpp>

@@ -10,6 +10,7 @@
 #include <weft/comm/concepts.hpp>
 #include <weft/core/dtype.hpp>
 #include <weft/pipeline/action.hpp>
+#include <weft/pipeline/vocab_stats.hpp>
 
 #include <algorithm>
 #include <cmath>
@@ -25,28 +26,16 @@ namespace weft::pipeline::detail {
 //! The vocabulary buffers' operations, in the plan's vocabulary type (f32 or f64); a friend of
 //! step_plan.
 struct vocab_ops {
-  //! C0's collectives in two deterministic rounds: MAX of the per-shard maxima, local rescaling,
-  //! one SUM of [sumexp | target | G | H].
+  //! C0's collectives (combine_vocab_stats over the pipeline ranks): the maxima into max_, the
+  //! rest of the statistics in place.
   template <class F, class VC>
   static void c0_combine(step_plan& plan, VC& vc, int i, step_options const& opt) {
     auto const ui = static_cast<std::size_t>(i);
-    std::size_t const n = plan.tokens_[ui], h = plan.hidden_;
-    bool const one = plan.vocab_ == vocab_variant::one_barrier;
-    F* st = plan.elements<F>(plan.stats_[ui]);
-    F* mx = plan.elements<F>(plan.max_[ui]);
-    std::copy(st, st + n, mx);
-    auto const gmax = plan.view(plan.max_[ui]);
-    vc.all_reduce(gmax, gmax, comm::reduce_kind::max, opt.p2p).wait();
-    for (std::size_t t = 0; t < n; ++t) {
-      F const f = std::exp(st[t] - mx[t]);
-      st[n + t] *= f;
-      if (one)
-        for (std::size_t k = 0; k < h; ++k) st[3 * n + t * h + k] *= f;
-    }
-    auto const sums =
-        plan.view(plan.stats_[ui], n,
-                  plan.buffers_[static_cast<std::size_t>(plan.stats_[ui])].layout.count - n);
-    vc.all_reduce(sums, sums, comm::reduce_kind::sum, opt.p2p).wait();
+    std::size_t const n = plan.tokens_[ui];
+    std::size_t const count = plan.buffers_[static_cast<std::size_t>(plan.stats_[ui])].layout.count;
+    combine_vocab_stats(vc, std::span<F>(plan.elements<F>(plan.stats_[ui]), count),
+                        std::span<F>(plan.elements<F>(plan.max_[ui]), n), n,
+                        plan.vocab_ == vocab_variant::one_barrier ? plan.hidden_ : 0, opt.p2p);
   }
 
   //! C0's loss on the last stage's rank, once c0_combine has run: the loss, the per-token
@@ -124,17 +113,22 @@ struct vocab_ops {
   static std::function<void()> task(step_plan& plan, VC& vc, collective_kind tag, int i,
                                     step_options const& opt) {
     auto const mb = static_cast<std::size_t>(i);
+    // RE and C1 sum a buffer over the pipeline ranks; BX and BE broadcast one from `root`.
+    auto sum = [&plan, &vc, &opt](int b) -> std::function<void()> {
+      return [&plan, &vc, &opt, b] {
+        auto const v = plan.view(b);
+        vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
+      };
+    };
+    auto broadcast = [&plan, &vc, &opt](int b, int root) -> std::function<void()> {
+      return [&plan, &vc, &opt, b, root] {
+        auto const v = plan.view(b);
+        vc.broadcast(v, v, root, opt.p2p).wait();
+      };
+    };
     switch (tag) {
-      case collective_kind::reduce_input:
-        return [&plan, &vc, &opt, mb] {
-          auto const v = plan.view(plan.re_[mb]);
-          vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
-        };
-      case collective_kind::broadcast_output:
-        return [&plan, &vc, &opt, mb] {
-          auto const v = plan.view(plan.bx_[mb]);
-          vc.broadcast(v, v, plan.last_rank_, opt.p2p).wait();
-        };
+      case collective_kind::reduce_input: return sum(plan.re_[mb]);
+      case collective_kind::broadcast_output: return broadcast(plan.bx_[mb], plan.last_rank_);
       case collective_kind::c0:
         return [&plan, &vc, &opt, i] {
           if (plan.vocab_type_ == dtype::f64)
@@ -142,16 +136,8 @@ struct vocab_ops {
           else
             c0_combine<float>(plan, vc, i, opt);
         };
-      case collective_kind::c1:
-        return [&plan, &vc, &opt, mb] {
-          auto const v = plan.view(plan.dout_[mb]);
-          vc.all_reduce(v, v, comm::reduce_kind::sum, opt.p2p).wait();
-        };
-      case collective_kind::broadcast_input:
-        return [&plan, &vc, &opt, mb] {
-          auto const v = plan.view(plan.be_[mb]);
-          vc.broadcast(v, v, 0, opt.p2p).wait();
-        };
+      case collective_kind::c1: return sum(plan.dout_[mb]);
+      case collective_kind::broadcast_input: return broadcast(plan.be_[mb], 0);
       case collective_kind::none: break;
     }
     return [] {};
