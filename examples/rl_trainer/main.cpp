@@ -768,7 +768,8 @@ class trainer {
     if (!o_.save.empty() && first_step_ >= o_.rl_steps) save_checkpoint(r, first_step_);
   }
 
-  // ---- checkpoints: per rank, at RL step boundaries (no rollout buffer is pending then) ----
+  // ---- checkpoints: the whole model, at RL step boundaries (no rollout buffer is pending then)
+  // ----
   template <class V>
   static void put(std::ofstream& f, V const& v) {
     f.write(reinterpret_cast<char const*>(&v), sizeof v);
@@ -803,13 +804,53 @@ class trainer {
     f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(V)));
     return v;
   }
-  static constexpr char kMagic[9] = "WEFTRL01";
+  static constexpr char kMagic[9] = "WEFTRL02";
+  static constexpr char kModelFile[] = "model.bin";
 
+  //! The whole model's layout (nn::gpt_layout) of `parts`, one vector per store laid out like
+  //! stores_[k] (its parameters, or AdamW moments of the same layout): every chunk's pieces and
+  //! the vocabulary rows joined over the model group (gpt_gather_replica's sum: exact).
+  //! Collective over the model group.
+  std::vector<T> gather_whole(std::vector<std::vector<T>> const& parts) {
+    std::vector<nn::param_store<T>> held;
+    held.reserve(stores_.size());
+    for (std::size_t k = 0; k < stores_.size(); ++k) {
+      held.emplace_back(stores_[k].layout());
+      std::ranges::copy(parts[k], held.back().params().begin());
+    }
+    std::vector<nn::param_store<T> const*> ptrs;
+    for (std::size_t k = 0; k < chunks_.size(); ++k) ptrs.push_back(&held[k]);
+    nn::param_store<T> whole(nn::gpt_layout(c_));
+    par::gpt_gather_replica(*model_group_, ptrs, whole, c_, chunks_,
+                            p_.vocab_pipeline ? &held.back() : nullptr);
+    return {whole.params().begin(), whole.params().end()};
+  }
+
+  //! gather_whole's inverse: this rank's part of every store (laid out like stores_[k]) cut out
+  //! of a vector in the whole model's layout (gpt_load_shard, gpt_vocab_load).
+  std::vector<std::vector<T>> scatter_whole(std::vector<T> const& all) {
+    nn::param_store<T> whole(nn::gpt_layout(c_));
+    std::ranges::copy(all, whole.params().begin());
+    std::vector<std::vector<T>> parts;
+    for (std::size_t k = 0; k < stores_.size(); ++k) {
+      nn::param_store<T> part(stores_[k].layout());
+      if (k < chunks_.size())
+        par::gpt_load_shard(part, whole, c_, chunks_[k]);
+      else
+        par::gpt_vocab_load(part, whole, c_, p_);
+      parts.emplace_back(part.params().begin(), part.params().end());
+    }
+    return parts;
+  }
+
+  //! A checkpoint: DIR/step_K/model.bin, the whole model (nn::gpt_layout's order) and its AdamW
+  //! moments gathered from every rank's stores (and, under --zero1, over the data group), written
+  //! by world rank 0 (every data rank holds the same state), then DIR/latest. The file has no
+  //! layout in it: any layout resumes it (scatter_whole).
   void save_checkpoint(run_result const& r, int steps_done) {
     namespace fs = std::filesystem;
     auto const dir = fs::path(o_.save) / ("step_" + std::to_string(steps_done));
-    // Rank 0 makes the folder; every rank learns whether it could (agree's all-reduce is also
-    // the barrier before the others write into it).
+    // Rank 0 makes the folder; every rank learns whether it could.
     std::string made_error;
     if (world_->rank() == 0) try {
         fs::create_directories(dir);
@@ -818,9 +859,16 @@ class trainer {
       }
     agree(made_error.empty(), "cannot create the checkpoint folder " + dir.string() +
                                   (made_error.empty() ? std::string() : ": " + made_error));
-    bool written = false;
-    {
-      std::ofstream f(dir / ("rank_" + std::to_string(world_->rank()) + ".bin"), std::ios::binary);
+    // The whole moments, also under --zero1 (gathered over the data group), then over the
+    // model group into the whole model's layout: collective on every rank.
+    if (engine_) sync_engine_optimizer(rl_opt_->replicated(0));
+    std::vector<std::vector<T>> m(stores_.size()), v(stores_.size());
+    for (std::size_t k = 0; k < stores_.size(); ++k) rl_opt_->whole_state(k, m[k], v[k]);
+    auto const moment1 = gather_whole(m);
+    auto const moment2 = gather_whole(v);
+    bool written = true;
+    if (world_->rank() == 0) {
+      std::ofstream f(dir / kModelFile, std::ios::binary);
       f.write(kMagic, 8);
       put_string(f, fingerprint(o_));
       put(f, static_cast<std::int64_t>(steps_done));
@@ -829,34 +877,23 @@ class trainer {
       put(f, static_cast<std::int64_t>(r.sft_steps));
       put(f, r.acc_sft_sampled);
       put(f, r.acc_sft_greedy);
-      // One chunk: its parameters and moments; several: each concatenated in chunk order.
-      // The whole moments, also under --zero1 (gathered over the data group): any layout of
-      // the optimizer resumes them.
-      if (engine_) sync_engine_optimizer(rl_opt_->replicated(0));
-      std::vector<T> params, moment1, moment2, chunk_m, chunk_v;
-      for (std::size_t k = 0; k < stores_.size(); ++k) {
-        rl_opt_->whole_state(k, chunk_m, chunk_v);
-        params.insert(params.end(), stores_[k].params().begin(), stores_[k].params().end());
-        moment1.insert(moment1.end(), chunk_m.begin(), chunk_m.end());
-        moment2.insert(moment2.end(), chunk_v.begin(), chunk_v.end());
-      }
-      put_span(f, std::span<T const>(params));
+      put_span(f, std::span<T const>(replica_.params()));  // gathered after every step
       put_span(f, std::span<T const>(moment1));
       put_span(f, std::span<T const>(moment2));
       put(f, rl_opt_->steps());
       put(f, static_cast<std::uint64_t>(r.steps.size()));
-      for (auto const& m : r.steps) {
-        put(f, static_cast<std::uint64_t>(m.values.size()));
-        for (auto const& [k, v] : m.values) {
+      for (auto const& sm : r.steps) {
+        put(f, static_cast<std::uint64_t>(sm.values.size()));
+        for (auto const& [k, val] : sm.values) {
           put_string(f, k);
-          put(f, v);
+          put(f, val);
         }
       }
+      f.close();
       written = static_cast<bool>(f);
     }
-    agree(written, "cannot write the checkpoint in " + dir.string());
-    // Every rank has written its file: the commit marker last.
-    world_->barrier().wait();
+    agree(written, "cannot write the checkpoint " + (dir / kModelFile).string());
+    // The file is complete: the commit marker last.
     if (world_->rank() == 0) {
       auto const tmp = fs::path(o_.save) / "latest.tmp";
       std::ofstream(tmp) << dir.filename().string() << "\n";
@@ -888,8 +925,8 @@ class trainer {
     weft::comm::all_reduce(*world_, std::span<int>(&failed, 1), weft::comm::reduce_kind::max)
         .wait();
     if (failed)
-      throw bad_argument{error.empty() ? "argument `--resume`: another rank could not read its "
-                                         "checkpoint file"
+      throw bad_argument{error.empty() ? "argument `--resume`: another rank could not read the "
+                                         "checkpoint"
                                        : error};
     gather_replica();
   }
@@ -903,58 +940,70 @@ class trainer {
           "argument `--resume`: expected a folder with a committed checkpoint "
           "(its `latest` file), actual `" +
           o_.resume + "`"};
-    auto const file =
-        fs::path(o_.resume) / name / ("rank_" + std::to_string(world_->rank()) + ".bin");
+    auto const file = fs::path(o_.resume) / name / kModelFile;
+    if (!fs::exists(file) && fs::exists(fs::path(o_.resume) / name / "rank_0.bin"))
+      throw bad_argument{"argument `--resume`: expected a checkpoint of the whole model (" +
+                         file.string() +
+                         "), actual per-rank files (rank_R.bin) of an earlier rl_trainer: resume "
+                         "them with the rl_trainer that wrote them"};
     std::ifstream f(file, std::ios::binary);
     char magic[8] = {};
     f.read(magic, 8);
     if (!f || std::string_view(magic, 8) != std::string_view(kMagic, 8))
-      throw bad_argument{"argument `--resume`: expected weft RL checkpoint files, actual `" +
-                         file.string() + "`"};
+      throw bad_argument{"argument `--resume`: expected a weft RL checkpoint (" +
+                         std::string(kMagic, 8) + "), actual `" + file.string() + "`"};
     auto const fp = get_string(f);
     if (fp != fingerprint(o_))
       throw bad_argument{"argument `--resume`: expected a checkpoint of the same run (flags: " +
                          fingerprint(o_) + "), actual one of (" + fp + ")"};
     std::int64_t steps_done = 0, sft_steps = 0, adam_t = 0;
+    std::uint64_t next_uid = 0;
+    double generated_total = 0;
+    std::array<double, 2> acc{};
     get(f, steps_done);
-    get(f, next_uid_);
-    get(f, generated_total_);
+    get(f, next_uid);
+    get(f, generated_total);
     get(f, sft_steps);
-    get(f, r.acc_sft_sampled);
-    get(f, r.acc_sft_greedy);
+    get(f, acc[0]);
+    get(f, acc[1]);
     auto const params = get_vector<T>(f);
     auto const m = get_vector<T>(f);
     auto const v = get_vector<T>(f);
     get(f, adam_t);
     std::uint64_t rows = 0;
     get(f, rows);
-    for (std::uint64_t i = 0; f && i < rows; ++i) {
+    std::vector<step_metrics> history;
+    for (std::uint64_t i = 0; f && i < rows && i <= (1u << 20); ++i) {
       std::uint64_t n = 0;
       get(f, n);
       step_metrics sm;
-      for (std::uint64_t k = 0; f && k < n; ++k) {
+      for (std::uint64_t k = 0; f && k < n && k <= (1u << 10); ++k) {
         auto key = get_string(f);
         double val = 0;
         get(f, val);
         sm.values.emplace_back(std::move(key), val);
       }
-      r.steps.push_back(std::move(sm));
+      history.push_back(std::move(sm));
     }
-    std::size_t held = 0;
-    for (auto const& st : stores_) held += st.params().size();
-    if (!f || params.size() != held || m.size() != held || v.size() != held)
-      throw bad_argument{"argument `--resume`: expected " + std::to_string(held) +
-                         " parameters in " + file.string() + ", actual a truncated or other file"};
-    std::size_t at = 0;
+    auto const whole = replica_.params().size();
+    if (!f || params.size() != whole || m.size() != whole || v.size() != whole ||
+        history.size() != rows)
+      throw bad_argument{"argument `--resume`: expected " + std::to_string(whole) +
+                         " parameters and their moments in " + file.string() +
+                         ", actual a truncated or other file"};
+    // Nothing is changed before the file is read whole: this rank's pieces of every store.
+    auto const mine = scatter_whole(params);
+    auto const mine_m = scatter_whole(m);
+    auto const mine_v = scatter_whole(v);
     for (std::size_t k = 0; k < stores_.size(); ++k) {
-      auto const n = stores_[k].params().size();
-      auto const part = [&](std::vector<T> const& all) {
-        return std::span<T const>(all).subspan(at, n);
-      };
-      rl_opt_->load_state(k, part(m), part(v), adam_t);
-      std::ranges::copy(part(params), stores_[k].params().begin());
-      at += n;
+      rl_opt_->load_state(k, mine_m[k], mine_v[k], adam_t);
+      std::ranges::copy(mine[k], stores_[k].params().begin());
     }
+    next_uid_ = next_uid;
+    generated_total_ = generated_total;
+    r.acc_sft_sampled = acc[0];
+    r.acc_sft_greedy = acc[1];
+    r.steps = std::move(history);
     engine_params_ = false;  // the engine takes both again at the next step
     engine_opt_ = nullptr;
     first_step_ = static_cast<int>(steps_done);

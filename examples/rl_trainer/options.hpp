@@ -75,24 +75,21 @@ inline int chunks_of(std::string_view s) {
 //! and output layer sharded over the pipeline ranks; one or two barriers).
 inline bool vocab_schedule(std::string_view s) { return s == "vocab-1" || s == "vocab-2"; }
 
-//! What a checkpoint must agree on to be resumed: everything but the step count and outputs.
+//! What a checkpoint must agree on to be resumed: the run (task, seeds, phases, learning rates,
+//! batch, evaluation), the element type and the model (--layers), not the step count, the
+//! outputs or the layout. A checkpoint holds the whole model (gpt_layout), so any dp x pp x tp x
+//! cp, --sp, --schedule, --zero1, --backend and --device resumes it: in exact arithmetic every
+//! layout takes the same steps (rl_trainer --check), so only the rounding differs.
 inline std::string fingerprint(options const& o) {
   std::ostringstream f;
-  f << o.mode << ' ' << o.seed << ' ' << o.sft_max_steps << ' ' << o.sft_steps << ' '
-    << o.sft_target << ' ' << o.sft_batch << ' ' << o.sft_eval_every << ' ' << o.sft_eval_prompts
-    << ' ' << o.sft_lr << ' ' << o.rl_lr << ' ' << o.prompts << ' ' << o.group << ' '
-    << o.max_rounds << ' ' << o.minibatches << ' ' << o.refill << ' ' << o.zero_advantage << ' '
-    << o.eval_prompts << ' ' << o.dp << ' ' << o.pp << ' ' << o.tp << ' ' << o.cp << ' ' << o.sp
-    << ' ' << o.f64;
-  if (o.device != "cpu") f << ' ' << o.device;     // another device: another run
-  if (o.layers != 2) f << " layers " << o.layers;  // another model (2: as before --layers)
-  // Two chunks a rank: the placement decides which blocks a rank's file holds (looped or V; the
-  // V-shape schedules resume each other's checkpoints). One chunk: as before.
-  if (o.pp > 1 && chunks_of(o.schedule) > 1)
-    f << " chunks " << (o.schedule == "interleaved" ? "looped" : "v");
-  // The vocabulary-balanced schedules: a rank's file also holds its vocabulary rows (vocab-1
-  // and vocab-2 resume each other's checkpoints).
-  if (o.pp > 1 && vocab_schedule(o.schedule)) f << " vocab";
+  f << "--mode " << o.mode << " --seed " << o.seed << " --sft-max-steps " << o.sft_max_steps
+    << " --sft-steps " << o.sft_steps << " --sft-target " << o.sft_target << " sft batch "
+    << o.sft_batch << " every " << o.sft_eval_every << " on " << o.sft_eval_prompts
+    << " prompts, lr " << o.sft_lr << " then " << o.rl_lr << ", --prompts " << o.prompts
+    << " --group " << o.group << " --max-rounds " << o.max_rounds << " minibatches "
+    << o.minibatches << " --refill " << o.refill << (o.zero_advantage ? " --zero-advantage" : "")
+    << " --eval-prompts " << o.eval_prompts << (o.f64 ? " --f64" : " f32") << " --layers "
+    << o.layers;
   return f.str();
 }
 
@@ -187,9 +184,13 @@ inline void usage(std::ostream& os) {
         "                    for bit, but for the norm's rounding under --zero1; with --layers\n"
         "                    > 4, f32 rounding can exceed it: --f64)\n"
         "  --save DIR        checkpoint into DIR after RL (and every --save-every N steps):\n"
-        "                    DIR/step_K/rank_R.bin per rank, DIR/latest written last\n"
-        "  --resume DIR      continue from DIR's latest checkpoint (same flags but --zero1, any\n"
-        "                    --rl-steps): the run goes on bit for bit as if never interrupted\n"
+        "                    DIR/step_K/model.bin, the whole model in one layout-free file\n"
+        "                    (written by rank 0), DIR/latest written last\n"
+        "  --resume DIR      continue from DIR's latest checkpoint (the same run: task, seeds,\n"
+        "                    phases, rates, batch, --f64, --layers; any layout, --schedule,\n"
+        "                    --zero1, --backend, --device, --rl-steps). On the same layout the\n"
+        "                    run goes on bit for bit as if never interrupted; on another, as\n"
+        "                    that layout's own run would (the rounding differs, f64: ~1e-12)\n"
         "  --backend         threads (default: one process, a thread per rank) or mpi (one\n"
         "                    process per rank: mpiexec -n <dp*pp*tp*cp> rl_trainer --backend mpi)\n"
         "  --device          where the model step (forward, backward, clipping, AdamW) and\n"

@@ -1,18 +1,33 @@
 #!/usr/bin/env bash
 # Checkpoint and resume continue bit for bit: N RL steps in one process, and N/2 steps, a
 # checkpoint, a new process resuming to N, give the same final parameters (their hash) and the
-# same metric history (every column but the timings). Also: a checkpoint of another run is refused.
-# With RESUME_SCHEDULE_SAME=S the checkpoint also resumes under --schedule S to the same result
-# (another schedule of the placement); with RESUME_SCHEDULE_REFUSED=S, --schedule S (another
-# placement) is refused.
+# same metric history (every column but the timings). Also: a checkpoint of another run is
+# refused, naming the flags of both. RESUME_SAME="FLAGS[;FLAGS...]": the checkpoint also resumes
+# under each set of flags (appended: another schedule of the placement, dp 1 for dp 2, the host
+# for the CPU engine) to the same bits, as those layouts' uninterrupted runs are. Layouts that
+# round differently are reshard_test.sh's. RESUME_MPI="MPIEXEC NP": the checkpoint is written by
+# NP MPI processes instead.
 #   resume_test.sh RL_TRAINER WORK_DIR [layout flags...]
 set -euo pipefail
 bin=$1; work=$2; shift 2
 rm -rf "$work" && mkdir -p "$work"
 flags=(--sft-steps 30 --eval-prompts 50 --quiet "$@")
 hash() { grep "final parameters" | awk '{print $NF}'; }
-whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" | hash)
-"$bin" "${flags[@]}" --rl-steps 2 --save "$work/ck" > /dev/null
+# The uninterrupted run also writes the checkpoint after step 2 (and 4): saving reads the state,
+# so the run goes on as without it, and `latest` is pointed back at step 2. Under RESUME_MPI
+# the checkpoint comes from a run of its own over MPI.
+if [[ -n "${RESUME_MPI:-}" ]]; then
+  whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" | hash)
+  # MPI runs are the threads' bit for bit, and so must be their checkpoint.
+  read -r mpiexec np <<< "$RESUME_MPI"
+  "$mpiexec" --oversubscribe --allow-run-as-root -n "$np" "$bin" --backend mpi "${flags[@]}" \
+    --rl-steps 2 --save "$work/ck" > /dev/null
+else
+  whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" --save "$work/ck" --save-every 2 |
+    hash)
+  echo step_2 > "$work/ck/latest"
+fi
+[[ -f "$work/ck/step_2/model.bin" ]] || { echo "FAILED: no $work/ck/step_2/model.bin"; exit 1; }
 resumed=$("$bin" "${flags[@]}" --rl-steps 4 --resume "$work/ck" --out "$work/resumed" | hash)
 untimed() { python3 -c 'import csv,sys
 r=list(csv.reader(open(sys.argv[1]))); keep=[i for i,n in enumerate(r[0]) if not n.startswith("timing_s/")]
@@ -26,17 +41,13 @@ if "$bin" "${flags[@]}" --rl-steps 4 --seed 9 --resume "$work/ck" > "$work/refus
 fi
 grep -q "expected a checkpoint of the same run" "$work/refused.txt" \
   || { echo "FAILED: no clear error for a foreign checkpoint"; cat "$work/refused.txt"; exit 1; }
-if [[ -n "${RESUME_SCHEDULE_SAME:-}" ]]; then
-  other=$("$bin" "${flags[@]}" --rl-steps 4 --resume "$work/ck" --schedule "$RESUME_SCHEDULE_SAME" | hash)
-  echo "resumed under --schedule $RESUME_SCHEDULE_SAME: $other"
-  [[ "$other" == "$whole" ]] || { echo "FAILED: --schedule $RESUME_SCHEDULE_SAME resumed elsewhere"; exit 1; }
-fi
-if [[ -n "${RESUME_SCHEDULE_REFUSED:-}" ]]; then
-  if "$bin" "${flags[@]}" --rl-steps 4 --resume "$work/ck" --schedule "$RESUME_SCHEDULE_REFUSED" \
-      > "$work/refused2.txt" 2>&1; then
-    echo "FAILED: --schedule $RESUME_SCHEDULE_REFUSED resumed a checkpoint of another placement"; exit 1
-  fi
-  grep -q "expected a checkpoint of the same run" "$work/refused2.txt" \
-    || { echo "FAILED: no clear error for another placement"; cat "$work/refused2.txt"; exit 1; }
+if [[ -n "${RESUME_SAME:-}" ]]; then
+  IFS=';' read -ra sets <<< "$RESUME_SAME"
+  for set in "${sets[@]}"; do
+    read -ra extra <<< "$set"
+    other=$("$bin" "${flags[@]}" --rl-steps 4 --resume "$work/ck" "${extra[@]}" | hash)
+    echo "resumed under ${extra[*]}: $other"
+    [[ "$other" == "$whole" ]] || { echo "FAILED: ${extra[*]} resumed elsewhere"; exit 1; }
+  done
 fi
 echo "resume: bit for bit"

@@ -38,8 +38,10 @@ EOF
 }
 for mode in zero1 replicated; do
   [[ $mode == zero1 ]] && save=(--zero1) resume=() || { save=(); resume=(--zero1); }
-  "$bin" "${flags[@]}" "${save[@]}" --rl-steps 4 --out "$work/$mode-whole" > /dev/null
-  "$bin" "${flags[@]}" "${save[@]}" --rl-steps 2 --save "$work/$mode-ck" > /dev/null
+  # The uninterrupted run writes the checkpoint after step 2 (saving reads the state only).
+  "$bin" "${flags[@]}" "${save[@]}" --rl-steps 4 --out "$work/$mode-whole" \
+    --save "$work/$mode-ck" --save-every 2 > /dev/null
+  echo step_2 > "$work/$mode-ck/latest"
   "$bin" "${flags[@]}" "${resume[@]}" --rl-steps 4 --resume "$work/$mode-ck" \
     --out "$work/$mode-resumed" > /dev/null
   echo -n "a $mode checkpoint resumed ${resume[*]:-without --zero1}: "
