@@ -866,40 +866,52 @@ class trainer {
     for (std::size_t k = 0; k < stores_.size(); ++k) rl_opt_->whole_state(k, m[k], v[k]);
     auto const moment1 = gather_whole(m);
     auto const moment2 = gather_whole(v);
-    bool written = true;
-    if (world_->rank() == 0) {
-      std::ofstream f(dir / kModelFile, std::ios::binary);
-      f.write(kMagic, 8);
-      put_string(f, fingerprint(o_));
-      put(f, static_cast<std::int64_t>(steps_done));
-      put(f, next_uid_);
-      put(f, generated_total_);
-      put(f, static_cast<std::int64_t>(r.sft_steps));
-      put(f, r.acc_sft_sampled);
-      put(f, r.acc_sft_greedy);
-      put_span(f, std::span<T const>(replica_.params()));  // gathered after every step
-      put_span(f, std::span<T const>(moment1));
-      put_span(f, std::span<T const>(moment2));
-      put(f, rl_opt_->steps());
-      put(f, static_cast<std::uint64_t>(r.steps.size()));
-      for (auto const& sm : r.steps) {
-        put(f, static_cast<std::uint64_t>(sm.values.size()));
-        for (auto const& [k, val] : sm.values) {
-          put_string(f, k);
-          put(f, val);
+    // Rank 0 writes model.bin.tmp, renames it model.bin (a checkpoint rewritten in place, the
+    // step `latest` names, stays whole until the new one is), then commits `latest` the same way;
+    // every rank learns the outcome (no rank waits in a collective that rank 0 left).
+    std::string write_error;
+    if (world_->rank() == 0) try {
+        auto const file = dir / kModelFile;
+        auto const part = dir / (std::string(kModelFile) + ".tmp");
+        {
+          std::ofstream f(part, std::ios::binary);
+          f.write(kMagic, 8);
+          put_string(f, fingerprint(o_));
+          put(f, static_cast<std::int64_t>(steps_done));
+          put(f, next_uid_);
+          put(f, generated_total_);
+          put(f, static_cast<std::int64_t>(r.sft_steps));
+          put(f, r.acc_sft_sampled);
+          put(f, r.acc_sft_greedy);
+          put_span(f, std::span<T const>(replica_.params()));  // gathered after every step
+          put_span(f, std::span<T const>(moment1));
+          put_span(f, std::span<T const>(moment2));
+          put(f, rl_opt_->steps());
+          put(f, static_cast<std::uint64_t>(r.steps.size()));
+          for (auto const& sm : r.steps) {
+            put(f, static_cast<std::uint64_t>(sm.values.size()));
+            for (auto const& [k, val] : sm.values) {
+              put_string(f, k);
+              put(f, val);
+            }
+          }
+          f.close();
+          if (!f) throw std::runtime_error("cannot write " + part.string());
         }
+        fs::rename(part, file);
+        auto const tmp = fs::path(o_.save) / "latest.tmp";
+        {
+          std::ofstream l(tmp);
+          l << dir.filename().string() << "\n";
+          l.close();
+          if (!l) throw std::runtime_error("cannot write " + tmp.string());
+        }
+        fs::rename(tmp, fs::path(o_.save) / "latest");
+      } catch (std::exception const& e) {
+        write_error = e.what();
       }
-      f.close();
-      written = static_cast<bool>(f);
-    }
-    agree(written, "cannot write the checkpoint " + (dir / kModelFile).string());
-    // The file is complete: the commit marker last.
-    if (world_->rank() == 0) {
-      auto const tmp = fs::path(o_.save) / "latest.tmp";
-      std::ofstream(tmp) << dir.filename().string() << "\n";
-      fs::rename(tmp, fs::path(o_.save) / "latest");
-    }
-    world_->barrier().wait();
+    agree(write_error.empty(), "cannot write the checkpoint in " + dir.string() +
+                                   (write_error.empty() ? std::string() : ": " + write_error));
   }
 
   // Every rank learns whether every rank succeeded (a failure on one rank must not leave the
