@@ -915,13 +915,19 @@ class trainer {
   }
 
   // Every rank learns whether every rank succeeded (a failure on one rank must not leave the
-  // others waiting in the next collective): throws on all of them if one failed.
+  // others waiting in the next collective): throws on all of them if one failed, each naming the
+  // first failing rank and its message.
   void agree(bool ok, std::string const& what) {
-    int failed = ok ? 0 : 1;
-    weft::comm::all_reduce(*world_, std::span<int>(&failed, 1), weft::comm::reduce_kind::max)
-        .wait();
-    if (failed)
-      throw std::runtime_error((ok ? std::string("another rank failed: ") : std::string()) + what);
+    int first = ok ? world_->size() : world_->rank();
+    weft::comm::all_reduce(*world_, std::span<int>(&first, 1), weft::comm::reduce_kind::min).wait();
+    if (first == world_->size()) return;
+    auto n = static_cast<std::int64_t>(what.size());
+    weft::comm::broadcast(*world_, std::span<std::int64_t>(&n, 1), first).wait();
+    std::vector<std::uint8_t> text(static_cast<std::size_t>(n));
+    if (first == world_->rank()) std::ranges::copy(what, text.begin());
+    weft::comm::broadcast(*world_, std::span<std::uint8_t>(text), first).wait();
+    throw std::runtime_error("rank " + std::to_string(first) + ": " +
+                             std::string(text.begin(), text.end()));
   }
 
   void load_checkpoint(run_result& r) {
