@@ -795,11 +795,12 @@ class trainer {
     put(f, static_cast<std::uint64_t>(v.size()));
     f.write(reinterpret_cast<char const*>(v.data()), static_cast<std::streamsize>(v.size_bytes()));
   }
+  // A vector of at most `limit` elements (a count over it, from a corrupt file, reads as none).
   template <class V>
-  static std::vector<V> get_vector(std::ifstream& f) {
+  static std::vector<V> get_vector(std::ifstream& f, std::size_t limit) {
     std::uint64_t n = 0;
     get(f, n);
-    if (!f || n > (1ull << 32)) return {};
+    if (!f || n > limit) return {};
     std::vector<V> v(n);
     f.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(n * sizeof(V)));
     return v;
@@ -915,19 +916,23 @@ class trainer {
   }
 
   // Every rank learns whether every rank succeeded (a failure on one rank must not leave the
-  // others waiting in the next collective): throws on all of them if one failed, each naming the
-  // first failing rank and its message.
-  void agree(bool ok, std::string const& what) {
+  // others waiting in the next collective): the first failing rank's message on every rank, or
+  // none. Collective over the world.
+  std::optional<std::pair<int, std::string>> first_failure(bool ok, std::string const& what) {
     int first = ok ? world_->size() : world_->rank();
     weft::comm::all_reduce(*world_, std::span<int>(&first, 1), weft::comm::reduce_kind::min).wait();
-    if (first == world_->size()) return;
+    if (first == world_->size()) return std::nullopt;
     auto n = static_cast<std::int64_t>(what.size());
     weft::comm::broadcast(*world_, std::span<std::int64_t>(&n, 1), first).wait();
     std::vector<std::uint8_t> text(static_cast<std::size_t>(n));
     if (first == world_->rank()) std::ranges::copy(what, text.begin());
     weft::comm::broadcast(*world_, std::span<std::uint8_t>(text), first).wait();
-    throw std::runtime_error("rank " + std::to_string(first) + ": " +
-                             std::string(text.begin(), text.end()));
+    return std::pair{first, std::string(text.begin(), text.end())};
+  }
+  //! first_failure, thrown on every rank (the same runtime_error, naming the rank).
+  void agree(bool ok, std::string const& what) {
+    if (auto const e = first_failure(ok, what))
+      throw std::runtime_error("rank " + std::to_string(e->first) + ": " + e->second);
   }
 
   void load_checkpoint(run_result& r) {
@@ -939,13 +944,8 @@ class trainer {
     } catch (std::exception const& e) {
       error = e.what();
     }
-    int failed = error.empty() ? 0 : 1;
-    weft::comm::all_reduce(*world_, std::span<int>(&failed, 1), weft::comm::reduce_kind::max)
-        .wait();
-    if (failed)
-      throw bad_argument{error.empty() ? "argument `--resume`: another rank could not read the "
-                                         "checkpoint"
-                                       : error};
+    // Every rank reads the file: a rank that could not names why on all of them.
+    if (auto const e = first_failure(error.empty(), error)) throw bad_argument{e->second};
     gather_replica();
   }
 
@@ -984,9 +984,10 @@ class trainer {
     get(f, sft_steps);
     get(f, acc[0]);
     get(f, acc[1]);
-    auto const params = get_vector<T>(f);
-    auto const m = get_vector<T>(f);
-    auto const v = get_vector<T>(f);
+    auto const whole = replica_.params().size();
+    auto const params = get_vector<T>(f, whole);
+    auto const m = get_vector<T>(f, whole);
+    auto const v = get_vector<T>(f, whole);
     get(f, adam_t);
     std::uint64_t rows = 0;
     get(f, rows);
@@ -1003,9 +1004,8 @@ class trainer {
       }
       history.push_back(std::move(sm));
     }
-    auto const whole = replica_.params().size();
     if (!f || params.size() != whole || m.size() != whole || v.size() != whole ||
-        history.size() != rows)
+        history.size() != rows || steps_done < 0 || rows != static_cast<std::uint64_t>(steps_done))
       throw bad_argument{"argument `--resume`: expected " + std::to_string(whole) +
                          " parameters and their moments in " + file.string() +
                          ", actual a truncated or other file"};
@@ -1262,9 +1262,8 @@ int run_mpi(int& argc, char**& argv, options const& o) {
                 << " processes, actual " << world.size() << "\n";
     return 2;
   }
-  // The output folders, checked by the first process (which writes --out; under --save every
-  // process writes its rank's file, into a folder the first one makes); every process learns the
-  // outcome, so that none is left waiting in a collective.
+  // The output folders, checked by the first process (which writes --out and --save's
+  // checkpoints); every process learns the outcome, so that none is left waiting in a collective.
   std::string folder_error;
   if (world.rank() == 0) try {
       check_output_folders(o);

@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
-# Checkpoint and resume continue bit for bit: N RL steps in one process, and N/2 steps, a
-# checkpoint, a new process resuming to N, give the same final parameters (their hash) and the
-# same metric history (every column but the timings). Also: a checkpoint of another run is
-# refused, naming the flags of both. RESUME_SAME="FLAGS[;FLAGS...]": the checkpoint also resumes
-# under each set of flags (appended: another schedule of the placement, dp 1 for dp 2, the host
-# for the CPU engine) to the same bits, as those layouts' uninterrupted runs are. Layouts that
-# round differently are reshard_test.sh's. RESUME_MPI="MPIEXEC NP": the checkpoint is written by
-# NP MPI processes instead.
+# Checkpoint and resume continue bit for bit: N RL steps in one process, and a new process
+# resuming the checkpoint written after N/2 steps, give the same final parameters (their hash)
+# and the same metric history (every column but the timings). The checkpoint comes from a second
+# uninterrupted run that also saves (after steps 2 and 4, `latest` then pointed back at step 2),
+# which must itself end as the run without saves does: saving only reads the state. Also: a
+# checkpoint of another run is refused, naming the flags of both. RESUME_SAME="FLAGS[|FLAGS...]":
+# the checkpoint also resumes under each set of flags (appended: another schedule of the
+# placement, dp 1 for dp 2, the host for the CPU engine) to the same bits, as those layouts'
+# uninterrupted runs are. Layouts that round differently are reshard_test.sh's. RESUME_MPI=
+# "MPIEXEC NP": the checkpoint is written by NP MPI processes instead (MPI runs are the threads'
+# bit for bit, and so must be their checkpoint).
 #   resume_test.sh RL_TRAINER WORK_DIR [layout flags...]
 set -euo pipefail
 bin=$1; work=$2; shift 2
 rm -rf "$work" && mkdir -p "$work"
 flags=(--sft-steps 30 --eval-prompts 50 --quiet "$@")
 hash() { grep "final parameters" | awk '{print $NF}'; }
-# The uninterrupted run also writes the checkpoint after step 2 (and 4): saving reads the state,
-# so the run goes on as without it, and `latest` is pointed back at step 2. Under RESUME_MPI
-# the checkpoint comes from a run of its own over MPI.
+whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" | hash)
+[[ -n "$whole" && $(wc -l < "$work/whole/metrics.csv") -eq 5 ]] \
+  || { echo "FAILED: the run printed no hash or not 4 metric rows"; exit 1; }
 if [[ -n "${RESUME_MPI:-}" ]]; then
-  whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" | hash)
-  # MPI runs are the threads' bit for bit, and so must be their checkpoint.
   read -r mpiexec np <<< "$RESUME_MPI"
   "$mpiexec" --oversubscribe --allow-run-as-root -n "$np" "$bin" --backend mpi "${flags[@]}" \
     --rl-steps 2 --save "$work/ck" > /dev/null
 else
-  whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" --save "$work/ck" --save-every 2 |
-    hash)
+  saving=$("$bin" "${flags[@]}" --rl-steps 4 --save "$work/ck" --save-every 2 | hash)
+  echo "whole run: $whole; the same run saving after steps 2 and 4: $saving"
+  [[ "$saving" == "$whole" ]] || { echo "FAILED: saving changed the run"; exit 1; }
+  [[ $(cat "$work/ck/latest") == step_4 ]] || { echo "FAILED: latest is not step_4"; exit 1; }
   echo step_2 > "$work/ck/latest"
 fi
 [[ -f "$work/ck/step_2/model.bin" ]] || { echo "FAILED: no $work/ck/step_2/model.bin"; exit 1; }
@@ -42,7 +45,7 @@ fi
 grep -q "expected a checkpoint of the same run" "$work/refused.txt" \
   || { echo "FAILED: no clear error for a foreign checkpoint"; cat "$work/refused.txt"; exit 1; }
 if [[ -n "${RESUME_SAME:-}" ]]; then
-  IFS=';' read -ra sets <<< "$RESUME_SAME"
+  IFS='|' read -ra sets <<< "$RESUME_SAME"
   for set in "${sets[@]}"; do
     read -ra extra <<< "$set"
     other=$("$bin" "${flags[@]}" --rl-steps 4 --resume "$work/ck" "${extra[@]}" | hash)
