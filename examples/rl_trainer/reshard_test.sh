@@ -26,21 +26,7 @@ A=(--pp 2 --dp 2 --tp 2 --sp --schedule vocab-1 --zero1)
 B=(--pp 2 --cp 2 --schedule interleaved)
 C=(--pp 4 --tp 2 --sp --schedule vocab-2)
 close() {  # close A.csv B.csv WHAT: every column but the timings within 2e-5 relative (+1e-12)
-  python3 - "$1" "$2" "$3" <<'PY'
-import csv, sys
-a, b = (list(csv.reader(open(p))) for p in sys.argv[1:3])
-assert a[0] == b[0] and len(a) == len(b), f"{sys.argv[3]}: the metric tables differ in shape"
-worst = 0.0
-for ra, rb in zip(a[1:], b[1:]):
-    for name, x, y in zip(a[0], ra, rb):
-        if name.startswith("timing_s/"):
-            continue
-        x, y = float(x), float(y)
-        d = abs(x - y) / max(abs(x), abs(y)) if abs(x - y) > 1e-12 else 0.0
-        worst = max(worst, d)
-        assert d <= 2e-5, f"{sys.argv[3]}: {name} {x} against {y}"
-print(f"{sys.argv[3]}: largest relative metric difference {worst:.2e}")
-PY
+  python3 "$(dirname "${BASH_SOURCE[0]}")/metrics_close.py" "$1" "$2" "$3" 2e-5 1e-12
 }
 same() {  # same A.bin B.bin WHAT: the final checkpoints' parameters and moments (f64)
   python3 - "$1" "$2" "$3" <<'PY'

@@ -20,21 +20,7 @@ echo "SFT without clipping: replicated $a, ZeRO-1 $b"
 
 flags=(--f64 --mode grpo --sft-steps 100 --eval-prompts 50 --quiet "$@")
 close() {  # close A.csv B.csv: every column but the timings within 1e-9 relative
-  python3 - "$1" "$2" <<'EOF'
-import csv, sys
-a, b = (list(csv.reader(open(p))) for p in sys.argv[1:3])
-assert a[0] == b[0] and len(a) == len(b), "the metric tables differ in shape"
-worst = 0.0
-for ra, rb in zip(a[1:], b[1:]):
-    for name, x, y in zip(a[0], ra, rb):
-        if name.startswith("timing_s/"):
-            continue
-        x, y = float(x), float(y)
-        d = abs(x - y) / max(abs(x), abs(y), 1e-300) if x != y else 0.0
-        worst = max(worst, d)
-        assert d <= 1e-9, f"{name}: {x} against {y}"
-print(f"largest relative metric difference {worst:.2e}")
-EOF
+  python3 "$(dirname "${BASH_SOURCE[0]}")/metrics_close.py" "$1" "$2" "the resumed run" 1e-9
 }
 for mode in zero1 replicated; do
   [[ $mode == zero1 ]] && save=(--zero1) resume=() || { save=(); resume=(--zero1); }
