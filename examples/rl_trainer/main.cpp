@@ -768,8 +768,7 @@ class trainer {
     if (!o_.save.empty() && first_step_ >= o_.rl_steps) save_checkpoint(r, first_step_);
   }
 
-  // ---- checkpoints: the whole model, at RL step boundaries (no rollout buffer is pending then)
-  // ----
+  // ---- checkpoints: the whole model, at RL step boundaries (no rollout is pending then) ----
   template <class V>
   static void put(std::ofstream& f, V const& v) {
     f.write(reinterpret_cast<char const*>(&v), sizeof v);
