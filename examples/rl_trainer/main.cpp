@@ -233,13 +233,16 @@ class trainer {
                        *world_, p_.tp_rank, o_.zero1, kBucket);
   }
 
-  //! replica_ = the whole model from every chunk of the model group (collective over it).
-  void gather_replica() {
+  //! `whole` (nn::gpt_layout) from stores laid out like stores_ (the chunks', then the
+  //! vocabulary rows' under vocab-*), joined over the model group (collective over it).
+  void gather_into(std::vector<nn::param_store<T>> const& from, nn::param_store<T>& whole) {
     std::vector<nn::param_store<T> const*> ptrs;
-    for (std::size_t k = 0; k < chunks_.size(); ++k) ptrs.push_back(&stores_[k]);
-    par::gpt_gather_replica(*model_group_, ptrs, replica_, c_, chunks_,
-                            p_.vocab_pipeline ? &stores_.back() : nullptr);
+    for (std::size_t k = 0; k < chunks_.size(); ++k) ptrs.push_back(&from[k]);
+    par::gpt_gather_replica(*model_group_, ptrs, whole, c_, chunks_,
+                            p_.vocab_pipeline ? &from.back() : nullptr);
   }
+  //! replica_ = the whole model from every chunk of the model group (collective over it).
+  void gather_replica() { gather_into(stores_, replica_); }
 
   static index_t round_up(index_t n, index_t k) { return (n + k - 1) / k * k; }
   static double seconds_since(clock_type::time_point t) {
@@ -809,7 +812,7 @@ class trainer {
 
   //! The whole model's layout (nn::gpt_layout) of `parts`, one vector per store laid out like
   //! stores_[k] (its parameters, or AdamW moments of the same layout): every chunk's pieces and
-  //! the vocabulary rows joined over the model group (gpt_gather_replica's sum: exact).
+  //! the vocabulary rows joined over the model group as the replica is (gather_into: exact).
   //! Collective over the model group.
   std::vector<T> gather_whole(std::vector<std::vector<T>> const& parts) {
     std::vector<nn::param_store<T>> held;
@@ -818,11 +821,8 @@ class trainer {
       held.emplace_back(stores_[k].layout());
       std::ranges::copy(parts[k], held.back().params().begin());
     }
-    std::vector<nn::param_store<T> const*> ptrs;
-    for (std::size_t k = 0; k < chunks_.size(); ++k) ptrs.push_back(&held[k]);
     nn::param_store<T> whole(nn::gpt_layout(c_));
-    par::gpt_gather_replica(*model_group_, ptrs, whole, c_, chunks_,
-                            p_.vocab_pipeline ? &held.back() : nullptr);
+    gather_into(held, whole);
     return {whole.params().begin(), whole.params().end()};
   }
 
