@@ -715,10 +715,11 @@ struct restore_kernel {
   ~restore_kernel() { wk::set_flash_kernel(wk::flash_kernel::automatic); }
 };
 
-// Runs the whole set of shapes with `kernels` chosen, where the default is wgmma (so the default
-// cases ran wgmma, and mma_sync needs choosing too); elsewhere says why it skips.
-void run_all_shapes_where_wgmma_is_default(wk::flash_kernel kernels) {
-  if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma) {
+// Runs the whole set of shapes with `kernels` chosen, where the default is the Hopper set (so the
+// default cases ran automatic's mix: wgmma_ws's backward and d = 64 forward, wgmma's d = 128
+// forward; each set alone, and mma_sync, need choosing); elsewhere says why it skips.
+void run_all_shapes_where_hopper_is_default(wk::flash_kernel kernels) {
+  if (!have_device() || wk::flash_kernel_in_use() != wk::flash_kernel::wgmma_ws) {
     MESSAGE("no compute capability 9.0 device: the default cases ran mma_sync; skipped");
     return;
   }
@@ -728,7 +729,7 @@ void run_all_shapes_where_wgmma_is_default(wk::flash_kernel kernels) {
 }
 }  // namespace
 
-TEST_CASE("CUDA flash: the default kernels are wgmma on compute capability 9.0, else mma_sync") {
+TEST_CASE("CUDA flash: the default kernels are wgmma_ws on compute capability 9.0, else mma_sync") {
   // The choice is checked before anything else, device or not.
   std::string bad;
   try {
@@ -751,7 +752,7 @@ TEST_CASE("CUDA flash: the default kernels are wgmma on compute capability 9.0, 
   // weft's own build targets 90a (WEFT_CUDA_ARCHITECTURES), so on a 9.0 device wgmma runs.
   bool const hopper = major == 9 && minor == 0;
   CHECK(wk::flash_kernel_in_use() ==
-        (hopper ? wk::flash_kernel::wgmma : wk::flash_kernel::mma_sync));
+        (hopper ? wk::flash_kernel::wgmma_ws : wk::flash_kernel::mma_sync));
   restore_kernel const guard;
   wk::set_flash_kernel(wk::flash_kernel::mma_sync);
   CHECK(wk::flash_kernel_in_use() == wk::flash_kernel::mma_sync);
@@ -771,16 +772,16 @@ TEST_CASE("CUDA flash: the default kernels are wgmma on compute capability 9.0, 
 }
 
 TEST_CASE("CUDA flash forward/backward on wgmma (Hopper, sm_90a) match the CPU kernel") {
-  run_all_shapes_where_wgmma_is_default(wk::flash_kernel::wgmma);
+  run_all_shapes_where_hopper_is_default(wk::flash_kernel::wgmma);
 }
 
 TEST_CASE(
-    "CUDA flash forward/backward on wgmma_ws (warp-specialised forward, two-warpgroup backward) "
-    "match the CPU kernel") {
-  run_all_shapes_where_wgmma_is_default(wk::flash_kernel::wgmma_ws);
+    "CUDA flash forward/backward on wgmma_ws alone (warp-specialised forward at d 64 and 128, "
+    "two-warpgroup backward) match the CPU kernel") {
+  run_all_shapes_where_hopper_is_default(wk::flash_kernel::wgmma_ws);
 }
 
-TEST_CASE("CUDA flash forward/backward on mma_sync, chosen where wgmma is the default") {
-  run_all_shapes_where_wgmma_is_default(wk::flash_kernel::mma_sync);
+TEST_CASE("CUDA flash forward/backward on mma_sync, chosen where the Hopper set is the default") {
+  run_all_shapes_where_hopper_is_default(wk::flash_kernel::mma_sync);
 }
 #endif

@@ -16,8 +16,9 @@
 // Hopper (compute capability 9.0 and an sm_90a build; the default there, flash_kernel::automatic):
 // the same two designs with their products on warpgroup MMA (wgmma m64nNk16, operands in
 // 128-byte-swizzled shared memory or, for P, Pᵀ and dSᵀ, in registers): the forward on 128-key
-// tiles with the softmax of one tile overlapping the previous tile's O += P V, the backward's
-// five products per 64 x 64 tile, and the same row math.
+// tiles with the softmax of one tile overlapping the previous tile's O += P V (at d = 64 with a
+// producer warpgroup loading for the two consumers), the backward's five products per 64 x 64
+// tile with two warpgroups sharing each query tile's loads, and the same row math.
 // set_flash_kernel picks one set for the process.
 // The kernels are in detail/: flash_kernels.cuh (the mma.sync kernels and every launch),
 // flash_wgmma_kernels.cuh (the Hopper kernels) and flash_rows.cuh (the row code both share). This
@@ -58,9 +59,10 @@ using ::weft::attention::detail::bshd;
 
 //! Selects the kernels of every later flash launch, forward and backward, in this process (the
 //! choice is global, as torch.backends.cuda's SDPA switches are; launches already queued keep
-//! theirs). The default, automatic, runs wgmma on each device where it runs and mma_sync
-//! elsewhere (wgmma_ws: the opt-in warp-specialised forward and two-warpgroup backward, compiled
-//! but not yet run on a GPU). wgmma or wgmma_ws is checked here on the current device, and again at
+//! theirs). The default, automatic, runs the Hopper kernels on each device where they run (the
+//! two-warpgroup backward of wgmma_ws; the warp-specialised forward at d = 64 and wgmma's at
+//! d = 128, the faster of each) and mma_sync elsewhere. wgmma or wgmma_ws is checked here on the
+//! current device, and again at
 //! each launch on the launching device: where it cannot run (not compute capability 9.0, or code
 //! built without sm_90a) the call throws invalid_argument_error naming the device. The first check
 //! on a device (automatic's included, at its first launch there) probes it with one tiny launch and
@@ -81,7 +83,8 @@ inline flash_kernel get_flash_kernel() {
   return flash_detail::kernel_choice().load(std::memory_order_relaxed);
 }
 //! The kernels a flash launch on the current device uses now: mma_sync, wgmma or wgmma_ws
-//! (automatic resolved; probes the device if not yet done, so not inside a CUDA graph capture).
+//! (automatic resolved: wgmma_ws where the Hopper kernels run, whose d = 128 forward is wgmma's;
+//! probes the device if not yet done, so not inside a CUDA graph capture).
 inline flash_kernel flash_kernel_in_use() { return flash_detail::launch_kernel(cudaStreamLegacy); }
 
 //! Flash attention forward on `stream` (asynchronous). q [B, Sq, Hq, D], k, v [B, Sk, Hkv, D] of

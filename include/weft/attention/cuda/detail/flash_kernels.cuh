@@ -42,12 +42,12 @@ using ::weft::attention::detail::bshd;
 
 //! Which kernels the flash entry points launch (forward and backward). mma_sync: the
 //! FlashAttention-2-shaped kernels on m16n8k16 mma.sync (sm_80 and up). wgmma: the Hopper kernels
-//! on warpgroup MMA (compute capability 9.0 with an sm_90a build). automatic (the default): wgmma
-//! on a device where it runs, mma_sync elsewhere. Both passed the gpu label on an H200; wgmma
-//! is the faster there (benchmarks/RESULTS.md). wgmma_ws: the warp-specialised Hopper forward (a
-//! producer warpgroup loading for two consumer warpgroups through mbarriers) and the two-warpgroup
-//! wgmma backward (backward_kernel_wgmma's WGS = 2 form); opt-in, compiled but not yet run on a
-//! GPU.
+//! on warpgroup MMA (compute capability 9.0 with an sm_90a build). wgmma_ws: the warp-specialised
+//! Hopper forward (a producer warpgroup loading for two consumer warpgroups through mbarriers) and
+//! the two-warpgroup wgmma backward (backward_kernel_wgmma's WGS = 2 form). automatic (the
+//! default): on a device where the Hopper kernels run, wgmma_ws's backward and the faster forward
+//! of each head dimension (wgmma_ws's at d = 64, wgmma's at d = 128); mma_sync elsewhere. All three
+//! passed the gpu label on an H200 (benchmarks/RESULTS.md has their speeds).
 enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws };
 
 namespace flash_detail {
@@ -468,8 +468,8 @@ inline void check_wgmma_usable() {
 //! synchronises, which a capture forbids). Only `stream` is asked: a capture in global mode on
 //! another stream would be broken by the probe, so probe first (flash_kernel_in_use()) in a
 //! program that captures.
-inline flash_kernel launch_kernel(cudaStream_t stream) {
-  flash_kernel const choice = kernel_choice().load(std::memory_order_relaxed);
+inline flash_kernel launch_kernel(
+    cudaStream_t stream, flash_kernel choice = kernel_choice().load(std::memory_order_relaxed)) {
   if (choice == flash_kernel::mma_sync) return choice;
   if (choice == flash_kernel::wgmma || choice == flash_kernel::wgmma_ws) {
     check_wgmma_usable();
@@ -482,7 +482,20 @@ inline flash_kernel launch_kernel(cudaStream_t stream) {
     WEFT_CUDA_TRY(cudaStreamIsCapturing(stream, &capture));
     if (capture != cudaStreamCaptureStatusNone) return flash_kernel::mma_sync;
   }
-  return wgmma_usable() ? flash_kernel::wgmma : flash_kernel::mma_sync;
+  return wgmma_usable() ? flash_kernel::wgmma_ws : flash_kernel::mma_sync;
+}
+
+//! The forward kernels a launch of head dimension `d` uses: launch_kernel's set, except that
+//! automatic's Hopper set runs wgmma's forward at d = 128, where it measured faster than the
+//! warp-specialised one (H200, S = 4096, causal: 308 against 300 TFLOP/s; at d = 64 the
+//! warp-specialised forward is the faster, 251 against 215; benchmarks/RESULTS.md). The choice is
+//! read once, so a concurrent set_flash_kernel cannot mix two choices in one launch.
+inline flash_kernel forward_kernels(cudaStream_t stream, std::int64_t d) {
+  flash_kernel const choice = kernel_choice().load(std::memory_order_relaxed);
+  flash_kernel const set = launch_kernel(stream, choice);
+  if (choice == flash_kernel::automatic && set == flash_kernel::wgmma_ws && d == 128)
+    return flash_kernel::wgmma;
+  return set;
 }
 
 template <class T, class O>
@@ -494,7 +507,7 @@ void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   dim3 const grid(static_cast<unsigned>((max_sq + fwd_block_q - 1) / fwd_block_q),
                   static_cast<unsigned>(q.h), static_cast<unsigned>(z));
-  flash_kernel const kernels = launch_kernel(stream);
+  flash_kernel const kernels = forward_kernels(stream, q.d);
   if (kernels == flash_kernel::wgmma_ws) {
     if (q.d == 64)
       launch(forward_kernel_wgmma_ws<T, O, 64>, grid, ws_threads, forward_ws_smem<64>, stream, q, k,

@@ -1,8 +1,7 @@
 // weft/attention/cuda/detail/flash_wgmma_kernels.cuh — the Hopper flash kernels
 // (flash_kernel::wgmma): the mma.sync kernels' tiling and row math (flash_rows.cuh) with the
-// products on warpgroup MMA (wgmma.cuh); and the opt-in flash_kernel::wgmma_ws set's (the
-// warp-specialised forward, the two-warpgroup form of the backward; compiled, not yet run on a
-// GPU). Launched by flash_kernels.cuh.
+// products on warpgroup MMA (wgmma.cuh); and flash_kernel::wgmma_ws's (the warp-specialised
+// forward, the two-warpgroup form of the backward). Launched by flash_kernels.cuh.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -247,7 +246,7 @@ inline constexpr int ws_threads =
 template <int D>
 inline constexpr std::size_t forward_ws_smem = forward_wgmma_smem<D> + 9 * 8;
 
-//! The warp-specialised Hopper forward (flash_kernel::wgmma_ws; compiled, not yet run on a GPU):
+//! The warp-specialised Hopper forward (flash_kernel::wgmma_ws; automatic's forward at d = 64):
 //! forward_kernel_wgmma's tiles, products and row math with the loads taken off the consumers.
 //! Warpgroup 2 (warps 8-11) is the producer: it loads Q, then K_0, V_0, K_1, V_1, ... by cp.async
 //! into the same double buffers, announces each tile on a "full" mbarrier once it has landed
@@ -410,7 +409,7 @@ __device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float>
 //! dK += dSᵀ Q (Pᵀ and dSᵀ packed in registers, dO and Q read MN-major), dQ = dS K (dS read from
 //! dSᵀ MN-major, K MN-major; 64 columns of D at a time) added by float atomics.
 //!
-//! flash_kernel::wgmma_ws's backward (compiled, not yet run on a GPU) is the same kernel with
+//! flash_kernel::wgmma_ws's backward (automatic's on Hopper) is the same kernel with
 //! WGS = 2, Fast and, where dq's rows are 8-byte aligned, V2:
 //! - WGS = 2: two warpgroups, each the kernel above on its own 64 keys of a 128-key tile, share
 //!   each query tile's Q, dO (loaded by all 256 threads: half the loads per product) and row
