@@ -29,27 +29,7 @@ close() {  # close A.csv B.csv WHAT: every column but the timings within 2e-5 re
   python3 "$(dirname "${BASH_SOURCE[0]}")/metrics_close.py" "$1" "$2" "$3" 2e-5 1e-12
 }
 same() {  # same A.bin B.bin WHAT: the final checkpoints' parameters and moments (f64)
-  python3 - "$1" "$2" "$3" <<'PY'
-import struct, sys
-def load(path):
-    b = open(path, "rb").read()
-    assert b[:8] == b"WEFTRL02", f"{path}: not a weft RL checkpoint"
-    o = 16 + struct.unpack_from("<Q", b, 8)[0]  # magic, the flags
-    o += 6 * 8  # steps, uid, samples, SFT steps, two accuracies
-    out = []
-    for _ in range(3):  # parameters, first and second moments
-        n = struct.unpack_from("<Q", b, o)[0]
-        out.append(struct.unpack_from(f"<{n}d", b, o + 8))
-        o += 8 + 8 * n
-    return out
-a, b = load(sys.argv[1]), load(sys.argv[2])
-for name, x, y, tol in zip(("parameters", "m", "v"), a, b, (1e-11, 1e-11, 1e-11)):
-    assert len(x) == len(y) and len(x) > 0, f"{sys.argv[3]}: {name} sizes {len(x)}, {len(y)}"
-    scale = max(abs(t) for t in x)
-    d = max(abs(p - q) for p, q in zip(x, y)) / scale
-    print(f"{sys.argv[3]}: {name} ({len(x)}) within {d:.1e} of the largest, {scale:.2e}")
-    assert scale > 0 and d <= tol, f"{sys.argv[3]}: {name} differ by {d:.2e} > {tol}"
-PY
+  python3 "$(dirname "${BASH_SOURCE[0]}")/checkpoint_close.py" "$1" "$2" "$3" 1e-11
 }
 "$bin" "${run[@]}" "${A[@]}" --rl-steps 4 --out "$work/whole" --save "$work/ckA" --save-every 2 \
   > /dev/null
