@@ -5,9 +5,9 @@
 // packed cu_seqlens against the CPU varlen entry points; fully masked rows; the accumulate
 // semantics; a dq off its 8-byte alignment; the exec::cuda entry points; argument errors; the
 // grid, ring offsets, packed documents and the unaligned dq, with multi-tile shapes, once more with
-// each set chosen explicitly (wgmma, wgmma_ws, mma_sync) where the default is wgmma (compute
-// capability 9.0); elsewhere those cases skip and the default cases run mma_sync. The CUDA part is
-// compiled only by nvcc (weft.test.attention.cuda); the host build sees an empty file.
+// each set chosen explicitly (wgmma, wgmma_ws, mma_sync) where the default is the Hopper mix
+// (compute capability 9.0); elsewhere those cases skip and the default cases run mma_sync. The CUDA
+// part is compiled only by nvcc (weft.test.attention.cuda); the host build sees an empty file.
 #include <doctest/doctest.h>
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
@@ -749,7 +749,8 @@ TEST_CASE("CUDA flash: the default kernels are wgmma_ws on compute capability 9.
   WEFT_CUDA_TRY(cudaGetDevice(&dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   WEFT_CUDA_TRY(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-  // weft's own build targets 90a (WEFT_CUDA_ARCHITECTURES), so on a 9.0 device wgmma runs.
+  // weft's own build targets 90a (WEFT_CUDA_ARCHITECTURES), so on a 9.0 device the Hopper set
+  // (wgmma_ws) runs.
   bool const hopper = major == 9 && minor == 0;
   CHECK(wk::flash_kernel_in_use() ==
         (hopper ? wk::flash_kernel::wgmma_ws : wk::flash_kernel::mma_sync));

@@ -1,7 +1,7 @@
 // weft/rl/cuda/logprobs.cuh — CUDA kernels for token log-probs, entropy and dlogits: one block
 // per token, rows read in 16-byte vectors, per-thread softmax statistics of 4-32 logits at a time
-// (f64 4, f32 8, 16-bit 32) by core/math.hpp's softmax_push_chunk (host-tested; since the last GPU
-// run, compiled only), merged with the CPU path's softmax_merge (also in the CUB block reduction),
+// (f64 4, f32 8, 16-bit 32) by core/math.hpp's softmax_push_chunk (run on an H200 in the third
+// GPU run), merged with the CPU path's softmax_merge (also in the CUB block reduction),
 // then the same WEFT_HD functors as the CPU path (softmax_finish, logit_grad) per logit; the
 // forward's exponentials are the SFU's ex2.approx for float, the backward's fast_exp (__expf).
 #pragma once
