@@ -17,26 +17,29 @@ bin=$1; work=$2; shift 2
 rm -rf "$work" && mkdir -p "$work"
 flags=(--sft-steps 30 --eval-prompts 50 --quiet "$@")
 hash() { grep "final parameters" | awk '{print $NF}'; }
-if [[ -z "${RESUME_SANITIZED:-}" || -n "${RESUME_MPI:-}" ]]; then
-  whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" | hash)
+rows4() {  # the reference run printed a hash and wrote 4 metric rows
   [[ -n "$whole" && $(wc -l < "$work/whole/metrics.csv") -eq 5 ]] \
     || { echo "FAILED: the run printed no hash or not 4 metric rows"; exit 1; }
+}
+if [[ -z "${RESUME_SANITIZED:-}" || -n "${RESUME_MPI:-}" ]]; then
+  whole=$("$bin" "${flags[@]}" --rl-steps 4 --out "$work/whole" | hash)
+  rows4
 fi
 if [[ -n "${RESUME_MPI:-}" ]]; then
   read -r mpiexec np <<< "$RESUME_MPI"
   "$mpiexec" --oversubscribe --allow-run-as-root -n "$np" "$bin" --backend mpi "${flags[@]}" \
     --rl-steps 2 --save "$work/ck" > /dev/null
-elif [[ -n "${RESUME_SANITIZED:-}" ]]; then
-  whole=$("$bin" "${flags[@]}" --rl-steps 4 --save "$work/ck" --save-every 2 --out "$work/whole" \
-    | hash)
-  [[ -n "$whole" && $(wc -l < "$work/whole/metrics.csv") -eq 5 ]] \
-    || { echo "FAILED: the run printed no hash or not 4 metric rows"; exit 1; }
-  [[ $(cat "$work/ck/latest") == step_4 ]] || { echo "FAILED: latest is not step_4"; exit 1; }
-  echo step_2 > "$work/ck/latest"
 else
-  saving=$("$bin" "${flags[@]}" --rl-steps 4 --save "$work/ck" --save-every 2 | hash)
-  echo "whole run: $whole; the same run saving after steps 2 and 4: $saving"
-  [[ "$saving" == "$whole" ]] || { echo "FAILED: saving changed the run"; exit 1; }
+  out=()  # sanitized: the saving run is the reference
+  [[ -n "${RESUME_SANITIZED:-}" ]] && out=(--out "$work/whole")
+  saving=$("$bin" "${flags[@]}" --rl-steps 4 --save "$work/ck" --save-every 2 "${out[@]}" | hash)
+  if [[ -n "${RESUME_SANITIZED:-}" ]]; then
+    whole=$saving
+    rows4
+  else
+    echo "whole run: $whole; the same run saving after steps 2 and 4: $saving"
+    [[ "$saving" == "$whole" ]] || { echo "FAILED: saving changed the run"; exit 1; }
+  fi
   [[ $(cat "$work/ck/latest") == step_4 ]] || { echo "FAILED: latest is not step_4"; exit 1; }
   echo step_2 > "$work/ck/latest"
 fi
