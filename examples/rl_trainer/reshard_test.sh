@@ -3,8 +3,9 @@
 # distributed checkpoint): in f64 every layout takes the same steps within rounding (--check), so
 # a checkpoint that layout A wrote after RL step 2, resumed on layout B, must continue as the
 # uninterrupted run on A does. Checked twice:
-# - the final checkpoints (after step 4): the parameters and AdamW's moments within 1e-11 of the
-#   uninterrupted run's, relative to each array's largest element (they were within 1.5e-14);
+# - the final checkpoints (after step 4): the counters equal, the parameters and AdamW's moments
+#   within 1e-11 of the uninterrupted run's, relative to each array's largest element (they were
+#   within 1.5e-14), and the metric history as the metrics below;
 # - every metric after the resume equal as metrics.csv prints it (6 significant digits; within
 #   2e-5 relative, one unit of the sixth digit, plus 1e-12 for losses that are 0 up to rounding).
 # GRPO after 100 SFT steps on 4 layers, so that the RL steps before a checkpoint update the model
@@ -28,8 +29,8 @@ C=(--pp 4 --tp 2 --sp --schedule vocab-2)
 close() {  # close A.csv B.csv WHAT: every column but the timings within 2e-5 relative (+1e-12)
   python3 "$(dirname "${BASH_SOURCE[0]}")/metrics_close.py" "$1" "$2" "$3" 2e-5 1e-12
 }
-same() {  # same A.bin B.bin WHAT: the final checkpoints' parameters and moments (f64)
-  python3 "$(dirname "${BASH_SOURCE[0]}")/checkpoint_close.py" "$1" "$2" "$3" 1e-11
+same() {  # same A.bin B.bin WHAT: the final checkpoints (f64): counters, arrays, metric history
+  python3 "$(dirname "${BASH_SOURCE[0]}")/checkpoint_close.py" "$1" "$2" "$3" 1e-11 2e-5 1e-12
 }
 "$bin" "${run[@]}" "${A[@]}" --rl-steps 4 --out "$work/whole" --save "$work/ckA" --save-every 2 \
   > /dev/null

@@ -25,6 +25,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -217,14 +218,14 @@ cpu_result cpu_run(kernel_shape s, owned<T, 4>& q, owned<T, 4>& k, owned<T, 4>& 
 //! bytes off an 8-byte boundary (where a kernel adds dq by float2 atomics, its scalar form).
 template <class T>
 void check_problem(kernel_shape s, wa::mask_rule mask, std::uint64_t seed,
-                   bool unaligned_dq = false) {
+                   bool unaligned_dq = false, double scale_in = 0.0) {
   std::string const ctx = describe(type_name<T>(), s, mask);
   CAPTURE(ctx);
   auto q = random_tensor<T>(seed, 1.5, s.b, s.sq, s.hq, s.d);
   auto k = random_tensor<T>(seed + 1, 1.5, s.b, s.sk, s.hk, s.d);
   auto v = random_tensor<T>(seed + 2, 1.0, s.b, s.sk, s.hk, s.d);
   auto g = random_tensor<T>(seed + 3, 1.0, s.b, s.sq, s.hq, s.d);
-  float const scale = float(wa::resolve_scale(0.0, s.d));
+  float const scale = float(wa::resolve_scale(scale_in, s.d));
   auto const ref = cpu_run(s, q, k, v, g, mask, scale, true);
 
   dbuf<T> dq_in(q.buf), dk_in(k.buf), dv_in(v.buf), dg(g.buf);
@@ -295,14 +296,27 @@ std::vector<kernel_shape> grid_shapes(std::int64_t d) {
   };
 }
 
+//! The CPU tests' grid (flash.test.cpp: batch 2; the forward's lengths and the backward's
+//! 150 x 270 and 270 x 150; MHA, GQA and MQA), beside the tile-shaped problems above.
+std::vector<kernel_shape> cpu_grid_shapes(std::int64_t d) {
+  using len = std::pair<std::int64_t, std::int64_t>;
+  std::vector<kernel_shape> out;
+  for (auto const& [sq, sk] : {len{1, 1}, len{2, 2}, len{7, 7}, len{7, 13}, len{13, 7},
+                               len{130, 200}, len{200, 130}, len{150, 270}, len{270, 150}})
+    for (auto const& [hq, hk] : {len{4, 4}, len{4, 2}, len{4, 1}})
+      out.push_back({2, sq, sk, hq, hk, d});
+  return out;
+}
+
 template <class T>
 void run_grid() {
   std::uint64_t seed = 100;
   for (std::int64_t d : {64, 128})
-    for (auto const& s : grid_shapes(d))
-      for (auto c :
-           {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
-        check_problem<T>(s, wa::make_mask(c, s.sq, s.sk), seed += 10);
+    for (auto const& shapes : {grid_shapes(d), cpu_grid_shapes(d)})
+      for (auto const& s : shapes)
+        for (auto c :
+             {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
+          check_problem<T>(s, wa::make_mask(c, s.sq, s.sk), seed += 10);
 }
 
 //! Ring-step masks (stripe offsets -1 and positive, every row empty) and the rows of a
@@ -708,6 +722,11 @@ void run_all_shapes() {
       for (auto c :
            {wa::causal_mode::none, wa::causal_mode::top_left, wa::causal_mode::bottom_right})
         check_problem<bf16>(s, wa::make_mask(c, s.sq, s.sk), seed += 10);
+  // A scale other than 1/sqrt(D).
+  for (std::int64_t d : {64, 128})
+    check_problem<f16>({2, 130, 200, 4, 2, d},
+                       wa::make_mask(wa::causal_mode::bottom_right, 130, 200), seed += 10, false,
+                       0.7);
   check_unaligned_dq();
 }
 
@@ -754,9 +773,25 @@ TEST_CASE("CUDA flash: the default kernels are wgmma_ws on compute capability 9.
   bool const hopper = major == 9 && minor == 0;
   CHECK(wk::flash_kernel_in_use() ==
         (hopper ? wk::flash_kernel::wgmma_ws : wk::flash_kernel::mma_sync));
+  // The forward automatic launches for each head dimension: on Hopper, wgmma_ws's at d = 64 and
+  // wgmma's at d = 128 (the faster of each, benchmarks/RESULTS.md's third run).
+  auto const forward = [](std::int64_t d) {
+    return wk::flash_detail::forward_kernels(cudaStreamLegacy, d);
+  };
+  CHECK(forward(64) == (hopper ? wk::flash_kernel::wgmma_ws : wk::flash_kernel::mma_sync));
+  CHECK(forward(128) == (hopper ? wk::flash_kernel::wgmma : wk::flash_kernel::mma_sync));
   restore_kernel const guard;
+  if (hopper) {  // a set chosen by name runs its own forward at every head dimension
+    for (auto const k : {wk::flash_kernel::wgmma, wk::flash_kernel::wgmma_ws}) {
+      wk::set_flash_kernel(k);
+      CHECK(forward(64) == k);
+      CHECK(forward(128) == k);
+    }
+  }
   wk::set_flash_kernel(wk::flash_kernel::mma_sync);
   CHECK(wk::flash_kernel_in_use() == wk::flash_kernel::mma_sync);
+  CHECK(forward(64) == wk::flash_kernel::mma_sync);
+  CHECK(forward(128) == wk::flash_kernel::mma_sync);
   if (!hopper) {
     // Elsewhere wgmma is refused, naming it and the device, and the choice stays.
     std::string msg;

@@ -773,7 +773,7 @@ TEST_CASE(
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
 // Runs where the CUDA twin of this file runs: on a machine with a GPU.
 TEST_CASE_TEMPLATE("random: device fills equal host fills; device shards equal the device whole", T,
-                   float, double, weft::bf16) {
+                   float, double, weft::bf16, weft::f16) {
   weft::exec::cuda const ex{};
   weft::rng const g(1234, 5);
   auto to_host = [](auto const& d) {

@@ -180,6 +180,7 @@ TEST_CASE("nn/cuda: cuda_gpt_decoder gives nn::gpt_decoder's logits at every ste
   check_generation<double>(4, 1, 1, 1e-10);
   check_generation<float>(4, 0, 2, 1e-4);
   check_generation<float>(4, 2, 1, 1e-4);
+  check_generation<float>(4, 1, 1, 1e-4);  // MQA
 }
 
 TEST_CASE("nn/cuda: cuda_gpt_decoder forks an empty cache into more rows") {

@@ -116,9 +116,11 @@ std::string shape(index_t a, index_t b) {
 // ---- norms ----------------------------------------------------------------------------------
 
 template <class T>
-void norms_against_cpu(index_t n, index_t c, double tol, bool degenerate) {
+void norms_against_cpu(index_t n, index_t c, double tol, bool degenerate, double ln_eps = 1e-5,
+                       double rms_eps = 1e-6) {
   using C = weft::compute_t<T>;
-  std::string const tag = type_name<T>() + " norm x" + shape(n, c);
+  std::string const tag = type_name<T>() + " norm x" + shape(n, c) + " eps " +
+                          std::to_string(ln_eps) + ", " + std::to_string(rms_eps);
   auto x = random<T>(10, -3, 3, n, c);
   if (degenerate && n >= 3) {
     for (index_t j = 0; j < c; ++j) {
@@ -143,17 +145,17 @@ void norms_against_cpu(index_t n, index_t c, double tol, bool degenerate) {
     for (std::size_t i = 0; i < dw.size(); ++i) dw.data()[i] = dw0.data()[i];
     for (std::size_t i = 0; i < db.size(); ++i) db.data()[i] = db0.data()[i];
     if (with_bias) {
-      nn::layer_norm_forward(x, w, b, y, m, rs);
+      nn::layer_norm_forward(x, w, b, y, m, rs, ln_eps);
       nn::layer_norm_backward_weight(dy, x, m, rs, dw, db);
     } else {
-      nn::layer_norm_forward(x, w, nn::no_bias<T>(), y, m, rs);
+      nn::layer_norm_forward(x, w, nn::no_bias<T>(), y, m, rs, ln_eps);
       nn::layer_norm_backward_weight(dy, x, m, rs, dw, nn::no_bias_grad<T>());
     }
     nn::layer_norm_backward_input(dy, x, w, m, rs, dx);
     dbuf<T> gx(x), gw(w), gb(b), gdy(dy), gy(x.size()), gdx(x.size()), gdw(dw0), gdb(db0);
     dbuf<C> gm(static_cast<std::size_t>(n)), grs(static_cast<std::size_t>(n));
     nk::layer_norm_forward<T>(nullptr, gx.p, gw.p, with_bias ? gb.p : nullptr, gy.p, gm.p, grs.p, n,
-                              c);
+                              c, ln_eps);
     // The backward takes the CPU forward's statistics, so it is tested on its own.
     dbuf<C> cm(m.data(), m.size()), crs(rs.data(), rs.size());
     nk::layer_norm_backward_input<T>(nullptr, gdy.p, gx.p, gw.p, cm.p, crs.p, gdx.p, n, c);
@@ -177,12 +179,12 @@ void norms_against_cpu(index_t n, index_t c, double tol, bool degenerate) {
     auto dx = weft::make_tensor<T>(n, c);
     auto dw = filled(dw0, 0.0);
     for (std::size_t i = 0; i < dw.size(); ++i) dw.data()[i] = dw0.data()[i];
-    nn::rms_norm_forward(x, w, y, rs);
+    nn::rms_norm_forward(x, w, y, rs, rms_eps);
     nn::rms_norm_backward_input(dy, x, w, rs, dx);
     nn::rms_norm_backward_weight(dy, x, rs, dw);
     dbuf<T> gx(x), gw(w), gdy(dy), gy(x.size()), gdx(x.size()), gdw(dw0);
     dbuf<C> grs(static_cast<std::size_t>(n)), crs(rs.data(), rs.size());
-    nk::rms_norm_forward<T>(nullptr, gx.p, gw.p, gy.p, grs.p, n, c);
+    nk::rms_norm_forward<T>(nullptr, gx.p, gw.p, gy.p, grs.p, n, c, rms_eps);
     nk::rms_norm_backward_input<T>(nullptr, gdy.p, gx.p, gw.p, crs.p, gdx.p, n, c);
     nk::rms_norm_backward_weight<T>(nullptr, gdy.p, gx.p, crs.p, gdw.p, n, c);
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
@@ -208,6 +210,9 @@ TEST_CASE("nn/cuda: LayerNorm and RMSNorm kernels give the CPU path's results (f
     norms_against_cpu<float>(s.n, s.c, 1e-5, s.degenerate);
     norms_against_cpu<weft::bf16>(s.n, s.c, 8e-3, s.degenerate);
   }
+  // Other eps (they decide the zero-variance and all-zero rows' rstd).
+  norms_against_cpu<float>(3, 24, 1e-5, true, 1e-2, 1e-3);
+  norms_against_cpu<weft::bf16>(33, 4099, 8e-3, false, 1e-2, 1e-3);
 }
 
 // ---- activations ----------------------------------------------------------------------------
@@ -287,25 +292,27 @@ void embedding_against_cpu(index_t tokens, index_t rows, index_t dim) {
   expect_close(tag + " dtable (accumulated, bitwise)", gdtable.values(), values(dtable), 0.0);
 }
 
-template <class T>
-void rope_against_cpu(index_t rows, index_t heads, index_t head_dim, double tol) {
+template <class T, class I = std::int64_t>
+void rope_against_cpu(index_t rows, index_t heads, index_t head_dim, double tol,
+                      double base = 10000.0) {
   std::string const tag = type_name<T>() + " rope rows=" + std::to_string(rows) +
                           " heads=" + std::to_string(heads) +
-                          " head_dim=" + std::to_string(head_dim);
+                          " head_dim=" + std::to_string(head_dim) + " positions=int" +
+                          std::to_string(8 * sizeof(I)) + " base=" + std::to_string(base);
   index_t const width = heads * head_dim;
-  std::vector<std::int64_t> pos(static_cast<std::size_t>(rows));
+  std::vector<I> pos(static_cast<std::size_t>(rows));
   for (std::size_t k = 0; k < pos.size(); ++k)  // packed documents restarting at 0, up to ~300
-    pos[k] = static_cast<std::int64_t>(k < pos.size() / 2 ? k * 3 : k - pos.size() / 2);
+    pos[k] = static_cast<I>(k < pos.size() / 2 ? k * 3 : k - pos.size() / 2);
   auto x = random<T>(60, -2, 2, rows, width);
   auto dy = random<T>(61, -1, 1, rows, width);
   auto y = weft::make_tensor<T>(rows, width);
   auto dx = weft::make_tensor<T>(rows, width);
-  nn::rope_forward(x, std::span<std::int64_t const>(pos), head_dim, y);
-  nn::rope_backward(dy, std::span<std::int64_t const>(pos), head_dim, dx);
-  dbuf<std::int64_t> gpos(pos.data(), pos.size());
+  nn::rope_forward(x, std::span<I const>(pos), head_dim, y, base);
+  nn::rope_backward(dy, std::span<I const>(pos), head_dim, dx, base);
+  dbuf<I> gpos(pos.data(), pos.size());
   dbuf<T> gx(x), gdy(dy), gy(x.size());
-  nk::rope_forward<std::int64_t, T>(nullptr, gx.p, gpos.p, rows, width, head_dim, gy.p);
-  nk::rope_backward<std::int64_t, T>(nullptr, gdy.p, gpos.p, rows, width, head_dim, gdy.p);
+  nk::rope_forward<I, T>(nullptr, gx.p, gpos.p, rows, width, head_dim, gy.p, base);
+  nk::rope_backward<I, T>(nullptr, gdy.p, gpos.p, rows, width, head_dim, gdy.p, base);
   WEFT_CUDA_TRY(cudaDeviceSynchronize());
   expect_close(tag + " y", gy.values(), values(y), tol);
   expect_close(tag + " dx (in place)", gdy.values(), values(dx), tol);
@@ -335,6 +342,8 @@ TEST_CASE("nn/cuda: embedding lookup and deterministic scatter-add, RoPE, give t
     CAPTURE(hd);
     rope_against_cpu<float>(r, h, hd, 2e-4);
     rope_against_cpu<weft::bf16>(r, h, hd, 1e-2);
+    // int32 positions and LLaMA 3's base 500000.
+    rope_against_cpu<float, std::int32_t>(r, h, hd, 2e-4, 500000.0);
   }
 }
 

@@ -119,26 +119,33 @@ TEST_CASE("optim/cuda: the fused AdamW kernel follows optim::adamw over 20 steps
     adamw_against_cpu<float>(layout, o, 1e-6);
     adamw_against_cpu<float>(layout, wide, 1e-6);
     adamw_against_cpu<double>(layout, o, 1e-13);
+    adamw_against_cpu<double>(layout, wide, 1e-13);
   }
 }
 
-TEST_CASE("optim/cuda: grad-norm sum of squares (CUB) and clipping follow the CPU") {
-  if (!have_cuda_device()) return;
+namespace {
+// The CUB sum of squares of T gradients (accumulated in double) against the CPU's, within
+// 1e-12; clipping to half the norm scales every gradient by clip_coefficient (rounded to T),
+// and clipping at twice the norm leaves them, within 1e-7 (f32) or 1e-11 (f64: the kernel's
+// coefficient comes from its own norm, within 1e-12 of the CPU's).
+template <class T>
+void check_grad_norm_and_clip() {
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{37}, std::size_t{1} << 20,
                         (std::size_t{1} << 22) + 3}) {
     CAPTURE(n);
+    CAPTURE(sizeof(T));
     std::mt19937_64 rng(n + 1);
     std::normal_distribution<double> dist(0.0, 1.0);
-    std::vector<float> g(n);
-    for (auto& x : g) x = static_cast<float>(dist(rng));
+    std::vector<T> g(n);
+    for (auto& x : g) x = static_cast<T>(dist(rng));
     double want = 0;
-    for (float x : g) want += static_cast<double>(x) * static_cast<double>(x);
-    dbuf<float> dg(g);
+    for (T x : g) want += static_cast<double>(x) * static_cast<double>(x);
+    dbuf<T> dg(g);
     dbuf<double> out(std::vector<double>(1, -1.0));
-    std::size_t const bytes = ok::grad_norm_squared_temp_bytes<float>(static_cast<std::int64_t>(n));
+    std::size_t const bytes = ok::grad_norm_squared_temp_bytes<T>(static_cast<std::int64_t>(n));
     void* temp = nullptr;
     WEFT_CUDA_TRY(cudaMalloc(&temp, bytes > 0 ? bytes : 1));
-    ok::grad_norm_squared<float>(nullptr, dg.p, static_cast<std::int64_t>(n), out.p, temp, bytes);
+    ok::grad_norm_squared<T>(nullptr, dg.p, static_cast<std::int64_t>(n), out.p, temp, bytes);
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
     double const got = out.host()[0];
     INFO("gpu " << got << " cpu " << want);
@@ -148,17 +155,25 @@ TEST_CASE("optim/cuda: grad-norm sum of squares (CUB) and clipping follow the CP
     for (double max_norm : {0.5 * norm, 2.0 * norm + 1.0}) {
       CAPTURE(max_norm);
       dg.upload(g);
-      double const gn = ok::clip_grad_norm<float>(nullptr, dg.p, static_cast<std::int64_t>(n),
-                                                  max_norm, temp, bytes, out.p);
+      double const gn = ok::clip_grad_norm<T>(nullptr, dg.p, static_cast<std::int64_t>(n), max_norm,
+                                              temp, bytes, out.p);
       CHECK(std::abs(gn - norm) <= 1e-12 * std::max(norm, 1e-300));
-      auto const f = static_cast<float>(weft::optim::clip_coefficient(norm, max_norm));
-      std::vector<float> want_g(g);
+      auto const f = static_cast<T>(weft::optim::clip_coefficient(norm, max_norm));
+      std::vector<T> want_g(g);
       for (auto& x : want_g) x *= f;
       auto const got_g = dg.host();
-      expect_close("clipped grads", got_g, std::span<float const>(want_g), 1e-7);
+      expect_close("clipped grads", got_g, std::span<T const>(want_g),
+                   sizeof(T) == 4 ? 1e-7 : 1e-11);
     }
     WEFT_CUDA_TRY(cudaFree(temp));
   }
+}
+}  // namespace
+
+TEST_CASE("optim/cuda: grad-norm sum of squares (CUB) and clipping follow the CPU (f32 and f64)") {
+  if (!have_cuda_device()) return;
+  check_grad_norm_and_clip<float>();
+  check_grad_norm_and_clip<double>();
 }
 
 TEST_CASE("optim/cuda: bad options, lr, step and temp size throw before any launch") {

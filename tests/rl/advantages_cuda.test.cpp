@@ -137,26 +137,35 @@ TEST_CASE("rl/cuda: GRPO, Dr. GRPO and RLOO over segment groups give the CPU's a
   advantages_against_cpu<float>({}, 3);  // nothing at all
 }
 
-TEST_CASE("rl/cuda: fixed-size groups equal group_layout::fixed on the CPU") {
-  if (!have_cuda_device()) return;
+namespace {
+template <class T>
+void fixed_groups_against_cpu(double tol) {
   for (std::int64_t gsize : {1, 4, 5, 64}) {
     CAPTURE(gsize);
+    CAPTURE(sizeof(T));
     std::vector<std::int64_t> sizes(37, gsize);
-    auto const scores = grouped_scores<float>(sizes, 9);
+    auto const scores = grouped_scores<T>(sizes, 9);
     auto const n = static_cast<std::int64_t>(scores.size());
-    std::vector<float> cpu(scores.size());
-    dbuf<float> ds(scores), dout(cpu);
-    weft::rl::grpo_advantages(std::span<float const>(scores), group_layout::fixed(gsize),
-                              std::span<float>(cpu));
-    rk::grpo_advantages<float>(nullptr, ds.p, n, gsize, dout.p);
+    std::vector<T> cpu(scores.size());
+    dbuf<T> ds(scores), dout(cpu);
+    weft::rl::grpo_advantages(std::span<T const>(scores), group_layout::fixed(gsize),
+                              std::span<T>(cpu));
+    rk::grpo_advantages<T>(nullptr, ds.p, n, gsize, dout.p);
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
-    expect_close("fixed GRPO", dout.host(), cpu, 1e-6);
-    weft::rl::rloo_advantages(std::span<float const>(scores), group_layout::fixed(gsize),
-                              std::span<float>(cpu));
-    rk::rloo_advantages<float>(nullptr, ds.p, n, gsize, dout.p);
+    expect_close("fixed GRPO", dout.host(), cpu, tol);
+    weft::rl::rloo_advantages(std::span<T const>(scores), group_layout::fixed(gsize),
+                              std::span<T>(cpu));
+    rk::rloo_advantages<T>(nullptr, ds.p, n, gsize, dout.p);
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
-    expect_close("fixed RLOO", dout.host(), cpu, 1e-6);
+    expect_close("fixed RLOO", dout.host(), cpu, tol);
   }
+}
+}  // namespace
+
+TEST_CASE("rl/cuda: fixed-size groups equal group_layout::fixed on the CPU (f32 and f64)") {
+  if (!have_cuda_device()) return;
+  fixed_groups_against_cpu<float>(1e-6);
+  fixed_groups_against_cpu<double>(1e-12);
 }
 
 namespace {

@@ -297,6 +297,9 @@ TEST_CASE(
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <type_traits>
+
 namespace {
 template <class T>
 T* to_device(std::vector<T> const& v) {
@@ -374,59 +377,98 @@ void check_kernel_neg_inf_gradient() {
                   static_cast<void*>(dh)})
     WEFT_CUDA_TRY(cudaFree(p));
 }
-}  // namespace
 
-TEST_CASE("CUDA kernels give the CPU log-probs, entropy and dlogits (f32 and bf16 logits)") {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    MESSAGE("no CUDA device: kernel comparison skipped");
-    return;
-  }
+// The kernels against the CPU path for logits of type L (outputs in compute_t<L>: float for f32
+// and bf16 logits, double for f64; dlogits of type L): six random rows (temperature 0.8, an
+// ignored target, a -inf logit) and the CPU test's extreme rows (+-1e4 logits; one finite logit
+// among -inf ones; an all -inf row). Log-probs and entropy within 1e-5 relative (1e-12 for f64),
+// infinities equal; dlogits within 1e-5 of the row's largest (1e-12 for f64) of the CPU's
+// unrounded ones, plus bf16's one rounding (2^-8 relative).
+template <class L>
+void check_kernels_against_cpu() {
+  using T = weft::compute_t<L>;
+  bool const wide = sizeof(T) == 8;
   index_t const V = 5003;
-  std::vector<std::int64_t> const tgt = {0, 17, 5002, -100, 2500, 9};
-  auto z = random_logits<float>(4, tgt.size() * V, 3.0);
-  z[7] = -std::numeric_limits<float>::infinity();
-  std::size_t const n = tgt.size();
+  std::vector<std::int64_t> const tgt = {0, 17, 5002, -100, 2500, 9, 1, 7, 3};
+  std::size_t const n = tgt.size(), row = static_cast<std::size_t>(V);
+  auto const zr = random_logits<float>(4, n * row, 3.0);
+  std::vector<L> z(zr.size());
+  for (std::size_t i = 0; i < z.size(); ++i) z[i] = static_cast<L>(zr[i]);
+  L const ninf = -std::numeric_limits<L>::infinity();
+  z[7] = ninf;
+  for (std::size_t v = 0; v < row; ++v) {
+    z[6 * row + v] = static_cast<L>(v % 2 ? 1e4f : -1e4f);
+    z[7 * row + v] = v == 7 ? L(0) : ninf;
+    z[8 * row + v] = ninf;
+  }
   logprob_options const opt{0.8, -100};
-  std::vector<float> lp(n), h(n), lse(n), dz(z.size());
-  std::vector<float> const g = {0.5f, -1.0f, 2.0f, 1.0f, 0.25f, -0.5f},
-                           ge = {0.1f, 0.2f, -0.3f, 0.0f, 0.05f, 0.0f};
-  weft::rl::log_prob_forward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt,
-                             std::span<float>(lp), std::span<float>(h), std::span<float>(lse));
-  weft::rl::log_prob_backward(std::span<float const>(z), V, std::span<std::int64_t const>(tgt), opt,
-                              std::span<float const>(lse), std::span<float const>(h),
-                              std::span<float const>(g), std::span<float const>(ge),
-                              std::span<float>(dz));
-  float* dzl = to_device(z);
+  std::vector<T> lp(n), h(n), lse(n), dz(z.size());
+  std::vector<T> g = {0.5, -1.0, 2.0, 1.0, 0.25, -0.5, 1.0, 1.0, 1.0},
+                 ge = {0.1, 0.2, -0.3, 0.0, 0.05, 0.0, 1.0, 1.0, 1.0};
+  weft::rl::log_prob_forward(std::span<L const>(z), V, std::span<std::int64_t const>(tgt), opt,
+                             std::span<T>(lp), std::span<T>(h), std::span<T>(lse));
+  weft::rl::log_prob_backward(std::span<L const>(z), V, std::span<std::int64_t const>(tgt), opt,
+                              std::span<T const>(lse), std::span<T const>(h), std::span<T const>(g),
+                              std::span<T const>(ge), std::span<T>(dz));
+  L* dzl = to_device(z);
   std::int64_t* dt = to_device(tgt);
-  float* dg = to_device(g);
-  float* dge = to_device(ge);
-  std::vector<float> zeros(n, 0.0f), zz(z.size(), 0.0f);
-  float* dlp = to_device(zeros);
-  float* dh = to_device(zeros);
-  float* dlse = to_device(zeros);
-  float* ddz = to_device(zz);
+  T* dg = to_device(g);
+  T* dge = to_device(ge);
+  std::vector<T> const zeros(n, T(0));
+  T* dlp = to_device(zeros);
+  T* dh = to_device(zeros);
+  T* dlse = to_device(zeros);
+  L* ddz = to_device(std::vector<L>(z.size(), L(7)));
   weft::rl::kernels::log_prob_forward(nullptr, dzl, V, dt, static_cast<std::int64_t>(n), opt, dlp,
                                       dh, dlse);
   weft::rl::kernels::log_prob_backward(nullptr, dzl, V, dt, static_cast<std::int64_t>(n), opt, dlse,
                                        dh, dg, dge, ddz);
   WEFT_CUDA_TRY(cudaDeviceSynchronize());
-  auto const glp = to_host(dlp, n), gh = to_host(dh, n);
+  auto const glp = to_host(dlp, n), gh = to_host(dh, n), gl = to_host(dlse, n);
   auto const gdz = to_host(ddz, z.size());
+  double const rel = wide ? 1e-12 : 1e-5;
+  auto same = [&](double got, double want) {
+    if (!std::isfinite(want) || !std::isfinite(got)) return got == want;
+    return std::abs(got - want) <= rel * std::max(1.0, std::abs(want));
+  };
   for (std::size_t k = 0; k < n; ++k) {
-    CHECK(glp[k] == doctest::Approx(lp[k]).epsilon(1e-5));
-    CHECK(gh[k] == doctest::Approx(h[k]).epsilon(1e-5));
+    CAPTURE(k);
+    CHECK(same(double(glp[k]), double(lp[k])));
+    CHECK(same(double(gh[k]), double(h[k])));
+    CHECK(same(double(gl[k]), double(lse[k])));
   }
+  double const round = std::is_same_v<L, weft::bf16> ? 1.0 / 256 : 0.0;
   for (std::size_t k = 0; k < n; ++k) {
-    float row_max = 0;
-    for (index_t v = 0; v < V; ++v) row_max = std::max(row_max, std::abs(dz[k * V + v]));
-    for (index_t v = 0; v < V; ++v)
-      CHECK(std::abs(gdz[k * V + v] - dz[k * V + v]) <= 1e-5f * row_max + 1e-30f);
+    double row_max = 0;
+    for (std::size_t v = 0; v < row; ++v)
+      row_max = std::max(row_max, std::abs(double(dz[k * row + v])));
+    std::size_t bad = 0;
+    for (std::size_t v = 0; v < row; ++v) {
+      double const got = double(static_cast<T>(gdz[k * row + v])), want = double(dz[k * row + v]);
+      if (!std::isfinite(got) ||
+          !(std::abs(got - want) <= round * std::abs(want) + 2 * rel * row_max + 1e-300))
+        ++bad;
+    }
+    CAPTURE(k);
+    CAPTURE(row_max);
+    CHECK(bad == 0);
   }
   for (void* p : {static_cast<void*>(dzl), static_cast<void*>(dt), static_cast<void*>(dg),
                   static_cast<void*>(dge), static_cast<void*>(dlp), static_cast<void*>(dh),
                   static_cast<void*>(dlse), static_cast<void*>(ddz)})
     WEFT_CUDA_TRY(cudaFree(p));
+}
+}  // namespace
+
+TEST_CASE("CUDA kernels give the CPU log-probs, entropy and dlogits (f32, bf16 and f64 logits)") {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    MESSAGE("no CUDA device: kernel comparison skipped");
+    return;
+  }
+  check_kernels_against_cpu<float>();
+  check_kernels_against_cpu<weft::bf16>();
+  check_kernels_against_cpu<double>();
 }
 
 TEST_CASE("CUDA kernels give the CPU dlogits at -inf logits for d_entropy 5 and 1e30 (issue 9.1)") {

@@ -561,49 +561,124 @@ TEST_CASE(
 
 #include <cuda_runtime_api.h>
 
-TEST_CASE("CUDA per-token policy loss equals the host loss and gradient") {
+#include <algorithm>
+#include <random>
+
+namespace {
+template <class E>
+E* policy_to_device(std::vector<E> const& v) {
+  E* p = nullptr;
+  WEFT_CUDA_TRY(
+      cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(v.size(), 1) * sizeof(E)));
+  if (!v.empty())
+    WEFT_CUDA_TRY(cudaMemcpy(p, v.data(), v.size() * sizeof(E), cudaMemcpyHostToDevice));
+  return p;
+}
+template <class E>
+std::vector<E> policy_to_host(E const* p, std::size_t n) {
+  std::vector<E> v(n);
+  WEFT_CUDA_TRY(cudaMemcpy(v.data(), p, n * sizeof(E), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+// The kernel against the CPU path in T (float or double) on 8 rows of 33 tokens (log-ratios in
+// [-1.5, 1.5], per-token advantages, masked tokens, token-mean weights): ppo_clip with dual clip
+// 3, cispo and reinforce (also without old log-probs), each without and with rollout IS weights.
+// Each token's loss_tok is the CPU loss with that token's weight alone (the loss is
+// sum_t w_t isw_t loss_t), and dlogp the CPU gradient, element by element; masked tokens 0.
+template <class T>
+void check_policy_tokens_kernel() {
+  auto const b = random_batch(41, 8, 33, 1.5, true);
+  std::size_t const n = b.logp.size();
+  auto cast = [](std::vector<double> const& v) { return std::vector<T>(v.begin(), v.end()); };
+  std::vector<T> const lp = cast(b.logp), ol = cast(b.old_logp), ad = cast(b.adv), w = cast(b.w);
+  std::vector<T> isw(n);
+  std::mt19937_64 gen(43);
+  std::uniform_real_distribution<double> u(0.2, 1.8);
+  for (auto& x : isw) x = static_cast<T>(u(gen));
+  T* d_lp = policy_to_device(lp);
+  T* d_ol = policy_to_device(ol);
+  T* d_ad = policy_to_device(ad);
+  u8* d_mk = policy_to_device(b.mask);
+  T* d_w = policy_to_device(w);
+  T* d_isw = policy_to_device(isw);
+  T* d_lt = policy_to_device(std::vector<T>(n, T(7)));
+  T* d_dl = policy_to_device(std::vector<T>(n, T(7)));
+  double const rel = sizeof(T) == 4 ? 1e-5 : 1e-12;
+  struct variant {
+    policy_loss_kind kind;
+    bool old;
+  };
+  for (variant const v :
+       {variant{policy_loss_kind::ppo_clip, true}, variant{policy_loss_kind::cispo, true},
+        variant{policy_loss_kind::reinforce, true}, variant{policy_loss_kind::reinforce, false}})
+    for (bool const with_isw : {false, true}) {
+      policy_loss_kind const kind = v.kind;
+      bool const old = v.old;
+      CAPTURE(weft::rl::to_string(kind));
+      CAPTURE(old);
+      CAPTURE(with_isw);
+      policy_loss_config cfg;
+      cfg.kind = kind;
+      if (kind == policy_loss_kind::ppo_clip) cfg.dual_clip = 3.0;
+      std::vector<T> const none;
+      auto cpu = [&](std::vector<T> const& weights, std::vector<T>& g) {
+        namespace arg = weft::rl::arg;
+        weft::rl::policy_inputs<T, u8> const in{
+            arg::new_logp{lp},        arg::old_logp<T>{old ? ol : none},
+            arg::advantages{ad},      arg::mask{b.mask},
+            arg::weights<T>{weights}, arg::rollout_is_weights<T>{with_isw ? isw : none}};
+        return weft::rl::policy_loss(cfg, b.layout, in, std::span<T>(g)).loss;
+      };
+      std::vector<T> g(n), scratch(n), one(n, T(0));
+      double const total = cpu(w, g);
+      weft::rl::kernels::policy_loss_tokens(nullptr, cfg, static_cast<std::int64_t>(n), d_lp,
+                                            old ? d_ol : static_cast<T const*>(nullptr), d_ad, d_mk,
+                                            d_w, with_isw ? d_isw : static_cast<T const*>(nullptr),
+                                            d_lt, d_dl);
+      WEFT_CUDA_TRY(cudaDeviceSynchronize());
+      auto const loss_tok = policy_to_host(d_lt, n), grad = policy_to_host(d_dl, n);
+      double loss_max = 0, grad_max = 0, sum = 0;
+      std::vector<double> want(n);
+      for (std::size_t k = 0; k < n; ++k) {
+        one[k] = w[k];
+        want[k] = cpu(one, scratch);
+        one[k] = T(0);
+        loss_max = std::max(loss_max, std::abs(want[k]));
+        grad_max = std::max(grad_max, std::abs(double(g[k])));
+        sum += double(loss_tok[k]);
+      }
+      REQUIRE(loss_max > 0);
+      REQUIRE(grad_max > 0);
+      std::size_t bad_loss = 0, bad_grad = 0, masked_nonzero = 0;
+      for (std::size_t k = 0; k < n; ++k) {
+        if (b.mask[k] == 0) {
+          masked_nonzero += (loss_tok[k] != T(0) || grad[k] != T(0)) ? 1 : 0;
+          continue;
+        }
+        if (!(std::abs(double(loss_tok[k]) - want[k]) <= rel * loss_max)) ++bad_loss;
+        if (!(std::abs(double(grad[k]) - double(g[k])) <= rel * grad_max)) ++bad_grad;
+      }
+      CHECK(bad_loss == 0);
+      CHECK(bad_grad == 0);
+      CHECK(masked_nonzero == 0);
+      CHECK(std::abs(sum - total) <= rel * double(n) * loss_max);
+    }
+  for (void* p : {static_cast<void*>(d_lp), static_cast<void*>(d_ol), static_cast<void*>(d_ad),
+                  static_cast<void*>(d_mk), static_cast<void*>(d_w), static_cast<void*>(d_isw),
+                  static_cast<void*>(d_lt), static_cast<void*>(d_dl)})
+    WEFT_CUDA_TRY(cudaFree(p));
+}
+}  // namespace
+
+TEST_CASE(
+    "CUDA per-token policy loss equals the host loss and gradient (f32 and f64, IS weights)") {
   int devices = 0;
   if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
     MESSAGE("no CUDA device: kernel comparison skipped");
     return;
   }
-  auto const b = random_batch(41, 8, 33, 1.5, true);
-  auto const n = b.logp.size();
-  auto up = [](auto const& v) {
-    using E = typename std::decay_t<decltype(v)>::value_type;
-    E* p = nullptr;
-    WEFT_CUDA_TRY(cudaMalloc(reinterpret_cast<void**>(&p), v.size() * sizeof(E)));
-    WEFT_CUDA_TRY(cudaMemcpy(p, v.data(), v.size() * sizeof(E), cudaMemcpyHostToDevice));
-    return p;
-  };
-  double* lp = up(b.logp);
-  double* ol = up(b.old_logp);
-  double* ad = up(b.adv);
-  u8* mk = up(b.mask);
-  double* w = up(b.w);
-  std::vector<double> zeros(n, 0.0);
-  double* lt = up(zeros);
-  double* dl = up(zeros);
-  for (auto kind :
-       {policy_loss_kind::ppo_clip, policy_loss_kind::cispo, policy_loss_kind::reinforce}) {
-    policy_loss_config cfg;
-    cfg.kind = kind;
-    weft::rl::policy_loss_result host;
-    auto const g = grad_of(cfg, b, &host);
-    weft::rl::kernels::policy_loss_tokens(nullptr, cfg, static_cast<std::int64_t>(n), lp, ol, ad,
-                                          mk, w, static_cast<double const*>(nullptr), lt, dl);
-    WEFT_CUDA_TRY(cudaDeviceSynchronize());
-    std::vector<double> loss_tok(n), grad(n);
-    WEFT_CUDA_TRY(cudaMemcpy(loss_tok.data(), lt, n * sizeof(double), cudaMemcpyDeviceToHost));
-    WEFT_CUDA_TRY(cudaMemcpy(grad.data(), dl, n * sizeof(double), cudaMemcpyDeviceToHost));
-    double sum = 0;
-    for (double x : loss_tok) sum += x;
-    CHECK(sum == doctest::Approx(host.loss).epsilon(1e-12));
-    for (std::size_t k = 0; k < n; ++k) CHECK(grad[k] == doctest::Approx(g[k]).epsilon(1e-12));
-  }
-  for (void* p : {static_cast<void*>(lp), static_cast<void*>(ol), static_cast<void*>(ad),
-                  static_cast<void*>(mk), static_cast<void*>(w), static_cast<void*>(lt),
-                  static_cast<void*>(dl)})
-    WEFT_CUDA_TRY(cudaFree(p));
+  check_policy_tokens_kernel<double>();
+  check_policy_tokens_kernel<float>();
 }
 #endif
