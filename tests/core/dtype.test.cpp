@@ -9,7 +9,10 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <cuda/std/limits>
+
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -828,6 +831,57 @@ TEST_CASE("dtype: limits of bf16 and f16 are the closed-form values") {
   CHECK(weft::limits<float>::infinity() == std::numeric_limits<float>::infinity());
   CHECK(weft::limits<std::int64_t>::max() == std::numeric_limits<std::int64_t>::max());
   CHECK(weft::limits<std::uint8_t>::lowest() == 0);
+}
+
+namespace {
+// Generic code written for float, as a user writes it.
+template <class T>
+T dtype_test_negative_infinity() {
+  return -std::numeric_limits<T>::infinity();
+}
+
+template <class T>
+void check_std_limits_are_weft_limits(std::uint16_t quiet_bit) {
+  using S = std::numeric_limits<T>;
+  using C = cuda::std::numeric_limits<T>;
+  using W = weft::limits<T>;
+  static_assert(S::is_specialized && C::is_specialized);
+  static_assert(S::digits == W::digits && C::digits == W::digits);
+  static_assert(S::max_exponent == W::max_exponent && S::min_exponent == W::min_exponent);
+  static_assert(S::has_infinity && S::has_quiet_NaN && S::has_signaling_NaN && S::is_bounded);
+  static_assert(!S::is_integer && !S::is_exact && !S::is_modulo && S::is_signed);
+  static_assert(S::round_style == std::round_to_nearest);
+  static_assert(C::round_style == cuda::std::round_to_nearest);
+  static_assert(S::has_denorm == std::denorm_present);
+  for (auto [s, c, w] : {std::array<T, 3>{S::infinity(), C::infinity(), W::infinity()},
+                         {S::quiet_NaN(), C::quiet_NaN(), W::quiet_NaN()},
+                         {S::signaling_NaN(), C::signaling_NaN(), W::signaling_NaN()},
+                         {S::max(), C::max(), W::max()},
+                         {S::lowest(), C::lowest(), W::lowest()},
+                         {S::min(), C::min(), W::min()},
+                         {S::denorm_min(), C::denorm_min(), W::denorm_min()},
+                         {S::epsilon(), C::epsilon(), W::epsilon()},
+                         {S::round_error(), C::round_error(), W::round_error()}}) {
+    CHECK(s.bits() == w.bits());
+    CHECK(c.bits() == w.bits());
+  }
+  CHECK(static_cast<float>(dtype_test_negative_infinity<T>()) ==
+        -std::numeric_limits<float>::infinity());
+  CHECK(std::isnan(static_cast<float>(S::quiet_NaN())));
+  CHECK(std::isnan(static_cast<float>(S::signaling_NaN())));
+  CHECK((S::quiet_NaN().bits() & quiet_bit) != 0);  // the quiet bit set, and clear:
+  CHECK((S::signaling_NaN().bits() & quiet_bit) == 0);
+}
+}  // namespace
+
+TEST_CASE(
+    "dtype: std::numeric_limits and cuda::std::numeric_limits of bf16 and f16 are weft::limits' "
+    "(not the primary template's zeros)") {
+  check_std_limits_are_weft_limits<bf16>(0x0040u);
+  check_std_limits_are_weft_limits<f16>(0x0200u);
+  // bf16's signalling NaN is float's, truncated.
+  CHECK(std::numeric_limits<bf16>::signaling_NaN().bits() ==
+        std::bit_cast<std::uint32_t>(std::numeric_limits<float>::signaling_NaN()) >> 16);
 }
 
 // ---- the dtype tag ------------------------------------------------------------------------------

@@ -13,6 +13,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <string_view>
 #include <type_traits>
@@ -300,7 +301,15 @@ struct limits<bf16> {
   static constexpr bool is_exact = false;
   static constexpr bool has_infinity = true;
   static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr cuda::std::float_denorm_style has_denorm = cuda::std::denorm_present;
+  static constexpr bool has_denorm_loss = false;
   static constexpr bool is_iec559 = false;  // not an IEEE 754 interchange format
+  static constexpr bool is_bounded = true;
+  static constexpr bool is_modulo = false;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+  static constexpr cuda::std::float_round_style round_style = cuda::std::round_to_nearest;
   static constexpr int radix = 2;
   static constexpr int digits = 8;
   static constexpr int digits10 = 2;
@@ -318,6 +327,7 @@ struct limits<bf16> {
   WEFT_HD static constexpr bf16 round_error() noexcept { return bf16::from_bits(0x3f00u); }
   WEFT_HD static constexpr bf16 infinity() noexcept { return bf16::from_bits(0x7f80u); }
   WEFT_HD static constexpr bf16 quiet_NaN() noexcept { return bf16::from_bits(0x7fffu); }
+  WEFT_HD static constexpr bf16 signaling_NaN() noexcept { return bf16::from_bits(0x7fa0u); }
   WEFT_HD static constexpr bf16 denorm_min() noexcept {
     return bf16::from_bits(0x0001u);
   }  // 2^-133
@@ -331,7 +341,15 @@ struct limits<f16> {
   static constexpr bool is_exact = false;
   static constexpr bool has_infinity = true;
   static constexpr bool has_quiet_NaN = true;
+  static constexpr bool has_signaling_NaN = true;
+  static constexpr cuda::std::float_denorm_style has_denorm = cuda::std::denorm_present;
+  static constexpr bool has_denorm_loss = false;
   static constexpr bool is_iec559 = true;
+  static constexpr bool is_bounded = true;
+  static constexpr bool is_modulo = false;
+  static constexpr bool traps = false;
+  static constexpr bool tinyness_before = false;
+  static constexpr cuda::std::float_round_style round_style = cuda::std::round_to_nearest;
   static constexpr int radix = 2;
   static constexpr int digits = 11;
   static constexpr int digits10 = 3;
@@ -347,8 +365,40 @@ struct limits<f16> {
   WEFT_HD static constexpr f16 round_error() noexcept { return f16::from_bits(0x3800u); }
   WEFT_HD static constexpr f16 infinity() noexcept { return f16::from_bits(0x7c00u); }
   WEFT_HD static constexpr f16 quiet_NaN() noexcept { return f16::from_bits(0x7fffu); }
+  WEFT_HD static constexpr f16 signaling_NaN() noexcept { return f16::from_bits(0x7d00u); }
   WEFT_HD static constexpr f16 denorm_min() noexcept { return f16::from_bits(0x0001u); }  // 2^-24
 };
+
+}  // namespace weft
+
+//! std::numeric_limits and cuda::std::numeric_limits of bf16 and f16 are weft::limits' (PyTorch's
+//! c10 and CUTLASS specialise theirs for the same reason): the primary templates answer T() (0)
+//! for infinity(), quiet_NaN() and max() of a class type, silently, in generic code written for
+//! float. The std one names its enums in std (the rest is weft::limits').
+template <>
+class cuda::std::numeric_limits<weft::bf16> : public weft::limits<weft::bf16> {};
+template <>
+class cuda::std::numeric_limits<weft::f16> : public weft::limits<weft::f16> {};
+#if defined(_LIBCPP_VERSION)
+#define WEFT_STD_LIMITS_KEY class  // libc++ declares numeric_limits a class, libstdc++ a struct
+#else
+#define WEFT_STD_LIMITS_KEY struct
+#endif
+template <>
+WEFT_STD_LIMITS_KEY std::numeric_limits<weft::bf16> : public weft::limits<weft::bf16> {
+ public:
+  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
+  static constexpr std::float_round_style round_style = std::round_to_nearest;
+};
+template <>
+WEFT_STD_LIMITS_KEY std::numeric_limits<weft::f16> : public weft::limits<weft::f16> {
+ public:
+  static constexpr std::float_denorm_style has_denorm = std::denorm_present;
+  static constexpr std::float_round_style round_style = std::round_to_nearest;
+};
+#undef WEFT_STD_LIMITS_KEY
+
+namespace weft {
 
 //! The runtime tag of an element type: what type-erased buffers (communicators, checkpoints,
 //! casting kernels) carry instead of a template parameter.
