@@ -559,28 +559,14 @@ TEST_CASE(
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
 #include <weft/rl/cuda/policy_loss.cuh>
 
+#include "support/cuda_buffer.hpp"
+
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <random>
 
 namespace {
-template <class E>
-E* policy_to_device(std::vector<E> const& v) {
-  E* p = nullptr;
-  WEFT_CUDA_TRY(
-      cudaMalloc(reinterpret_cast<void**>(&p), std::max<std::size_t>(v.size(), 1) * sizeof(E)));
-  if (!v.empty())
-    WEFT_CUDA_TRY(cudaMemcpy(p, v.data(), v.size() * sizeof(E), cudaMemcpyHostToDevice));
-  return p;
-}
-template <class E>
-std::vector<E> policy_to_host(E const* p, std::size_t n) {
-  std::vector<E> v(n);
-  WEFT_CUDA_TRY(cudaMemcpy(v.data(), p, n * sizeof(E), cudaMemcpyDeviceToHost));
-  return v;
-}
-
 // The kernel against the CPU path in T (float or double) on 8 rows of 33 tokens (log-ratios in
 // [-1.5, 1.5], per-token advantages, masked tokens, token-mean weights): ppo_clip with dual clip
 // 3, cispo and reinforce (also without old log-probs), each without and with rollout IS weights.
@@ -596,14 +582,10 @@ void check_policy_tokens_kernel() {
   std::mt19937_64 gen(43);
   std::uniform_real_distribution<double> u(0.2, 1.8);
   for (auto& x : isw) x = static_cast<T>(u(gen));
-  T* d_lp = policy_to_device(lp);
-  T* d_ol = policy_to_device(ol);
-  T* d_ad = policy_to_device(ad);
-  u8* d_mk = policy_to_device(b.mask);
-  T* d_w = policy_to_device(w);
-  T* d_isw = policy_to_device(isw);
-  T* d_lt = policy_to_device(std::vector<T>(n, T(7)));
-  T* d_dl = policy_to_device(std::vector<T>(n, T(7)));
+  using weft::test::device_buffer;
+  device_buffer<T> const d_lp(lp), d_ol(ol), d_ad(ad), d_w(w), d_isw(isw);
+  device_buffer<u8> const d_mk(b.mask);
+  device_buffer<T> d_lt(std::vector<T>(n, T(7))), d_dl(std::vector<T>(n, T(7)));
   double const rel = sizeof(T) == 4 ? 1e-5 : 1e-12;
   struct variant {
     policy_loss_kind kind;
@@ -632,12 +614,12 @@ void check_policy_tokens_kernel() {
       };
       std::vector<T> g(n), scratch(n), one(n, T(0));
       double const total = cpu(w, g);
-      weft::rl::kernels::policy_loss_tokens(nullptr, cfg, static_cast<std::int64_t>(n), d_lp,
-                                            old ? d_ol : static_cast<T const*>(nullptr), d_ad, d_mk,
-                                            d_w, with_isw ? d_isw : static_cast<T const*>(nullptr),
-                                            d_lt, d_dl);
+      T const* const none_p = nullptr;
+      weft::rl::kernels::policy_loss_tokens(nullptr, cfg, static_cast<std::int64_t>(n), d_lp.p,
+                                            old ? d_ol.p : none_p, d_ad.p, d_mk.p, d_w.p,
+                                            with_isw ? d_isw.p : none_p, d_lt.p, d_dl.p);
       WEFT_CUDA_TRY(cudaDeviceSynchronize());
-      auto const loss_tok = policy_to_host(d_lt, n), grad = policy_to_host(d_dl, n);
+      auto const loss_tok = d_lt.host(), grad = d_dl.host();
       double loss_max = 0, grad_max = 0, sum = 0;
       std::vector<double> want(n);
       for (std::size_t k = 0; k < n; ++k) {
@@ -664,20 +646,12 @@ void check_policy_tokens_kernel() {
       CHECK(masked_nonzero == 0);
       CHECK(std::abs(sum - total) <= rel * double(n) * loss_max);
     }
-  for (void* p : {static_cast<void*>(d_lp), static_cast<void*>(d_ol), static_cast<void*>(d_ad),
-                  static_cast<void*>(d_mk), static_cast<void*>(d_w), static_cast<void*>(d_isw),
-                  static_cast<void*>(d_lt), static_cast<void*>(d_dl)})
-    WEFT_CUDA_TRY(cudaFree(p));
 }
 }  // namespace
 
 TEST_CASE(
     "CUDA per-token policy loss equals the host loss and gradient (f32 and f64, IS weights)") {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    MESSAGE("no CUDA device: kernel comparison skipped");
-    return;
-  }
+  if (!weft::test::have_cuda_device()) return;
   check_policy_tokens_kernel<double>();
   check_policy_tokens_kernel<float>();
 }

@@ -231,14 +231,22 @@ std::vector<float> as_floats(std::vector<X> const& v) {
   return std::vector<float>(v.begin(), v.end());
 }
 
-}  // namespace
-
-TEST_CASE("gpu: ring attention over a one-rank NCCL communicator equals the flash kernels") {
+//! fn(comm) on a one-rank communicator over the real libnccl.
+template <class Fn>
+void on_one_rank_nccl(Fn fn) {
   REQUIRE_MESSAGE(weft::test::cuda_device_present(), "this test needs a CUDA device (label gpu)");
-  wc::threads::world(1).run([](wc::threads::communicator& host) {
+  wc::threads::world(1).run([&](wc::threads::communicator& host) {
     nc::options o;
     o.timeout = 60s;
     auto comm = nc::communicator::create(host, 0, o);
+    fn(comm);
+  });
+}
+
+}  // namespace
+
+TEST_CASE("gpu: ring attention over a one-rank NCCL communicator equals the flash kernels") {
+  on_one_rank_nccl([](nc::communicator& comm) {
     for (bool causal : {false, true}) {
       gpu_case<weft::bf16>(comm, sp_mode::ring_contiguous, 2, 256, 8, 2, 128, causal);
       gpu_case<weft::bf16>(comm, sp_mode::ring_contiguous, 1, 200, 4, 4, 64, causal);
@@ -251,11 +259,7 @@ TEST_CASE("gpu: ring attention over a one-rank NCCL communicator equals the flas
 }
 
 TEST_CASE("gpu: Ulysses and USP over a one-rank NCCL communicator equal the flash kernels") {
-  REQUIRE_MESSAGE(weft::test::cuda_device_present(), "this test needs a CUDA device (label gpu)");
-  wc::threads::world(1).run([](wc::threads::communicator& host) {
-    nc::options o;
-    o.timeout = 60s;
-    auto comm = nc::communicator::create(host, 0, o);
+  on_one_rank_nccl([](nc::communicator& comm) {
     for (bool causal : {false, true}) {
       gpu_case<weft::bf16>(comm, sp_mode::ulysses, 2, 256, 8, 2, 128, causal);
       gpu_case<weft::bf16>(comm, sp_mode::ulysses, 1, 200, 4, 1, 64, causal);
