@@ -201,6 +201,12 @@ void kl_against_cpu(std::size_t n) {
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
     expect_close(kt + " value", dval.host(), val, tol);
     expect_close(kt + " grad", dgrad.host(), grad, tol);
+    // Values alone (grad null, as kl.cuh allows): the same values.
+    dbuf<T> dval_only(lp);
+    rk::kl_penalty<T, std::uint8_t>(nullptr, kind, dlp.p, dref.p, dmask.p, dval_only.p,
+                                    static_cast<T*>(nullptr), static_cast<std::int64_t>(n));
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    expect_close(kt + " value (no gradient)", dval_only.host(), val, tol);
     // The loss term: dlogp starts at 0.5 everywhere and gains coef·w·k' on valid tokens.
     std::vector<T> dl(n, T(0.5));
     double const coef = 0.1;
