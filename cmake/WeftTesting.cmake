@@ -1,7 +1,8 @@
 # WeftTesting.cmake — helpers for weft's own tests and nvcc checks (not installed).
 #
 # weft_target_defaults(<target>)       warnings, sanitizers and the C++ standard for weft's programs
-# weft_add_test_area(<name> DIR <dir> [LABELS ...] [LIBS ...] [CUDA_LIBS ...] [NO_CUDA_TWIN])
+# weft_add_test_area(<name> DIR <dir> [LABELS ...] [LIBS ...] [CUDA_LIBS ...] [NO_CUDA_TWIN]
+#                    [CUDA_ARCH_SPECIFIC])
 #     <dir>/*.test.cpp      -> executable weft.test.<name> (not recursive: tests/comm/mpi and
 #                              tests/comm/nccl have their own CMakeLists), one CTest test per doctest case,
 #                              named "<name>/<case>", labelled <name> and LABELS, plus "slow",
@@ -14,10 +15,16 @@
 #                              test nothing new; that every public header compiles under nvcc is
 #                              weft_add_nvcc_header_check's job. CUDA_LIBS (e.g. CUDA::cublas)
 #                              link only the .cuda twin, never the host executable.
+#                              CUDA_ARCH_SPECIFIC: the twin's kernels branch on the architecture
+#                              (see WEFT_CUDA_TWINS_FIRST_ARCHITECTURE).
 # weft_add_cuh_check()                 compiles every include/weft/**/*.cuh alone in a .cu file
 # weft_add_nvcc_header_check(<headers>) compiles every given public .hpp in one .cu file (alone,
 #                              each is checked by g++ and clang++ in the headers stage)
+# weft_cuda_twin_architectures(<target> [ARCH_SPECIFIC])  the architectures of an nvcc test program
 # Every nvcc-compiled target joins the `weft_nvcc` target, which is what CI's nvcc stage builds.
+#
+# weft's test programs (everything under tests/) compile at WEFT_TEST_OPTIMIZATION (-O1) in the
+# optimised build types: tests/CMakeLists.txt.
 #
 # The presets build every host program as one unity TU (CMAKE_UNITY_BUILD, batch size 0): the
 # test files of an area share most of their template instantiations, and compiling them once
@@ -27,6 +34,15 @@
 # ci/unity-names, scripts/check_unity_names.py, fails otherwise).
 
 include_guard(GLOBAL)
+
+# A test's run time is dominated by the examples' layout runs (built at the build type's level),
+# its build by the test programs' template instantiations, which g++ compiles at -O1 in about half
+# of -O2's time (tests/rl: 48 s against 90 s). So the test programs build at this level in the
+# optimised build types (Release, RelWithDebInfo, MinSizeRel: the presets' -O2 -g1); the library's
+# examples and benchmarks keep the build type's. The sanitizer presets build everything at -O1
+# already. Empty: the build type's level for the tests too.
+set(WEFT_TEST_OPTIMIZATION "-O1" CACHE STRING
+    "Optimisation flag of weft's test programs in the optimised build types (empty: the build type's)")
 
 function(weft_target_defaults target)
   target_compile_features(${target} PRIVATE cxx_std_20)
@@ -50,6 +66,7 @@ function(_weft_test_main_lib out lang)
       set(_src "${CMAKE_BINARY_DIR}/weft_generated/test_main.cu")
       file(CONFIGURE OUTPUT "${_src}" CONTENT "#include \"${PROJECT_SOURCE_DIR}/tests/support/main.cpp\"\n")
       add_library(${_lib} OBJECT "${_src}")
+      _weft_check_architecture(${_lib})  # doctest's main: no device code
       target_link_libraries(${_lib} PUBLIC weft::cuda doctest::doctest)
     else()
       add_library(${_lib} OBJECT "${PROJECT_SOURCE_DIR}/tests/support/main.cpp")
@@ -94,7 +111,7 @@ set(WEFT_SERIAL_CASES "^straggler:[ ]" CACHE INTERNAL "")  # cmake -D trims a tr
 set(WEFT_SUITE_LABELS slow threads mpi CACHE INTERNAL "")
 
 function(weft_add_test_area name)
-  cmake_parse_arguments(A "NO_CUDA_TWIN" "DIR" "LABELS;LIBS;CUDA_LIBS" ${ARGN})
+  cmake_parse_arguments(A "NO_CUDA_TWIN;CUDA_ARCH_SPECIFIC" "DIR" "LABELS;LIBS;CUDA_LIBS" ${ARGN})
   if(NOT A_DIR)
     set(A_DIR "${CMAKE_CURRENT_SOURCE_DIR}/${name}")
   endif()
@@ -132,6 +149,11 @@ function(weft_add_test_area name)
     # One CTest test for the whole twin; slow cases are left to the host build.
     add_test(NAME ${name}/cuda COMMAND ${_cexe} --test-suite-exclude=slow)
     set_tests_properties(${name}/cuda PROPERTIES LABELS "gpu;${name}" TIMEOUT 900)
+    if(A_CUDA_ARCH_SPECIFIC)
+      weft_cuda_twin_architectures(${_cexe} ARCH_SPECIFIC)
+    else()
+      weft_cuda_twin_architectures(${_cexe})
+    endif()
     weft_nvcc_target(${_cexe})
   endif()
 endfunction()
@@ -162,12 +184,31 @@ function(weft_nvcc_target target)
   add_dependencies(weft_nvcc ${target})
 endfunction()
 
-# The header checks instantiate no kernel: they compile for the first architecture of
-# CMAKE_CUDA_ARCHITECTURES only (a second one would parse the same declarations again, 40 % of
-# their time). The CUDA twins and rl_trainer_cuda, which instantiate the kernels, build them all.
+# The header checks and the nvcc-compiled test main instantiate no kernel: they compile for the
+# first architecture of CMAKE_CUDA_ARCHITECTURES only (a second one would parse the same
+# declarations again, 40 % of their time). The CUDA twins and rl_trainer_cuda, which instantiate
+# the kernels, build them all, but see WEFT_CUDA_TWINS_FIRST_ARCHITECTURE.
 function(_weft_check_architecture target)
   list(GET CMAKE_CUDA_ARCHITECTURES 0 _first)
   set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${_first}")
+endfunction()
+
+# Only the flash attention kernels branch on the architecture (wgmma on 90a, mma.sync elsewhere:
+# __CUDA_ARCH_FEAT_SM90_ALL). Every other twin's device code is the same text for 90a and 90, and
+# nvcc's device front end (cicc) runs once per architecture over the whole TU, host templates
+# included: the second pass is a third to a half of such a twin's time and checks nothing the
+# first did not. CI's nvcc stage, where the twins are compile checks (no GPU answers there), sets
+# this ON; the twins with architecture-specific kernels (weft_cuda_twin_architectures(<target>
+# ARCH_SPECIFIC)) still build every architecture. OFF (the default): every twin builds every
+# architecture, so that the 90-virtual PTX runs them on GPUs after Hopper.
+option(WEFT_CUDA_TWINS_FIRST_ARCHITECTURE
+       "Build the CUDA twins whose kernels do not branch on the architecture for the first CUDA architecture only (CI's nvcc stage)"
+       OFF)
+function(weft_cuda_twin_architectures target)
+  cmake_parse_arguments(A "ARCH_SPECIFIC" "" "" ${ARGN})
+  if(WEFT_CUDA_TWINS_FIRST_ARCHITECTURE AND NOT A_ARCH_SPECIFIC)
+    _weft_check_architecture(${target})
+  endif()
 endfunction()
 
 function(weft_add_nvcc_header_check)
