@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <span>
 #include <string>
@@ -168,12 +169,43 @@ void check_grad_norm_and_clip() {
     WEFT_CUDA_TRY(cudaFree(temp));
   }
 }
+
+// One NaN gradient, as the CPU's clip test: the norm is NaN, and clipping then makes every
+// gradient NaN (clip_coefficient(NaN, max_norm) is NaN), at any max_norm.
+template <class T>
+void check_nan_gradient_clip() {
+  CAPTURE(sizeof(T));
+  std::size_t const n = 1000;
+  std::vector<T> g(n, T(0.25));
+  g[617] = std::numeric_limits<T>::quiet_NaN();
+  dbuf<T> dg(g);
+  dbuf<double> out(std::vector<double>(1, -1.0));
+  std::size_t const bytes = ok::grad_norm_squared_temp_bytes<T>(static_cast<std::int64_t>(n));
+  void* temp = nullptr;
+  WEFT_CUDA_TRY(cudaMalloc(&temp, bytes > 0 ? bytes : 1));
+  ok::grad_norm_squared<T>(nullptr, dg.p, static_cast<std::int64_t>(n), out.p, temp, bytes);
+  WEFT_CUDA_TRY(cudaDeviceSynchronize());
+  CHECK(std::isnan(out.host()[0]));
+  for (double max_norm : {1e-3, 1e6}) {
+    CAPTURE(max_norm);
+    dg.upload(g);
+    double const gn = ok::clip_grad_norm<T>(nullptr, dg.p, static_cast<std::int64_t>(n), max_norm,
+                                            temp, bytes, out.p);
+    CHECK(std::isnan(gn));
+    std::size_t finite = 0;
+    for (T x : dg.host()) finite += std::isnan(static_cast<double>(x)) ? 0 : 1;
+    CHECK(finite == 0);
+  }
+  WEFT_CUDA_TRY(cudaFree(temp));
+}
 }  // namespace
 
 TEST_CASE("optim/cuda: grad-norm sum of squares (CUB) and clipping follow the CPU (f32 and f64)") {
   if (!have_cuda_device()) return;
   check_grad_norm_and_clip<float>();
   check_grad_norm_and_clip<double>();
+  check_nan_gradient_clip<float>();
+  check_nan_gradient_clip<double>();
 }
 
 TEST_CASE("optim/cuda: bad options, lr, step and temp size throw before any launch") {

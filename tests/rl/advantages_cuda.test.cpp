@@ -363,42 +363,46 @@ TEST_CASE(
   returns_grid<float>();
 }
 
-TEST_CASE("rl/cuda: masked whitening with its own and with supplied statistics follows the CPU") {
-  if (!have_cuda_device()) return;
+namespace {
+// Masked whitening of T values (f32: the statistics and each token's arithmetic in double, as
+// the CPU's, then one rounding).
+template <class T>
+void whiten_against_cpu(double tol) {
   for (std::size_t n :
        {std::size_t{0}, std::size_t{1}, std::size_t{2}, std::size_t{1037}, std::size_t{100003}}) {
     CAPTURE(n);
     std::mt19937_64 rng(n + 17);
     std::uniform_real_distribution<double> u(-3.0, 5.0);
-    std::vector<double> v(n);
+    std::vector<T> v(n);
     std::vector<std::uint8_t> m(n);
     for (std::size_t k = 0; k < n; ++k) {
       m[k] = k % 5 == 3 ? 0 : 1;
-      v[k] = m[k] ? 100.0 + u(rng) : std::numeric_limits<double>::quiet_NaN();  // mean far from 0
+      v[k] = m[k] ? static_cast<T>(100.0 + u(rng))  // mean far from 0
+                  : std::numeric_limits<T>::quiet_NaN();
     }
-    dbuf<double> dv(v), dout(std::vector<double>(n, -9.0));
+    dbuf<T> dv(v), dout(std::vector<T>(n, T(-9)));
     dbuf<std::uint8_t> dm(m);
-    std::vector<double> want(n);
+    std::vector<T> want(n);
     for (bool shift : {true, false}) {
-      weft::rl::masked_whiten(std::span<double const>(v), std::span<std::uint8_t const>(m),
-                              std::span<double>(want), shift);
-      rk::masked_whiten<double, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(n),
-                                              dout.p, shift);
+      weft::rl::masked_whiten(std::span<T const>(v), std::span<std::uint8_t const>(m),
+                              std::span<T>(want), shift);
+      rk::masked_whiten<T, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(n), dout.p,
+                                         shift);
       WEFT_CUDA_TRY(cudaDeviceSynchronize());
       expect_close(std::string("own statistics") + (shift ? "" : ", mean kept"), dout.host(), want,
-                   1e-12);
+                   tol);
     }
     // Statistics of two halves (as two ranks), added on the host, whiten each half.
     std::size_t const h = n / 2;
     dbuf<weft::rl::whiten_stats> ds(std::size_t{2});
-    rk::whiten_statistics<double, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(h),
-                                                ds.p);
-    rk::whiten_statistics<double, std::uint8_t>(nullptr, dv.p + h, dm.p + h,
-                                                static_cast<std::int64_t>(n - h), ds.p + 1);
+    rk::whiten_statistics<T, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(h), ds.p);
+    rk::whiten_statistics<T, std::uint8_t>(nullptr, dv.p + h, dm.p + h,
+                                           static_cast<std::int64_t>(n - h), ds.p + 1);
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
     auto const parts = ds.host();
-    auto const cpu_a = weft::rl::whiten_statistics(std::span<double const>(v.data(), h),
+    auto const cpu_a = weft::rl::whiten_statistics(std::span<T const>(v.data(), h),
                                                    std::span<std::uint8_t const>(m.data(), h));
+    // Sums in double on both sides (of the same T values): a tree against a serial sum.
     CHECK(parts[0].count == cpu_a.count);
     CHECK(std::abs(parts[0].sum - cpu_a.sum) <= 1e-12 * std::max(1.0, std::abs(cpu_a.sum)));
     CHECK(std::abs(parts[0].sum_sq - cpu_a.sum_sq) <= 1e-12 * std::max(1.0, cpu_a.sum_sq));
@@ -407,14 +411,22 @@ TEST_CASE("rl/cuda: masked whitening with its own and with supplied statistics f
     total.sum = parts[0].sum + parts[1].sum;
     total.sum_sq = parts[0].sum_sq + parts[1].sum_sq;
     dbuf<weft::rl::whiten_stats> dt(std::vector<weft::rl::whiten_stats>{total});
-    weft::rl::masked_whiten(std::span<double const>(v), std::span<std::uint8_t const>(m),
-                            std::span<double>(want), total);
-    rk::masked_whiten<double, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(n),
-                                            dout.p,
-                                            static_cast<weft::rl::whiten_stats const*>(dt.p));
+    weft::rl::masked_whiten(std::span<T const>(v), std::span<std::uint8_t const>(m),
+                            std::span<T>(want), total);
+    rk::masked_whiten<T, std::uint8_t>(nullptr, dv.p, dm.p, static_cast<std::int64_t>(n), dout.p,
+                                       static_cast<weft::rl::whiten_stats const*>(dt.p));
     WEFT_CUDA_TRY(cudaDeviceSynchronize());
-    expect_close("supplied statistics", dout.host(), want, 1e-12);
+    expect_close("supplied statistics", dout.host(), want, tol);
   }
+}
+}  // namespace
+
+TEST_CASE(
+    "rl/cuda: masked whitening with its own and with supplied statistics follows the CPU (f64 "
+    "and f32)") {
+  if (!have_cuda_device()) return;
+  whiten_against_cpu<double>(1e-12);
+  whiten_against_cpu<float>(1e-6);
 }
 
 TEST_CASE("rl/cuda: bad rows, token counts and eps throw before any launch") {
