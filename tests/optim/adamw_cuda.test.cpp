@@ -125,6 +125,26 @@ TEST_CASE("optim/cuda: the fused AdamW kernel follows optim::adamw over 20 steps
 }
 
 namespace {
+// T gradients on the device, the norm's output and CUB's scratch for them (freed with it).
+template <class T>
+struct grad_norm_run {
+  std::int64_t n;
+  dbuf<T> grads;
+  dbuf<double> out{std::vector<double>(1, -1.0)};
+  std::size_t bytes = ok::grad_norm_squared_temp_bytes<T>(n);
+  dbuf<unsigned char> temp{bytes > 0 ? bytes : 1};
+  explicit grad_norm_run(std::vector<T> const& g)
+      : n(static_cast<std::int64_t>(g.size())), grads(g) {}
+  double norm_squared() {
+    ok::grad_norm_squared<T>(nullptr, grads.p, n, out.p, temp.p, bytes);
+    WEFT_CUDA_TRY(cudaDeviceSynchronize());
+    return out.host()[0];
+  }
+  double clip(double max_norm) {
+    return ok::clip_grad_norm<T>(nullptr, grads.p, n, max_norm, temp.p, bytes, out.p);
+  }
+};
+
 // The CUB sum of squares of T gradients (accumulated in double) against the CPU's, within
 // 1e-12; clipping to half the norm scales every gradient by clip_coefficient (rounded to T),
 // and clipping at twice the norm leaves them, within 1e-7 (f32) or 1e-11 (f64: the kernel's
@@ -141,32 +161,24 @@ void check_grad_norm_and_clip() {
     for (auto& x : g) x = static_cast<T>(dist(rng));
     double want = 0;
     for (T x : g) want += static_cast<double>(x) * static_cast<double>(x);
-    dbuf<T> dg(g);
-    dbuf<double> out(std::vector<double>(1, -1.0));
-    std::size_t const bytes = ok::grad_norm_squared_temp_bytes<T>(static_cast<std::int64_t>(n));
-    void* temp = nullptr;
-    WEFT_CUDA_TRY(cudaMalloc(&temp, bytes > 0 ? bytes : 1));
-    ok::grad_norm_squared<T>(nullptr, dg.p, static_cast<std::int64_t>(n), out.p, temp, bytes);
-    WEFT_CUDA_TRY(cudaDeviceSynchronize());
-    double const got = out.host()[0];
+    grad_norm_run<T> run(g);
+    double const got = run.norm_squared();
     INFO("gpu " << got << " cpu " << want);
     CHECK(std::abs(got - want) <= 1e-12 * std::max(want, 1e-300));
     // Clipping to half the norm (and not clipping at twice the norm).
     double const norm = std::sqrt(want);
     for (double max_norm : {0.5 * norm, 2.0 * norm + 1.0}) {
       CAPTURE(max_norm);
-      dg.upload(g);
-      double const gn = ok::clip_grad_norm<T>(nullptr, dg.p, static_cast<std::int64_t>(n), max_norm,
-                                              temp, bytes, out.p);
+      run.grads.upload(g);
+      double const gn = run.clip(max_norm);
       CHECK(std::abs(gn - norm) <= 1e-12 * std::max(norm, 1e-300));
       auto const f = static_cast<T>(weft::optim::clip_coefficient(norm, max_norm));
       std::vector<T> want_g(g);
       for (auto& x : want_g) x *= f;
-      auto const got_g = dg.host();
+      auto const got_g = run.grads.host();
       expect_close("clipped grads", got_g, std::span<T const>(want_g),
                    sizeof(T) == 4 ? 1e-7 : 1e-11);
     }
-    WEFT_CUDA_TRY(cudaFree(temp));
   }
 }
 
@@ -175,28 +187,18 @@ void check_grad_norm_and_clip() {
 template <class T>
 void check_nan_gradient_clip() {
   CAPTURE(sizeof(T));
-  std::size_t const n = 1000;
-  std::vector<T> g(n, T(0.25));
+  std::vector<T> g(1000, T(0.25));
   g[617] = std::numeric_limits<T>::quiet_NaN();
-  dbuf<T> dg(g);
-  dbuf<double> out(std::vector<double>(1, -1.0));
-  std::size_t const bytes = ok::grad_norm_squared_temp_bytes<T>(static_cast<std::int64_t>(n));
-  void* temp = nullptr;
-  WEFT_CUDA_TRY(cudaMalloc(&temp, bytes > 0 ? bytes : 1));
-  ok::grad_norm_squared<T>(nullptr, dg.p, static_cast<std::int64_t>(n), out.p, temp, bytes);
-  WEFT_CUDA_TRY(cudaDeviceSynchronize());
-  CHECK(std::isnan(out.host()[0]));
+  grad_norm_run<T> run(g);
+  CHECK(std::isnan(run.norm_squared()));
   for (double max_norm : {1e-3, 1e6}) {
     CAPTURE(max_norm);
-    dg.upload(g);
-    double const gn = ok::clip_grad_norm<T>(nullptr, dg.p, static_cast<std::int64_t>(n), max_norm,
-                                            temp, bytes, out.p);
-    CHECK(std::isnan(gn));
+    run.grads.upload(g);
+    CHECK(std::isnan(run.clip(max_norm)));
     std::size_t finite = 0;
-    for (T x : dg.host()) finite += std::isnan(static_cast<double>(x)) ? 0 : 1;
+    for (T x : run.grads.host()) finite += std::isnan(static_cast<double>(x)) ? 0 : 1;
     CHECK(finite == 0);
   }
-  WEFT_CUDA_TRY(cudaFree(temp));
 }
 }  // namespace
 
