@@ -2,7 +2,7 @@
 #
 # weft_target_defaults(<target>)       warnings, sanitizers and the C++ standard for weft's programs
 # weft_add_test_area(<name> DIR <dir> [LABELS ...] [LIBS ...] [CUDA_LIBS ...] [NO_CUDA_TWIN]
-#                    [CUDA_ARCH_SPECIFIC])
+#                    [CUDA_ARCH_SPECIFIC] [OPTIMIZATION <flag>])
 #     <dir>/*.test.cpp      -> executable weft.test.<name> (not recursive: tests/comm/mpi and
 #                              tests/comm/nccl have their own CMakeLists), one CTest test per doctest case,
 #                              named "<name>/<case>", labelled <name> and LABELS, plus "slow",
@@ -17,6 +17,9 @@
 #                              link only the .cuda twin, never the host executable.
 #                              CUDA_ARCH_SPECIFIC: the twin's kernels branch on the architecture
 #                              (see WEFT_CUDA_TWINS_FIRST_ARCHITECTURE).
+#                              OPTIMIZATION: the host program's level in the optimised build
+#                              types, instead of WEFT_TEST_OPTIMIZATION (an area whose tests' runs
+#                              outweigh their build).
 # weft_add_cuh_check()                 compiles every include/weft/**/*.cuh alone in a .cu file
 # weft_add_nvcc_header_check(<headers>) compiles every given public .hpp in one .cu file (alone,
 #                              each is checked by g++ and clang++ in the headers stage)
@@ -39,10 +42,16 @@ include_guard(GLOBAL)
 # its build by the test programs' template instantiations, which g++ compiles at -O1 in about half
 # of -O2's time (tests/rl: 48 s against 90 s). So the test programs build at this level in the
 # optimised build types (Release, RelWithDebInfo, MinSizeRel: the presets' -O2 -g1); the library's
-# examples and benchmarks keep the build type's. The sanitizer presets build everything at -O1
-# already. Empty: the build type's level for the tests too.
+# examples and benchmarks keep the build type's. The asan preset builds at -O1 and its test
+# programs at -O0: clang compiles a sanitized test TU 2.6 times faster there (tests/optim: 17 s
+# against 46 s), which outweighs their slower runs, except the pipeline area's (its OPTIMIZATION).
+# The tsan preset builds everything at -O1. Empty: the build type's level for the tests too.
 set(WEFT_TEST_OPTIMIZATION "-O1" CACHE STRING
     "Optimisation flag of weft's test programs in the optimised build types (empty: the build type's)")
+# Where that level applies: C++ in the optimised build types (tests/CMakeLists.txt, and an area's
+# own OPTIMIZATION, which weft_add_test_area appends after it).
+set(_weft_test_optimized_cxx
+    "$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release,RelWithDebInfo,MinSizeRel>>")
 
 function(weft_target_defaults target)
   target_compile_features(${target} PRIVATE cxx_std_20)
@@ -111,7 +120,8 @@ set(WEFT_SERIAL_CASES "^straggler:[ ]" CACHE INTERNAL "")  # cmake -D trims a tr
 set(WEFT_SUITE_LABELS slow threads mpi CACHE INTERNAL "")
 
 function(weft_add_test_area name)
-  cmake_parse_arguments(A "NO_CUDA_TWIN;CUDA_ARCH_SPECIFIC" "DIR" "LABELS;LIBS;CUDA_LIBS" ${ARGN})
+  cmake_parse_arguments(A "NO_CUDA_TWIN;CUDA_ARCH_SPECIFIC" "DIR;OPTIMIZATION" "LABELS;LIBS;CUDA_LIBS"
+                        ${ARGN})
   if(NOT A_DIR)
     set(A_DIR "${CMAKE_CURRENT_SOURCE_DIR}/${name}")
   endif()
@@ -125,6 +135,10 @@ function(weft_add_test_area name)
   add_executable(${_exe} ${_tests})
   target_link_libraries(${_exe} PRIVATE ${_main} weft::weft ${A_LIBS})
   weft_target_defaults(${_exe})
+  if(A_OPTIMIZATION)
+    # After the directory's WEFT_TEST_OPTIMIZATION, so this level wins.
+    target_compile_options(${_exe} PRIVATE "$<${_weft_test_optimized_cxx}:${A_OPTIMIZATION}>")
+  endif()
   weft_discover_tests(${_exe} PREFIX "${name}/" LABELS ${name} ${A_LABELS}
                       SUITE_LABELS ${WEFT_SUITE_LABELS} TIMEOUT 1800)
 
