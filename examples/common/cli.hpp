@@ -16,6 +16,14 @@ struct bad_argument {
   std::string message;
 };
 
+//! n as the shortest text that reads back as n (`0.3`, not std::to_string's `0.300000`).
+template <class N>
+std::string number_text(N n) {
+  char buf[64];
+  auto const [end, ec] = std::to_chars(buf, buf + sizeof buf, n);
+  return ec == std::errc{} ? std::string(buf, end) : std::string("?");
+}
+
 //! The value of `flag` as an N in [lo, hi]: the whole text must be the number.
 template <class N>
 N parse_number(std::string_view flag, std::string_view text, N lo, N hi) {
@@ -23,7 +31,7 @@ N parse_number(std::string_view flag, std::string_view text, N lo, N hi) {
   auto const [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc{} || end != text.data() + text.size() || !(value >= lo) || !(value <= hi))
     throw bad_argument{"argument `" + std::string(flag) + "`: expected a number in [" +
-                       std::to_string(lo) + ", " + std::to_string(hi) + "], actual `" +
+                       number_text(lo) + ", " + number_text(hi) + "], actual `" +
                        std::string(text) + "`"};
   return value;
 }
