@@ -18,8 +18,8 @@
 #                              CUDA_ARCH_SPECIFIC: the twin's kernels branch on the architecture
 #                              (see WEFT_CUDA_TWINS_FIRST_ARCHITECTURE).
 #                              OPTIMIZATION: the host program's level in the optimised build
-#                              types, instead of WEFT_TEST_OPTIMIZATION (an area whose tests' runs
-#                              outweigh their build).
+#                              types, instead of a non-empty WEFT_TEST_OPTIMIZATION (an area
+#                              whose tests' runs outweigh their build).
 # weft_add_cuh_check()                 compiles every include/weft/**/*.cuh alone in a .cu file
 # weft_add_nvcc_header_check(<headers>) compiles every given public .hpp in one .cu file (alone,
 #                              each is checked by g++ and clang++ in the headers stage)
@@ -137,8 +137,9 @@ function(weft_add_test_area name)
   add_executable(${_exe} ${_tests})
   target_link_libraries(${_exe} PRIVATE ${_main} weft::weft ${A_LIBS})
   weft_target_defaults(${_exe})
-  if(A_OPTIMIZATION)
-    # After the directory's WEFT_TEST_OPTIMIZATION, so this level wins.
+  if(A_OPTIMIZATION AND WEFT_TEST_OPTIMIZATION)
+    # After the directory's WEFT_TEST_OPTIMIZATION, so this level wins (an empty one leaves every
+    # test program at the build type's level, this area's too).
     target_compile_options(${_exe} PRIVATE "$<${_weft_test_optimized_cxx}:${A_OPTIMIZATION}>")
   endif()
   weft_discover_tests(${_exe} PREFIX "${name}/" LABELS ${name} ${A_LABELS}
