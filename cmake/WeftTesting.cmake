@@ -287,7 +287,7 @@ function(weft_add_header_check name)
   target_link_libraries(${name} PRIVATE ${A_LINK})
   # One TU per header, whatever CMAKE_UNITY_BUILD says; built by name only, never by `all`.
   set_target_properties(${name} PROPERTIES UNITY_BUILD OFF EXCLUDE_FROM_ALL ON)
-  if(CMAKE_CXX_COMPILER_ID MATCHES "Clang" AND _third_party)
+  if(_third_party)
     list(REMOVE_DUPLICATES _third_party)
     list(SORT _third_party)
     target_precompile_headers(${name} PRIVATE ${_third_party})
