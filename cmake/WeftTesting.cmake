@@ -48,7 +48,8 @@ include_guard(GLOBAL)
 # optimised build types (Release, RelWithDebInfo, MinSizeRel: the presets' -O2 -g1); the library's
 # examples and benchmarks keep the build type's. The asan preset builds at -O1 and its test
 # programs at -O0: clang compiles a sanitized test TU 2.6 times faster there (tests/optim: 17 s
-# against 46 s), which outweighs their slower runs, except the pipeline area's (its OPTIMIZATION).
+# against 46 s), which outweighs their slower runs, except the pipeline and comm areas' (their
+# OPTIMIZATION).
 # The tsan preset builds everything at -O1: g++ builds a ThreadSanitizer test TU at -O0 only 1.6
 # times faster (tests/comm: 43 s against 69 s), and its threads tests run 2.5 times slower (71 s
 # -> 176 s). Empty: the build type's level for the tests too.
