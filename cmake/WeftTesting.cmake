@@ -55,7 +55,14 @@ include_guard(GLOBAL)
 # -> 176 s). Empty: the build type's level for the tests too.
 set(WEFT_TEST_OPTIMIZATION "-O1" CACHE STRING
     "Optimisation flag of weft's test programs in the optimised build types (empty: the build type's)")
-# Where that level applies: C++ in the optimised build types (tests/CMakeLists.txt, and an area's
+# The test programs whose tests run in seconds at any level, but take long to compile (the parallel,
+# docs, rl, nn, mesh and optim areas: their OPTIMIZATION), build at this lower level: g++ compiles
+# tests/parallel at -O0 in 58 s against 90 s at -O1, tests/docs in 49 s against 80 s, and their
+# runs stay within seconds. (The areas with slow or long tests keep WEFT_TEST_OPTIMIZATION: core's
+# exhaustive conversions, comm, pipeline and attention.) Empty: WEFT_TEST_OPTIMIZATION for them too.
+set(WEFT_BRIEF_TEST_OPTIMIZATION "-O0" CACHE STRING
+    "Optimisation flag of the test programs whose tests run briefly, in the optimised build types (empty: WEFT_TEST_OPTIMIZATION)")
+# Where those levels apply: C++ in the optimised build types (tests/CMakeLists.txt, and an area's
 # own OPTIMIZATION, which weft_add_test_area appends after it).
 set(_weft_test_optimized_cxx
     "$<AND:$<COMPILE_LANGUAGE:CXX>,$<CONFIG:Release,RelWithDebInfo,MinSizeRel>>")
