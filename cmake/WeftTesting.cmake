@@ -239,7 +239,7 @@ endfunction()
 # the kernels, build them all, but see WEFT_CUDA_TWINS_FIRST_ARCHITECTURE.
 function(_weft_check_architecture target)
   list(GET CMAKE_CUDA_ARCHITECTURES 0 _first)
-  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${_first}")
+  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${_first}" ${ARGN})
 endfunction()
 
 # Only the flash attention kernels branch on the architecture (wgmma on 90a, mma.sync elsewhere:
@@ -339,10 +339,8 @@ function(weft_add_cuh_check)
   # functions included, for the first architecture as PTX), about 5.5 s a header instead of 20 s
   # (cudafe++ 7 s and the host compile 5 s are left out). The host passes of every .cuh run where
   # it is used: in the CUDA twins, the NCCL suites and rl_trainer_cuda.
-  list(GET CMAKE_CUDA_ARCHITECTURES 0 _first)
-  string(REGEX REPLACE "-(real|virtual)$" "" _first "${_first}")
-  set_target_properties(weft_cuh_check PROPERTIES CUDA_PTX_COMPILATION ON
-                                                  CUDA_ARCHITECTURES "${_first}-virtual")
+  # (PTX compilation emits the architecture's PTX whatever its -real/-virtual suffix says.)
+  _weft_check_architecture(weft_cuh_check CUDA_PTX_COMPILATION ON)
   target_link_libraries(weft_cuh_check PRIVATE weft::cuda)
   if(TARGET weft::nccl)
     target_link_libraries(weft_cuh_check PRIVATE weft::nccl)
