@@ -5,9 +5,9 @@
 // packed cu_seqlens against the CPU varlen entry points; fully masked rows; the accumulate
 // semantics; a dq off its 8-byte alignment; the exec::cuda entry points; argument errors; the
 // grid, ring offsets, packed documents and the unaligned dq, with multi-tile shapes, once more with
-// each set chosen explicitly (wgmma, wgmma_ws, mma_sync) where the default is the Hopper mix
-// (compute capability 9.0); elsewhere those cases skip and the default cases run mma_sync. The CUDA
-// part is compiled only by nvcc (weft.test.attention.cuda); the host build sees an empty file.
+// each set chosen explicitly (wgmma, wgmma_ws, wgmma_tma, mma_sync) where the default is the Hopper
+// mix (compute capability 9.0); elsewhere those cases skip and the default cases run mma_sync. The
+// CUDA part is compiled only by nvcc (weft.test.attention.cuda); the host build sees an empty file.
 #include <doctest/doctest.h>
 
 #if defined(__CUDACC__) && WEFT_HAS_CUDA_RUNTIME
@@ -782,7 +782,8 @@ TEST_CASE("CUDA flash: the default kernels are wgmma_ws on compute capability 9.
   CHECK(forward(128) == (hopper ? wk::flash_kernel::wgmma : wk::flash_kernel::mma_sync));
   restore_kernel const guard;
   if (hopper) {  // a set chosen by name runs its own forward at every head dimension
-    for (auto const k : {wk::flash_kernel::wgmma, wk::flash_kernel::wgmma_ws}) {
+    for (auto const k :
+         {wk::flash_kernel::wgmma, wk::flash_kernel::wgmma_ws, wk::flash_kernel::wgmma_tma}) {
       wk::set_flash_kernel(k);
       CHECK(forward(64) == k);
       CHECK(forward(128) == k);
@@ -815,6 +816,25 @@ TEST_CASE(
     "CUDA flash forward/backward on wgmma_ws alone (warp-specialised forward at d 64 and 128, "
     "two-warpgroup backward) match the CPU kernel") {
   run_all_shapes_where_hopper_is_default(wk::flash_kernel::wgmma_ws);
+}
+
+TEST_CASE(
+    "CUDA flash forward/backward on wgmma_tma alone (TMA forward with ping-pong on dense views, "
+    "wgmma_ws's forward on packed documents, two-warpgroup backward) match the CPU kernel") {
+  if (have_device() && wk::flash_kernel_in_use() == wk::flash_kernel::wgmma_ws) {
+    // The grid's dense views are ones a tensor map describes (so the TMA kernel is what the dense
+    // cases run); packed documents are not.
+    dbuf<bf16> x(std::size_t(2 * 300 * 4 * 128));
+    auto const dense = cview<bf16>(x.p, 2, 300, 4, 128);
+    auto const one_head = cview<bf16>(x.p, 1, 7, 1, 64);
+    wk::flash_detail::forward_tensor_maps maps{};
+    CHECK(wk::flash_detail::tma_forward_maps(maps, dense, dense, dense, {}));
+    CHECK(wk::flash_detail::tma_forward_maps(maps, one_head, one_head, one_head, {}));
+    int const cu[2] = {0, 300};
+    CHECK_FALSE(wk::flash_detail::tma_forward_maps(maps, dense, dense, dense,
+                                                   {cu, cu, wa::causal_mode::none}));
+  }
+  run_all_shapes_where_hopper_is_default(wk::flash_kernel::wgmma_tma);
 }
 
 TEST_CASE("CUDA flash forward/backward on mma_sync, chosen where the Hopper set is the default") {

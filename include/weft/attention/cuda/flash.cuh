@@ -71,10 +71,12 @@ using ::weft::attention::detail::bshd;
 //! capture to probe).
 inline void set_flash_kernel(flash_kernel choice) {
   WEFT_EXPECTS(choice == flash_kernel::mma_sync || choice == flash_kernel::wgmma ||
-                   choice == flash_kernel::automatic || choice == flash_kernel::wgmma_ws,
-               "choice", "flash_kernel::mma_sync, wgmma, automatic or wgmma_ws",
+                   choice == flash_kernel::automatic || choice == flash_kernel::wgmma_ws ||
+                   choice == flash_kernel::wgmma_tma,
+               "choice", "flash_kernel::mma_sync, wgmma, automatic, wgmma_ws or wgmma_tma",
                static_cast<int>(choice));
-  if (choice == flash_kernel::wgmma || choice == flash_kernel::wgmma_ws)
+  if (choice == flash_kernel::wgmma || choice == flash_kernel::wgmma_ws ||
+      choice == flash_kernel::wgmma_tma)
     flash_detail::check_wgmma_usable();
   flash_detail::kernel_choice().store(choice, std::memory_order_relaxed);
 }

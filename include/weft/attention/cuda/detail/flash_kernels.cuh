@@ -20,6 +20,8 @@
 #include <weft/core/error.hpp>
 #include <weft/core/math.hpp>
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -46,9 +48,13 @@ using ::weft::attention::detail::bshd;
 //! Hopper forward (a producer warpgroup loading for two consumer warpgroups through mbarriers) and
 //! the two-warpgroup wgmma backward (backward_kernel_wgmma's WGS = 2 form). automatic (the
 //! default): on a device where the Hopper kernels run, wgmma_ws's backward and the faster forward
-//! of each head dimension (wgmma_ws's at d = 64, wgmma's at d = 128); mma_sync elsewhere. All three
-//! passed the gpu label on an H200 (benchmarks/RESULTS.md has their speeds).
-enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws };
+//! of each head dimension (wgmma_ws's at d = 64, wgmma's at d = 128); mma_sync elsewhere. These
+//! passed the gpu label on an H200 (benchmarks/RESULTS.md has their speeds). wgmma_tma:
+//! FlashAttention-3's forward (TMA loads by one producer thread, ping-pong between the consumer
+//! warpgroups, the overlap within each) on dense layouts a tensor map can describe, wgmma_ws's
+//! forward on the others, and wgmma_ws's backward; compiled, not yet run on a GPU, so no default
+//! uses it.
+enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws, wgmma_tma };
 
 namespace flash_detail {
 
@@ -379,6 +385,71 @@ inline void check_scale(float scale) {
                "a finite positive softmax scale (resolve_scale(0, d) gives 1/sqrt(d))", scale);
 }
 
+//! cuTensorMapEncodeTiled of the driver, reached through the runtime (no link against libcuda);
+//! null where the driver has none. Looked up once.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 const encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    cudaError_t const e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                           cudaEnableDefault, &found);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
+               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
+               : nullptr;
+  }();
+  return encode;
+}
+
+//! The TMA forward's tensor maps of q, k and v.
+struct forward_tensor_maps {
+  CUtensorMap q, k, v;
+};
+
+//! A tensor map of the [B, S, H, D] view x (16-bit elements) for boxes of 64 columns x `rows` rows
+//! of one head in the 128-byte swizzle: dimensions D, H, S, B (innermost first), rows past S
+//! zero-filled. False where TMA cannot describe the view (a pointer or stride off 16 bytes, a
+//! stride of 2^40 bytes or more, a dimension of 0 or of 2^31 or more) or the driver refuses it.
+template <class T>
+bool make_tile_map(CUtensorMap& map, bshd<T const> const& x, int rows) {
+  PFN_cuTensorMapEncodeTiled_v12000 const encode = tensor_map_encoder();
+  if (encode == nullptr) return false;
+  std::int64_t const dims[4] = {x.d, x.h, x.s, x.b};
+  std::int64_t strides[3] = {x.sh * 2, x.ss * 2, x.sb * 2};  // bytes, of dimensions 1..3
+  // A dimension of extent 1 is never stepped along: its stride only has to be valid.
+  std::int64_t natural = x.d * 2;
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) strides[i] = natural;
+    natural = strides[i] * dims[i + 1];
+  }
+  if (reinterpret_cast<std::uintptr_t>(x.data) % 16 != 0) return false;
+  for (std::int64_t const n : dims)
+    if (n <= 0 || n >= (std::int64_t(1) << 31)) return false;
+  for (std::int64_t const st : strides)
+    if (st <= 0 || st % 16 != 0 || st >= (std::int64_t(1) << 40)) return false;
+  cuuint64_t const gdim[4] = {cuuint64_t(dims[0]), cuuint64_t(dims[1]), cuuint64_t(dims[2]),
+                              cuuint64_t(dims[3])};
+  cuuint64_t const gstride[3] = {cuuint64_t(strides[0]), cuuint64_t(strides[1]),
+                                 cuuint64_t(strides[2])};
+  cuuint32_t const box[4] = {64, 1, cuuint32_t(rows), 1};
+  cuuint32_t const estride[4] = {1, 1, 1, 1};
+  CUresult const r = encode(
+      &map, mma::is_bf16<T> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      const_cast<void*>(static_cast<void const*>(x.data)), gdim, gstride, box, estride,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+//! Whether wgmma_tma's forward takes a launch with these views and layout (dense, each view one a
+//! tensor map describes), filling `maps` if so; otherwise wgmma_tma runs wgmma_ws's forward.
+template <class T>
+bool tma_forward_maps(forward_tensor_maps& maps, bshd<T const> const& q, bshd<T const> const& k,
+                      bshd<T const> const& v, seq_layout const& lay) {
+  return lay.cu_q == nullptr && make_tile_map(maps.q, q, fwd_block_q) &&
+         make_tile_map(maps.k, k, wg_block_k) && make_tile_map(maps.v, v, wg_block_k);
+}
+
 template <class K, class... A>
 void launch(K kernel, dim3 grid, int block, std::size_t smem, cudaStream_t stream,
             A const&... args) {
@@ -471,7 +542,8 @@ inline void check_wgmma_usable() {
 inline flash_kernel launch_kernel(
     cudaStream_t stream, flash_kernel choice = kernel_choice().load(std::memory_order_relaxed)) {
   if (choice == flash_kernel::mma_sync) return choice;
-  if (choice == flash_kernel::wgmma || choice == flash_kernel::wgmma_ws) {
+  if (choice == flash_kernel::wgmma || choice == flash_kernel::wgmma_ws ||
+      choice == flash_kernel::wgmma_tma) {
     check_wgmma_usable();
     return choice;
   }
@@ -507,7 +579,20 @@ void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   dim3 const grid(static_cast<unsigned>((max_sq + fwd_block_q - 1) / fwd_block_q),
                   static_cast<unsigned>(q.h), static_cast<unsigned>(z));
-  flash_kernel const kernels = forward_kernels(stream, q.d);
+  flash_kernel kernels = forward_kernels(stream, q.d);
+  if (kernels == flash_kernel::wgmma_tma) {
+    forward_tensor_maps maps;
+    if (tma_forward_maps(maps, q, k, v, lay)) {
+      if (q.d == 64)
+        launch(forward_kernel_wgmma_tma<T, O, 64>, grid, ws_threads, forward_tma_smem<64>, stream,
+               maps.q, maps.k, maps.v, q, k, v, o, lse, mask, scale, lay);
+      else
+        launch(forward_kernel_wgmma_tma<T, O, 128>, grid, ws_threads, forward_tma_smem<128>, stream,
+               maps.q, maps.k, maps.v, q, k, v, o, lse, mask, scale, lay);
+      return;
+    }
+    kernels = flash_kernel::wgmma_ws;  // packed documents, or views TMA cannot describe
+  }
   if (kernels == flash_kernel::wgmma_ws) {
     if (q.d == 64)
       launch(forward_kernel_wgmma_ws<T, O, 64>, grid, ws_threads, forward_ws_smem<64>, stream, q, k,
@@ -544,7 +629,9 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   // Checked before the scratch is allocated, so that a refusal leaks nothing.
   flash_kernel const kernels = launch_kernel(stream);
-  bool const wgmma = kernels == flash_kernel::wgmma || kernels == flash_kernel::wgmma_ws;
+  // wgmma_tma's backward is wgmma_ws's.
+  bool const two_wg = kernels == flash_kernel::wgmma_ws || kernels == flash_kernel::wgmma_tma;
+  bool const wgmma = kernels == flash_kernel::wgmma || two_wg;
   std::int64_t const rows = q.b * q.s * q.h;
   float* dsum = nullptr;
   WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&dsum),
@@ -553,7 +640,7 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
   try {
     dsum_kernel<T, O><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(dout, o, dsum);
     WEFT_CUDA_TRY(cudaGetLastError());
-    if (kernels == flash_kernel::wgmma_ws) {
+    if (two_wg) {
       // Two warpgroups, 128 keys a CTA; float2 dQ atomics where every row of dq is 8-byte
       // aligned (D is even).
       dim3 const grid2(static_cast<unsigned>((max_sk + 2 * block_k - 1) / (2 * block_k)),

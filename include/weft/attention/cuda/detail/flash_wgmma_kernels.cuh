@@ -15,6 +15,8 @@
 #include <weft/attention/cuda/detail/wgmma.cuh>
 #include <weft/attention/softmax_state.hpp>
 
+#include <cuda.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -258,7 +260,8 @@ inline constexpr std::size_t forward_ws_smem = forward_wgmma_smem<D> + 9 * 8;
 //! warp specialisation, without its TMA and without forward_kernel_wgmma's overlap within a
 //! warpgroup, which needs more than the consumers' registers). setmaxnreg gives the producer 40
 //! registers and each consumer 232 (2 x 232 + 40 = 3 x 168, the entry count of 384 threads). A
-//! barrier that never completes traps (wgmma::mbar_wait) rather than hang.
+//! producer wait that never completes traps (wgmma::mbar_wait) rather than hang; the consumers'
+//! waits spin (wgmma::mbar_wait_spin) and end when the producer's loads land.
 template <class T, class O, int D>
 __global__ void __launch_bounds__(ws_threads, 1)
     forward_kernel_wgmma_ws(bshd<T const> q, bshd<T const> k, bshd<T const> v, bshd<O> o,
@@ -352,13 +355,13 @@ __global__ void __launch_bounds__(ws_threads, 1)
   softmax_row_state<float> st[2];
   std::int64_t const row0 = i0 + warp * 16 + g;
 
-  if (ntiles > 0) wgmma::mbar_wait(q_full, 0);
+  if (ntiles > 0) wgmma::mbar_wait_spin(q_full, 0);
   for (int j = 0; j < ntiles; ++j) {
     std::int64_t const jb = std::int64_t(j) * BK;
     int const sb = j & 1;
     unsigned const parity = unsigned(j >> 1) & 1u;
     // S_j = Q K_jᵀ.
-    wgmma::mbar_wait(k_full(sb), parity);
+    wgmma::mbar_wait_spin(k_full(sb), parity);
     std::uint32_t const ck = sk_base + sb * kv_tile_bytes;
     float s[NT_S][4];
     for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
@@ -375,12 +378,196 @@ __global__ void __launch_bounds__(ws_threads, 1)
     pack_probabilities<BF, BK>(pa, s);
 
     // O += P_j V_j.
-    wgmma::mbar_wait(v_full(sb), parity);
+    wgmma::mbar_wait_spin(v_full(sb), parity);
     std::uint32_t const cv = sv_base + sb * kv_tile_bytes;
     output_product<BF, NT_O, BK>(oacc, pa, cv);
     wgmma::mbar_arrive(v_empty(sb));  // and of V_j
   }
   store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
+}
+
+//! Arrives at named barrier Id (1..15) without waiting: with the `count - arrivals` threads that
+//! wait there (named_barrier<Id>(count)) it completes the barrier's phase.
+template <int Id>
+__device__ __forceinline__ void named_barrier_arrive(int count) {
+  static_assert(Id >= 1 && Id <= 15, "named barriers 1..15");
+  asm volatile("bar.arrive %0, %1;\n" ::"n"(Id), "r"(count) : "memory");
+}
+
+//! The TMA forward's shared memory: wgmma_ws's (the same tiles and 9 mbarriers).
+template <int D>
+inline constexpr std::size_t forward_tma_smem = forward_ws_smem<D>;
+
+//! The TMA forward (flash_kernel::wgmma_tma, on dense layouts whose views a tensor map can
+//! describe; FlashAttention-3's forward): wgmma_ws's roles and buffers, with
+//! - the loads by TMA: one producer thread issues each tile's boxes (64 columns x 128 rows of one
+//!   head each, in the 128-byte swizzle, rows past the view zero-filled by the tensor map) on the
+//!   tile's "full" mbarrier with its byte count, and waits for the buffer's "empty" mbarrier
+//!   before reusing it; the producer warpgroup keeps 24 registers, each consumer 240;
+//! - forward_kernel_wgmma's overlap within a warpgroup: step j issues S_j = Q K_jᵀ, then
+//!   O += P_{j−1} V_{j−1}, forms P_j while the second product runs, then rescales o;
+//! - ping-pong between the two consumer warpgroups: each issues its step's products only in its
+//!   turn (named barrier 1 for warpgroup 0, 2 for warpgroup 1) and then hands the turn to the
+//!   other, so that one warpgroup's softmax runs under the other's products.
+//! A consumer warpgroup releases a buffer by one arrival (its wgmma.wait_group has retired the
+//! products that read it), so the "empty" barriers count 2. Rows, masks and the store are
+//! forward_kernel_wgmma's. A producer wait that never completes traps rather than hang.
+template <class T, class O, int D>
+__global__ void __launch_bounds__(ws_threads, 1)
+    forward_kernel_wgmma_tma(__grid_constant__ CUtensorMap const tq,
+                             __grid_constant__ CUtensorMap const tk,
+                             __grid_constant__ CUtensorMap const tv, bshd<T const> q,
+                             bshd<T const> k, bshd<T const> v, bshd<O> o, bhs<float> lse,
+                             mask_rule mask_in, float scale, seq_layout lay) {
+  constexpr int BK = wg_block_k;
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = BK / 8;
+  constexpr int NT_O = D / 8;
+  constexpr int CT = 256;  // consumer threads, warps 0-7; the producer is thread CT
+  constexpr std::uint32_t kv_tile_bytes = forward_wgmma_tiles<D>::kv_bytes;
+  constexpr std::uint32_t q_tile_bytes = std::uint32_t(fwd_block_q) * D * 2;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  forward_wgmma_tiles<D> const tiles(smem_raw);
+  std::uint32_t const sq = tiles.sq, sk_base = tiles.sk, sv_base = tiles.sv;
+  // The mbarriers, after the tiles: Q full, K full [2], V full [2], K empty [2], V empty [2].
+  std::uint32_t const bars = tiles.end;
+  std::uint32_t const q_full = bars;
+  auto const k_full = [bars](int s) { return bars + 8u + 8u * std::uint32_t(s); };
+  auto const v_full = [bars](int s) { return bars + 24u + 8u * std::uint32_t(s); };
+  auto const k_empty = [bars](int s) { return bars + 40u + 8u * std::uint32_t(s); };
+  auto const v_empty = [bars](int s) { return bars + 56u + 8u * std::uint32_t(s); };
+
+  forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
+  cta_seq const& cs = ft.cs;
+  mask_rule const mask = cs.mask;
+  std::int64_t const i0 = ft.i0;
+  if (i0 >= cs.sq) return;  // the whole block: the condition does not depend on the thread
+  int const ntiles = static_cast<int>((ft.k_end + BK - 1) / BK);
+  int const tid = static_cast<int>(threadIdx.x);
+  if (tid == 0) {
+    wgmma::mbar_init(q_full, 1);
+    for (int s = 0; s < 2; ++s) {
+      wgmma::mbar_init(k_full(s), 1);
+      wgmma::mbar_init(v_full(s), 1);
+      wgmma::mbar_init(k_empty(s), 2);
+      wgmma::mbar_init(v_empty(s), 2);
+    }
+    wgmma::fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  if (tid >= CT) {
+    // The producer: one thread issues every load; the rest of its warpgroup leaves.
+    wgmma::setmaxnreg_dec<24>();
+    if (tid != CT || ntiles == 0) return;
+    wgmma::prefetch_tensor_map(&tq);
+    wgmma::prefetch_tensor_map(&tk);
+    wgmma::prefetch_tensor_map(&tv);
+    int const h = ft.h;
+    int const hk = static_cast<int>(h / (q.h / k.h));
+    int const b = static_cast<int>(cs.b);
+    // One tile: its byte count announced on `full`, then a box per 64-column block (the blocks
+    // rows x 128 bytes apart, as wgmma.cuh's swizzled layout has them).
+    auto const load = [b](std::uint32_t dst, CUtensorMap const& map, std::uint32_t full,
+                          std::uint32_t bytes, int rows, int head, std::int64_t row) {
+      wgmma::mbar_arrive_expect_tx(full, bytes);
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c)
+        wgmma::tma_load_4d(dst + std::uint32_t(c * rows * 128), &map, full, c * 64, head,
+                           static_cast<int>(row), b);
+    };
+    load(sq, tq, q_full, q_tile_bytes, fwd_block_q, h, i0);
+    load(sk_base, tk, k_full(0), kv_tile_bytes, BK, hk, 0);
+    for (int j = 0; j < ntiles; ++j) {
+      std::int64_t const jb = std::int64_t(j) * BK;
+      int const s = j & 1;
+      // V_j reuses V_{j-2}'s buffer, K_{j+1} K_{j-1}'s: each waits for that use's release.
+      if (j >= 2) wgmma::mbar_wait(v_empty(s), unsigned((j >> 1) - 1) & 1u);
+      load(sv_base + s * kv_tile_bytes, tv, v_full(s), kv_tile_bytes, BK, hk, jb);
+      if (j + 1 < ntiles) {
+        int const sn = (j + 1) & 1;
+        if (j + 1 >= 2) wgmma::mbar_wait(k_empty(sn), unsigned(((j + 1) >> 1) - 1) & 1u);
+        load(sk_base + sn * kv_tile_bytes, tk, k_full(sn), kv_tile_bytes, BK, hk, jb + BK);
+      }
+    }
+    return;
+  }
+
+  // A consumer: warp w takes forward_kernel_wgmma's warp w's rows.
+  wgmma::setmaxnreg_inc<240>();
+  int const warp = tid / 32, lane = tid % 32;
+  int const wg = warp / 4;
+  bool const leader = tid % 128 == 0;  // releases buffers for its warpgroup
+  int const g = lane / 4, t = lane % 4;
+  std::uint32_t const sq_wg = sq + std::uint32_t(wg) * 64 * 128;
+  float oacc[NT_O][4];
+  for (auto& x : oacc) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  // S_j's accumulators and P_{j-1} packed (forward_kernel_wgmma's), zeroed once so that no
+  // register is read unset.
+  float s[NT_S][4];
+  for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
+  std::uint32_t pa[BK / 16][4];
+  for (auto& x : pa) x[0] = x[1] = x[2] = x[3] = 0u;
+  softmax_row_state<float> st[2];
+  std::int64_t const row0 = i0 + warp * 16 + g;
+
+  if (ntiles > 0) {
+    wgmma::mbar_wait_spin(q_full, 0);
+    if (wg == 1) named_barrier_arrive<1>(CT);  // warpgroup 0 takes the first turn
+  }
+  for (int j = 0; j < ntiles; ++j) {
+    std::int64_t const jb = std::int64_t(j) * BK;
+    int const sb = j & 1;
+    wgmma::mbar_wait_spin(k_full(sb), unsigned(j >> 1) & 1u);
+    if (j > 0) wgmma::mbar_wait_spin(v_full(sb ^ 1), unsigned((j - 1) >> 1) & 1u);
+    // This warpgroup's turn: issue S_j = Q K_jᵀ and O += P_{j-1} V_{j-1}.
+    if (wg == 0)
+      named_barrier<1>(CT);
+    else
+      named_barrier<2>(CT);
+    std::uint32_t const ck = sk_base + sb * kv_tile_bytes;
+    wgmma::fence_operands(s);
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
+    wgmma::fence();
+    issue_scores<BF, D, BK>(s, sq_wg, ck);
+    wgmma::commit();
+    if (j > 0) {
+      issue_output<BF, NT_O, BK>(oacc, pa, sv_base + (sb ^ 1) * kv_tile_bytes);
+      wgmma::commit();
+    }
+    if (j > 0)
+      wgmma::wait<1>();  // S_j (the older group) is done
+    else
+      wgmma::wait<0>();
+    // Then hand the turn over: after the wait, since a bar.arrive between the issue and the wait
+    // makes ptxas serialise the products (C7514); O += P_{j-1} V_{j-1} still runs.
+    if (wg == 0)
+      named_barrier_arrive<2>(CT);
+    else
+      named_barrier_arrive<1>(CT);
+    wgmma::fence_operands(s);
+    if (leader) wgmma::mbar_arrive(k_empty(sb));  // this warpgroup's reads of K_j are done
+
+    float alpha[2];
+    tile_probabilities(s, st, alpha, scale, cs, mask, i0, jb, row0, t);
+
+    wgmma::wait<0>();  // O += P_{j-1} V_{j-1} is done: o and P_{j-1}'s registers are free
+    wgmma::fence_operands(oacc);
+    wgmma::fence_operands(pa);
+    if (j > 0 && leader) wgmma::mbar_arrive(v_empty(sb ^ 1));  // and of V_{j-1}
+    rescale_rows(oacc, alpha);
+    pack_probabilities<BF, BK>(pa, s);
+  }
+  if (ntiles > 0) {
+    // The last tile's O += P V, outside the turns; warpgroup 0 then takes warpgroup 1's last
+    // hand-over, so that no arrival is left on a barrier.
+    int const last = ntiles - 1;
+    wgmma::mbar_wait_spin(v_full(last & 1), unsigned(last >> 1) & 1u);
+    output_product<BF, NT_O, BK>(oacc, pa, sv_base + (last & 1) * kv_tile_bytes);
+    if (wg == 0) named_barrier<1>(CT);
+  }
+  store_forward_rows(oacc, st, o, lse, cs, ft.h, row0, t);
 }
 
 //! The two-warpgroup backward's dQ: adds scale · qacc (a warp's 16 query rows x 64 columns, the

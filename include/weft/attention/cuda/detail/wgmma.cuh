@@ -1,8 +1,9 @@
 // weft/attention/cuda/detail/wgmma.cuh — the Hopper (sm_90a) warpgroup tensor-core pieces of the
-// wgmma flash kernels (forwards and backwards), and the mbarrier and setmaxnreg helpers of the
-// warp-specialised wgmma_ws forward: shared-memory matrix descriptors for 128-byte-swizzled tiles,
-// the cp.async load that writes that swizzle, and wgmma.mma_async m64nNk16 (N 64 or 128) with A in
-// registers or shared memory and B in shared memory, f32 accumulation on bf16 or f16 operands.
+// wgmma flash kernels (forwards and backwards), and the mbarrier, TMA and setmaxnreg helpers of
+// the warp-specialised forwards: shared-memory matrix descriptors for 128-byte-swizzled tiles, the
+// cp.async load that writes that swizzle (TMA's SWIZZLE_128B writes the same), and
+// wgmma.mma_async m64nNk16 (N 64 or 128) with A in registers or shared memory and B in shared
+// memory, f32 accumulation on bf16 or f16 operands.
 //
 // Layouts (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
 // - A in registers (per warp w of the warpgroup, rows 16w..16w+15): the m16n8k16 mma.sync A
@@ -160,11 +161,59 @@ __device__ __forceinline__ bool mbar_try_wait(std::uint32_t bar, unsigned parity
 #endif
 }
 //! Waits for the phase of parity `parity`; traps (a launch error, not a hang) if it has not
-//! completed after about 2^32 clock cycles, which only a broken pipeline takes.
+//! completed after about 2^32 clock cycles, which only a broken pipeline takes. For a producer
+//! warpgroup, whose register budget setmaxnreg lowered.
 __device__ __forceinline__ void mbar_wait(std::uint32_t bar, unsigned parity) {
   long long const t0 = clock64();
   while (!mbar_try_wait(bar, parity))
     if (clock64() - t0 > (1LL << 32)) __trap();
+}
+//! The same wait without the trap, for the consumer warpgroups whose budget setmaxnreg raised: a
+//! trap in such a region makes ptxas allocate the whole region within the launch's register count
+//! (168 for 384 threads; measured with CUDA 13.0: the warp-specialised forwards at d = 128 spilled
+//! 16 and 240 bytes with it, none without). A consumer's wait ends when its producer's loads
+//! land, and the producer's own waits trap.
+__device__ __forceinline__ void mbar_wait_spin(std::uint32_t bar, unsigned parity) {
+  while (!mbar_try_wait(bar, parity)) {}
+}
+//! One arrival that also expects `bytes` more of transactions (TMA loads completing on this
+//! barrier) in the current phase: the phase completes when both the arrivals and the bytes are in.
+__device__ __forceinline__ void mbar_arrive_expect_tx(std::uint32_t bar, std::uint32_t bytes) {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+//! Makes initialised mbarriers visible to the async proxy (TMA's complete_tx); before the
+//! barrier that publishes them.
+__device__ __forceinline__ void fence_mbarrier_init() {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+//! A TMA tile load: the box of the 4-D tensor map `map` (the address of a __grid_constant__
+//! CUtensorMap kernel parameter) at coordinates c0..c3 (innermost first) into shared memory at
+//! `dst`, completing `bytes` of mbarrier `bar`'s transactions when it lands. The map's swizzle
+//! decides the layout in shared memory (128-byte swizzle: dst 1024-byte aligned).
+__device__ __forceinline__ void tma_load_4d(std::uint32_t dst, void const* map, std::uint32_t bar,
+                                            int c0, int c1, int c2, int c3) {
+#if WEFT_WGMMA_DEVICE
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+#else
+  __trap();
+#endif
+}
+//! Brings a tensor map (a __grid_constant__ kernel parameter) into the TMA unit's cache.
+__device__ __forceinline__ void prefetch_tensor_map(void const* map) {
+#if WEFT_WGMMA_DEVICE
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<std::uint64_t>(map)) : "memory");
+#endif
 }
 //! Raises (inc) or lowers (dec) this warpgroup's register budget to N per thread (setmaxnreg;
 //! every warp of the warpgroup executes it).
