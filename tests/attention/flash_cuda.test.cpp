@@ -830,6 +830,9 @@ TEST_CASE(
     wk::flash_detail::forward_tensor_maps maps{};
     CHECK(wk::flash_detail::tma_forward_maps(maps, dense, dense, dense, {}));
     CHECK(wk::flash_detail::tma_forward_maps(maps, one_head, one_head, one_head, {}));
+    // K and V broadcast over the batch (batch stride 0): accepted by the entry points, not by TMA.
+    wd::bshd<bf16 const> const broadcast{x.p, 2, 300, 4, 128, 0, 4 * 128, 128};
+    CHECK_FALSE(wk::flash_detail::tma_forward_maps(maps, dense, broadcast, broadcast, {}));
     int const cu[2] = {0, 300};
     CHECK_FALSE(wk::flash_detail::tma_forward_maps(maps, dense, dense, dense,
                                                    {cu, cu, wa::causal_mode::none}));

@@ -53,7 +53,9 @@ using ::weft::attention::detail::bshd;
 //! FlashAttention-3's forward (TMA loads by one producer thread, ping-pong between the consumer
 //! warpgroups, the overlap within each) on dense layouts a tensor map can describe, wgmma_ws's
 //! forward on the others, and wgmma_ws's backward; compiled, not yet run on a GPU, so no default
-//! uses it.
+//! uses it. flash_kernel_in_use() reports wgmma_tma when it is chosen; which forward a launch
+//! runs under it depends on its views (flash_detail::tma_forward_maps, three tensor-map encodes a
+//! launch, host-side).
 enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws, wgmma_tma };
 
 namespace flash_detail {
@@ -389,11 +391,13 @@ inline void check_scale(float scale) {
 //! null where the driver has none. Looked up once.
 inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   static PFN_cuTensorMapEncodeTiled_v12000 const encode = [] {
+    // An error pending from earlier work is the caller's: surface it rather than clear it below.
+    WEFT_CUDA_TRY(cudaPeekAtLastError());
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
     cudaError_t const e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
                                                            cudaEnableDefault, &found);
-    if (e != cudaSuccess) (void)cudaGetLastError();  // not sticky: clear it
+    if (e != cudaSuccess) (void)cudaGetLastError();  // the lookup's own error (not sticky)
     return e == cudaSuccess && found == cudaDriverEntryPointSuccess
                ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
                : nullptr;
@@ -409,24 +413,26 @@ struct forward_tensor_maps {
 //! A tensor map of the [B, S, H, D] view x (16-bit elements) for boxes of 64 columns x `rows` rows
 //! of one head in the 128-byte swizzle: dimensions D, H, S, B (innermost first), rows past S
 //! zero-filled. False where TMA cannot describe the view (a pointer or stride off 16 bytes, a
-//! stride of 2^40 bytes or more, a dimension of 0 or of 2^31 or more) or the driver refuses it.
+//! stride of 0, negative or of 2^40 bytes or more along a dimension of extent above 1, a dimension
+//! of 0 or of 2^31 or more) or the driver refuses it.
 template <class T>
 bool make_tile_map(CUtensorMap& map, bshd<T const> const& x, int rows) {
   PFN_cuTensorMapEncodeTiled_v12000 const encode = tensor_map_encoder();
   if (encode == nullptr) return false;
+  constexpr std::int64_t max_stride = std::int64_t(1) << 40;
   std::int64_t const dims[4] = {x.d, x.h, x.s, x.b};
-  std::int64_t strides[3] = {x.sh * 2, x.ss * 2, x.sb * 2};  // bytes, of dimensions 1..3
-  // A dimension of extent 1 is never stepped along: its stride only has to be valid.
-  std::int64_t natural = x.d * 2;
-  for (int i = 0; i < 3; ++i) {
-    if (dims[i + 1] == 1) strides[i] = natural;
-    natural = strides[i] * dims[i + 1];
-  }
   if (reinterpret_cast<std::uintptr_t>(x.data) % 16 != 0) return false;
   for (std::int64_t const n : dims)
     if (n <= 0 || n >= (std::int64_t(1) << 31)) return false;
-  for (std::int64_t const st : strides)
-    if (st <= 0 || st % 16 != 0 || st >= (std::int64_t(1) << 40)) return false;
+  std::int64_t strides[3] = {x.sh * 2, x.ss * 2, x.sb * 2};  // bytes, of dimensions 1..3
+  // A dimension of extent 1 is never stepped along: it takes the contiguous stride (the extent of
+  // the dimensions inside it), which is valid wherever those are.
+  std::int64_t natural = x.d * 2;
+  for (int i = 0; i < 3; ++i) {
+    if (dims[i + 1] == 1) strides[i] = natural;
+    if (strides[i] <= 0 || strides[i] % 16 != 0 || strides[i] >= max_stride) return false;
+    natural = strides[i] < max_stride / dims[i + 1] ? strides[i] * dims[i + 1] : max_stride;
+  }
   cuuint64_t const gdim[4] = {cuuint64_t(dims[0]), cuuint64_t(dims[1]), cuuint64_t(dims[2]),
                               cuuint64_t(dims[3])};
   cuuint64_t const gstride[3] = {cuuint64_t(strides[0]), cuuint64_t(strides[1]),
@@ -629,7 +635,7 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   // Checked before the scratch is allocated, so that a refusal leaks nothing.
   flash_kernel const kernels = launch_kernel(stream);
-  // wgmma_tma's backward is wgmma_ws's.
+  // wgmma_tma's backward is wgmma_ws's kernel (with the overlap of Pᵀ and dPᵀ).
   bool const two_wg = kernels == flash_kernel::wgmma_ws || kernels == flash_kernel::wgmma_tma;
   bool const wgmma = kernels == flash_kernel::wgmma || two_wg;
   std::int64_t const rows = q.b * q.s * q.h;
@@ -651,14 +657,24 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
         launch(kernel, grid2, 2 * threads, smem, stream, q, k, v, lse,
                static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);
       };
-      if (q.d == 64 && v2)
-        go(backward_kernel_wgmma<T, 64, 2, true, true>, backward_wgmma_smem<64, 2>);
-      else if (q.d == 64)
-        go(backward_kernel_wgmma<T, 64, 2, true, false>, backward_wgmma_smem<64, 2>);
-      else if (v2)
-        go(backward_kernel_wgmma<T, 128, 2, true, true>, backward_wgmma_smem<128, 2>);
+      // wgmma_tma's: the same kernel, Pᵀ formed while dPᵀ's products run, at d = 64 (at d = 128
+      // that form spills 40-48 bytes, ptxas 13.0: wgmma_ws's kernel runs there).
+      bool const overlap = kernels == flash_kernel::wgmma_tma && q.d == 64;
+      auto const pick = [&](auto overlap_c) {
+        constexpr bool Ov = decltype(overlap_c)::value;
+        if (q.d == 64 && v2)
+          go(backward_kernel_wgmma<T, 64, 2, true, true, Ov>, backward_wgmma_smem<64, 2>);
+        else if (q.d == 64)
+          go(backward_kernel_wgmma<T, 64, 2, true, false, Ov>, backward_wgmma_smem<64, 2>);
+        else if (v2)
+          go(backward_kernel_wgmma<T, 128, 2, true, true>, backward_wgmma_smem<128, 2>);
+        else
+          go(backward_kernel_wgmma<T, 128, 2, true, false>, backward_wgmma_smem<128, 2>);
+      };
+      if (overlap)
+        pick(std::true_type{});
       else
-        go(backward_kernel_wgmma<T, 128, 2, true, false>, backward_wgmma_smem<128, 2>);
+        pick(std::false_type{});
     } else {
       dim3 const grid(static_cast<unsigned>((max_sk + block_k - 1) / block_k),
                       static_cast<unsigned>(k.h), static_cast<unsigned>(z));

@@ -267,7 +267,12 @@ __device__ __forceinline__ void load_row_stats(float* s_lse, float* s_d, bhs<flo
 //! empty row, whose P is then exp2(−inf) = 0 with no test for a finite score); a masked score's P,
 //! and in a partial query tile (`rows` < block_q) a padding row's, is 0 by a select (so that a
 //! non-finite key seen only by padding rows adds nothing, as recompute_probability has it).
-template <bool Fma = false, int NS>
+//!
+//! Parts (the overlapped backward's two halves): prob_part forms only Pᵀ (pacc untouched, so its
+//! product may still be running), ds_part only dSᵀ from that Pᵀ in sacc; both (the default) is the
+//! one pass above.
+inline constexpr int prob_part = 1, ds_part = 2;
+template <bool Fma = false, int NS, int Parts = prob_part | ds_part>
 __device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], float (&pacc)[NS][4],
                                                        float const* s_lse, float const* s_d,
                                                        float scale, cta_seq const& cs,
@@ -283,6 +288,10 @@ __device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], flo
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
+      if constexpr ((Parts & prob_part) == 0) {
+        pacc[nt][e] = sacc[nt][e] * (pacc[nt][e] - s_d[qc]);
+        continue;
+      }
       float p;
       if constexpr (Fma) {
         p = mma::ex2(fmaf(sacc[nt][e], c, -s_lse[qc]));
@@ -297,7 +306,7 @@ __device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], flo
         p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
       }
       sacc[nt][e] = p;
-      pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
+      if constexpr ((Parts & ds_part) != 0) pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
     }
 }
 

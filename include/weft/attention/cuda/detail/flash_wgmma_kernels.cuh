@@ -609,7 +609,10 @@ __device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float>
 //!   no test for a finite score; masked scores and a partial tile's padding rows by a select).
 //! - V2: dQ is added by float2 atomics (sm_90's vector atomicAdd), each thread's 2 adjacent
 //!   columns of a row at once: half the atomic instructions and L2 requests.
-template <class T, int D, int WGS = 1, bool Fast = false, bool V2 = false>
+//! - Overlap (flash_kernel::wgmma_tma's backward at d = 64): Sᵀ and dPᵀ are committed as two
+//!   groups, and Pᵀ is formed from Sᵀ while dPᵀ's products still run. (At d = 128 ptxas spills
+//!   40-48 bytes in this form, so wgmma_tma runs the kernel without it there.)
+template <class T, int D, int WGS = 1, bool Fast = false, bool V2 = false, bool Overlap = false>
 __global__ void __launch_bounds__(threads* WGS)
     backward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bhs<float const> lse,
                           float const* __restrict__ dsum, bshd<T const> dout, bshd<float> dq,
@@ -723,19 +726,41 @@ __global__ void __launch_bounds__(threads* WGS)
     wgmma::fence_operands(sacc);
     wgmma::fence_operands(pacc);
     wgmma::fence();
+    if constexpr (Overlap) {
+      // Sᵀ and dPᵀ as two groups: Pᵀ is formed from Sᵀ while dPᵀ's products run.
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
-      wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
-                              wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
-      wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
-                              wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
+                                wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
+      wgmma::commit();
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk)
+        wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
+                                wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
+      wgmma::commit();
+      wgmma::wait<1>();
+      wgmma::fence_operands(sacc);
+      backward_probabilities<Fast, NT_S, prob_part>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0,
+                                                    key0, t, rows);
+      wgmma::wait<0>();
+      wgmma::fence_operands(sacc);
+      wgmma::fence_operands(pacc);
+      backward_probabilities<Fast, NT_S, ds_part>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0,
+                                                  key0, t, rows);
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
+                                wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
+        wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
+                                wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
+      }
+      wgmma::commit();
+      wgmma::wait<0>();
+      wgmma::fence_operands(sacc);
+      wgmma::fence_operands(pacc);
+      backward_probabilities<Fast>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t, rows);
     }
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_operands(sacc);
-    wgmma::fence_operands(pacc);
-
-    backward_probabilities<Fast>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t, rows);
 
     // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
     std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
