@@ -248,6 +248,57 @@ inline constexpr int ws_threads =
 template <int D>
 inline constexpr std::size_t forward_ws_smem = forward_wgmma_smem<D> + 9 * 8;
 
+//! The warp-specialised forwards' mbarriers, 8 bytes each from `base` (after the tiles): Q full,
+//! K full [2], V full [2], K empty [2], V empty [2].
+struct forward_ws_barriers {
+  std::uint32_t base;
+  __device__ __forceinline__ std::uint32_t q_full() const { return base; }
+  __device__ __forceinline__ std::uint32_t k_full(int s) const {
+    return base + 8u + 8u * std::uint32_t(s);
+  }
+  __device__ __forceinline__ std::uint32_t v_full(int s) const {
+    return base + 24u + 8u * std::uint32_t(s);
+  }
+  __device__ __forceinline__ std::uint32_t k_empty(int s) const {
+    return base + 40u + 8u * std::uint32_t(s);
+  }
+  __device__ __forceinline__ std::uint32_t v_empty(int s) const {
+    return base + 56u + 8u * std::uint32_t(s);
+  }
+  //! Every barrier (one thread): the full ones completing on `full` arrivals, the empty ones on
+  //! `empty`.
+  __device__ __forceinline__ void init(unsigned full, unsigned empty) const {
+    wgmma::mbar_init(q_full(), full);
+    for (int s = 0; s < 2; ++s) {
+      wgmma::mbar_init(k_full(s), full);
+      wgmma::mbar_init(v_full(s), full);
+      wgmma::mbar_init(k_empty(s), empty);
+      wgmma::mbar_init(v_empty(s), empty);
+    }
+  }
+};
+
+//! The warp-specialised forwards' producer schedule: Q, K_0, then per key tile j V_j and K_{j+1}
+//! into the double buffers (stage j & 1). V_j reuses V_{j-2}'s buffer and K_{j+1} K_{j-1}'s: each
+//! waits first for that use's release on the buffer's "empty" barrier. load(kind, j, stage) issues
+//! one tile (kind 0: Q, 1: K_j, 2: V_j) and signals its "full" barrier.
+template <class Load>
+__device__ __forceinline__ void produce_forward_tiles(forward_ws_barriers const& bars, int ntiles,
+                                                      Load&& load) {
+  load(0, 0, 0);
+  if (ntiles > 0) load(1, 0, 0);
+  for (int j = 0; j < ntiles; ++j) {
+    int const s = j & 1;
+    if (j >= 2) wgmma::mbar_wait(bars.v_empty(s), unsigned((j >> 1) - 1) & 1u);
+    load(2, j, s);
+    if (j + 1 < ntiles) {
+      int const sn = (j + 1) & 1;
+      if (j + 1 >= 2) wgmma::mbar_wait(bars.k_empty(sn), unsigned(((j + 1) >> 1) - 1) & 1u);
+      load(1, j + 1, sn);
+    }
+  }
+}
+
 //! The warp-specialised Hopper forward (flash_kernel::wgmma_ws; automatic's forward at d = 64):
 //! forward_kernel_wgmma's tiles, products and row math with the loads taken off the consumers.
 //! Warpgroup 2 (warps 8-11) is the producer: it loads Q, then K_0, V_0, K_1, V_1, ... by cp.async
@@ -276,13 +327,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   forward_wgmma_tiles<D> const tiles(smem_raw);
   std::uint32_t const sq = tiles.sq, sk_base = tiles.sk, sv_base = tiles.sv;
-  // The mbarriers, after the tiles: Q full, K full [2], V full [2], K empty [2], V empty [2].
-  std::uint32_t const bars = tiles.end;
-  std::uint32_t const q_full = bars;
-  auto const k_full = [bars](int s) { return bars + 8u + 8u * std::uint32_t(s); };
-  auto const v_full = [bars](int s) { return bars + 24u + 8u * std::uint32_t(s); };
-  auto const k_empty = [bars](int s) { return bars + 40u + 8u * std::uint32_t(s); };
-  auto const v_empty = [bars](int s) { return bars + 56u + 8u * std::uint32_t(s); };
+  forward_ws_barriers const bars{tiles.end};
 
   forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
   cta_seq const& cs = ft.cs;
@@ -291,15 +336,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
   if (i0 >= cs.sq) return;  // the whole block: the condition does not depend on the thread
   int const ntiles = static_cast<int>((ft.k_end + BK - 1) / BK);
   int const tid = static_cast<int>(threadIdx.x);
-  if (tid == 0) {
-    wgmma::mbar_init(q_full, PT);
-    for (int s = 0; s < 2; ++s) {
-      wgmma::mbar_init(k_full(s), PT);
-      wgmma::mbar_init(v_full(s), PT);
-      wgmma::mbar_init(k_empty(s), CT);
-      wgmma::mbar_init(v_empty(s), CT);
-    }
-  }
+  if (tid == 0) bars.init(PT, CT);
   __syncthreads();
 
   if (tid >= CT) {
@@ -316,28 +353,21 @@ __global__ void __launch_bounds__(ws_threads, 1)
       if (pending != 0) wgmma::mbar_arrive(pending);
       pending = full;
     };
-    wgmma::load_tile_sw128<fwd_block_q, D, PT>(sq, ft.qb, q.ss, ft.rows, q.data, pt);
-    issued(q_full);
-    if (ntiles > 0) {
-      wgmma::load_tile_sw128<BK, D, PT>(sk_base, kb, k.ss, cs.sk, k.data, pt);
-      issued(k_full(0));
-    }
-    for (int j = 0; j < ntiles; ++j) {
+    produce_forward_tiles(bars, ntiles, [&](int kind, int j, int s) {
       std::int64_t const jb = std::int64_t(j) * BK;
-      int const s = j & 1;
-      // V_j reuses V_{j-2}'s buffer, K_{j+1} K_{j-1}'s: each waits for that use's release.
-      if (j >= 2) wgmma::mbar_wait(v_empty(s), unsigned((j >> 1) - 1) & 1u);
-      wgmma::load_tile_sw128<BK, D, PT>(sv_base + s * kv_tile_bytes, vb + jb * v.ss, v.ss,
-                                        cs.sk - jb, v.data, pt);
-      issued(v_full(s));
-      if (j + 1 < ntiles) {
-        int const sn = (j + 1) & 1;
-        if (j + 1 >= 2) wgmma::mbar_wait(k_empty(sn), unsigned(((j + 1) >> 1) - 1) & 1u);
-        wgmma::load_tile_sw128<BK, D, PT>(sk_base + sn * kv_tile_bytes, kb + (jb + BK) * k.ss, k.ss,
-                                          cs.sk - jb - BK, k.data, pt);
-        issued(k_full(sn));
+      if (kind == 0) {
+        wgmma::load_tile_sw128<fwd_block_q, D, PT>(sq, ft.qb, q.ss, ft.rows, q.data, pt);
+        issued(bars.q_full());
+      } else if (kind == 1) {
+        wgmma::load_tile_sw128<BK, D, PT>(sk_base + s * kv_tile_bytes, kb + jb * k.ss, k.ss,
+                                          cs.sk - jb, k.data, pt);
+        issued(bars.k_full(s));
+      } else {
+        wgmma::load_tile_sw128<BK, D, PT>(sv_base + s * kv_tile_bytes, vb + jb * v.ss, v.ss,
+                                          cs.sk - jb, v.data, pt);
+        issued(bars.v_full(s));
       }
-    }
+    });
     mma::cp_async_wait<0>();
     wgmma::fence_proxy_async();
     wgmma::mbar_arrive(pending);
@@ -355,13 +385,13 @@ __global__ void __launch_bounds__(ws_threads, 1)
   softmax_row_state<float> st[2];
   std::int64_t const row0 = i0 + warp * 16 + g;
 
-  if (ntiles > 0) wgmma::mbar_wait_spin(q_full, 0);
+  if (ntiles > 0) wgmma::mbar_wait_spin(bars.q_full(), 0);
   for (int j = 0; j < ntiles; ++j) {
     std::int64_t const jb = std::int64_t(j) * BK;
     int const sb = j & 1;
     unsigned const parity = unsigned(j >> 1) & 1u;
     // S_j = Q K_jᵀ.
-    wgmma::mbar_wait_spin(k_full(sb), parity);
+    wgmma::mbar_wait_spin(bars.k_full(sb), parity);
     std::uint32_t const ck = sk_base + sb * kv_tile_bytes;
     float s[NT_S][4];
     for (auto& x : s) x[0] = x[1] = x[2] = x[3] = 0.0f;
@@ -371,17 +401,17 @@ __global__ void __launch_bounds__(ws_threads, 1)
     wgmma::commit();
     wgmma::wait<0>();
     wgmma::fence_operands(s);
-    wgmma::mbar_arrive(k_empty(sb));  // this thread's reads of K_j are done
+    wgmma::mbar_arrive(bars.k_empty(sb));  // this thread's reads of K_j are done
 
     online_softmax(s, oacc, st, scale, cs, mask, i0, jb, row0, t);
     std::uint32_t pa[BK / 16][4];
     pack_probabilities<BF, BK>(pa, s);
 
     // O += P_j V_j.
-    wgmma::mbar_wait_spin(v_full(sb), parity);
+    wgmma::mbar_wait_spin(bars.v_full(sb), parity);
     std::uint32_t const cv = sv_base + sb * kv_tile_bytes;
     output_product<BF, NT_O, BK>(oacc, pa, cv);
-    wgmma::mbar_arrive(v_empty(sb));  // and of V_j
+    wgmma::mbar_arrive(bars.v_empty(sb));  // and of V_j
   }
   store_forward_rows(oacc, st, o, lse, cs, h, row0, t);
 }
@@ -429,13 +459,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
   extern __shared__ __align__(16) unsigned char smem_raw[];
   forward_wgmma_tiles<D> const tiles(smem_raw);
   std::uint32_t const sq = tiles.sq, sk_base = tiles.sk, sv_base = tiles.sv;
-  // The mbarriers, after the tiles: Q full, K full [2], V full [2], K empty [2], V empty [2].
-  std::uint32_t const bars = tiles.end;
-  std::uint32_t const q_full = bars;
-  auto const k_full = [bars](int s) { return bars + 8u + 8u * std::uint32_t(s); };
-  auto const v_full = [bars](int s) { return bars + 24u + 8u * std::uint32_t(s); };
-  auto const k_empty = [bars](int s) { return bars + 40u + 8u * std::uint32_t(s); };
-  auto const v_empty = [bars](int s) { return bars + 56u + 8u * std::uint32_t(s); };
+  forward_ws_barriers const bars{tiles.end};
 
   forward_tile<T> const ft = locate_forward(q, k, v, mask_in, lay);
   cta_seq const& cs = ft.cs;
@@ -445,13 +469,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
   int const ntiles = static_cast<int>((ft.k_end + BK - 1) / BK);
   int const tid = static_cast<int>(threadIdx.x);
   if (tid == 0) {
-    wgmma::mbar_init(q_full, 1);
-    for (int s = 0; s < 2; ++s) {
-      wgmma::mbar_init(k_full(s), 1);
-      wgmma::mbar_init(v_full(s), 1);
-      wgmma::mbar_init(k_empty(s), 2);
-      wgmma::mbar_init(v_empty(s), 2);
-    }
+    bars.init(1, 2);
     wgmma::fence_mbarrier_init();
   }
   __syncthreads();
@@ -476,20 +494,15 @@ __global__ void __launch_bounds__(ws_threads, 1)
         wgmma::tma_load_4d(dst + std::uint32_t(c * rows * 128), &map, full, c * 64, head,
                            static_cast<int>(row), b);
     };
-    load(sq, tq, q_full, q_tile_bytes, fwd_block_q, h, i0);
-    load(sk_base, tk, k_full(0), kv_tile_bytes, BK, hk, 0);
-    for (int j = 0; j < ntiles; ++j) {
+    produce_forward_tiles(bars, ntiles, [&](int kind, int j, int s) {
       std::int64_t const jb = std::int64_t(j) * BK;
-      int const s = j & 1;
-      // V_j reuses V_{j-2}'s buffer, K_{j+1} K_{j-1}'s: each waits for that use's release.
-      if (j >= 2) wgmma::mbar_wait(v_empty(s), unsigned((j >> 1) - 1) & 1u);
-      load(sv_base + s * kv_tile_bytes, tv, v_full(s), kv_tile_bytes, BK, hk, jb);
-      if (j + 1 < ntiles) {
-        int const sn = (j + 1) & 1;
-        if (j + 1 >= 2) wgmma::mbar_wait(k_empty(sn), unsigned(((j + 1) >> 1) - 1) & 1u);
-        load(sk_base + sn * kv_tile_bytes, tk, k_full(sn), kv_tile_bytes, BK, hk, jb + BK);
-      }
-    }
+      if (kind == 0)
+        load(sq, tq, bars.q_full(), q_tile_bytes, fwd_block_q, h, i0);
+      else if (kind == 1)
+        load(sk_base + s * kv_tile_bytes, tk, bars.k_full(s), kv_tile_bytes, BK, hk, jb);
+      else
+        load(sv_base + s * kv_tile_bytes, tv, bars.v_full(s), kv_tile_bytes, BK, hk, jb);
+    });
     return;
   }
 
@@ -512,14 +525,14 @@ __global__ void __launch_bounds__(ws_threads, 1)
   std::int64_t const row0 = i0 + warp * 16 + g;
 
   if (ntiles > 0) {
-    wgmma::mbar_wait_spin(q_full, 0);
+    wgmma::mbar_wait_spin(bars.q_full(), 0);
     if (wg == 1) named_barrier_arrive<1>(CT);  // warpgroup 0 takes the first turn
   }
   for (int j = 0; j < ntiles; ++j) {
     std::int64_t const jb = std::int64_t(j) * BK;
     int const sb = j & 1;
-    wgmma::mbar_wait_spin(k_full(sb), unsigned(j >> 1) & 1u);
-    if (j > 0) wgmma::mbar_wait_spin(v_full(sb ^ 1), unsigned((j - 1) >> 1) & 1u);
+    wgmma::mbar_wait_spin(bars.k_full(sb), unsigned(j >> 1) & 1u);
+    if (j > 0) wgmma::mbar_wait_spin(bars.v_full(sb ^ 1), unsigned((j - 1) >> 1) & 1u);
     // This warpgroup's turn: issue S_j = Q K_jᵀ and O += P_{j-1} V_{j-1}.
     if (wg == 0)
       named_barrier<1>(CT);
@@ -547,7 +560,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
     else
       named_barrier_arrive<1>(CT);
     wgmma::fence_operands(s);
-    if (leader) wgmma::mbar_arrive(k_empty(sb));  // this warpgroup's reads of K_j are done
+    if (leader) wgmma::mbar_arrive(bars.k_empty(sb));  // this warpgroup's reads of K_j are done
 
     float alpha[2];
     tile_probabilities(s, st, alpha, scale, cs, mask, i0, jb, row0, t);
@@ -555,7 +568,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
     wgmma::wait<0>();  // O += P_{j-1} V_{j-1} is done: o and P_{j-1}'s registers are free
     wgmma::fence_operands(oacc);
     wgmma::fence_operands(pa);
-    if (j > 0 && leader) wgmma::mbar_arrive(v_empty(sb ^ 1));  // and of V_{j-1}
+    if (j > 0 && leader) wgmma::mbar_arrive(bars.v_empty(sb ^ 1));  // and of V_{j-1}
     rescale_rows(oacc, alpha);
     pack_probabilities<BF, BK>(pa, s);
   }
@@ -563,7 +576,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
     // The last tile's O += P V, outside the turns; warpgroup 0 then takes warpgroup 1's last
     // hand-over, so that no arrival is left on a barrier.
     int const last = ntiles - 1;
-    wgmma::mbar_wait_spin(v_full(last & 1), unsigned(last >> 1) & 1u);
+    wgmma::mbar_wait_spin(bars.v_full(last & 1), unsigned(last >> 1) & 1u);
     output_product<BF, NT_O, BK>(oacc, pa, sv_base + (last & 1) * kv_tile_bytes);
     if (wg == 0) named_barrier<1>(CT);
   }
