@@ -52,10 +52,10 @@ using ::weft::attention::detail::bshd;
 //! passed the gpu label on an H200 (benchmarks/RESULTS.md has their speeds). wgmma_tma:
 //! FlashAttention-3's forward (TMA loads by one producer thread, ping-pong between the consumer
 //! warpgroups, the overlap within each) on dense layouts a tensor map can describe, wgmma_ws's
-//! forward on the others, and wgmma_ws's backward; compiled, not yet run on a GPU, so no default
-//! uses it. flash_kernel_in_use() reports wgmma_tma when it is chosen; which forward a launch
-//! runs under it depends on its views (flash_detail::tma_forward_maps, three tensor-map encodes a
-//! launch, host-side).
+//! forward on the others, and wgmma_ws's backward kernel (at d = 64 with Pᵀ formed under dPᵀ's
+//! products); compiled, not yet run on a GPU, so no default uses it. flash_kernel_in_use() reports
+//! wgmma_tma when it is chosen; which forward a launch runs under it depends on its views
+//! (flash_detail::tma_forward_maps, three tensor-map encodes a launch, host-side).
 enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws, wgmma_tma };
 
 namespace flash_detail {

@@ -290,23 +290,23 @@ __device__ __forceinline__ void backward_probabilities(float (&sacc)[NS][4], flo
       int const qc = nt * 8 + 2 * t + (e & 1);  // query within the tile
       if constexpr ((Parts & prob_part) == 0) {
         pacc[nt][e] = sacc[nt][e] * (pacc[nt][e] - s_d[qc]);
-        continue;
-      }
-      float p;
-      if constexpr (Fma) {
-        p = mma::ex2(fmaf(sacc[nt][e], c, -s_lse[qc]));
-        if (need_mask) {
-          std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
-          if (qc >= rows || key >= cs.sk || !mask.visible(i0 + qc, key)) p = 0.0f;
-        }
       } else {
-        std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
-        float x = sacc[nt][e] * scale;
-        if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
-        p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
+        float p;
+        if constexpr (Fma) {
+          p = mma::ex2(fmaf(sacc[nt][e], c, -s_lse[qc]));
+          if (need_mask) {
+            std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
+            if (qc >= rows || key >= cs.sk || !mask.visible(i0 + qc, key)) p = 0.0f;
+          }
+        } else {
+          std::int64_t const key = key0 + (e >= 2 ? 8 : 0);
+          float x = sacc[nt][e] * scale;
+          if (need_mask && (key >= cs.sk || !mask.visible(i0 + qc, key))) x = ninf;
+          p = probability(x, s_lse[qc]);  // s_lse holds L·log2 e
+        }
+        sacc[nt][e] = p;
+        if constexpr ((Parts & ds_part) != 0) pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
       }
-      sacc[nt][e] = p;
-      if constexpr ((Parts & ds_part) != 0) pacc[nt][e] = p * (pacc[nt][e] - s_d[qc]);
     }
 }
 

@@ -564,6 +564,7 @@ __global__ void __launch_bounds__(ws_threads, 1)
 
     float alpha[2];
     tile_probabilities(s, st, alpha, scale, cs, mask, i0, jb, row0, t);
+    wgmma::fence_operands(s);  // P_j is formed here, under the product (not sunk past the wait)
 
     wgmma::wait<0>();  // O += P_{j-1} V_{j-1} is done: o and P_{j-1}'s registers are free
     wgmma::fence_operands(oacc);
@@ -751,10 +752,12 @@ __global__ void __launch_bounds__(threads* WGS)
         wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
                                 wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
       wgmma::commit();
+      wgmma::fence_operands(pacc);
       wgmma::wait<1>();
       wgmma::fence_operands(sacc);
       backward_probabilities<Fast, NT_S, prob_part>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0,
                                                     key0, t, rows);
+      wgmma::fence_operands(sacc);  // Pᵀ is formed here, before the wait (not sunk past it)
       wgmma::wait<0>();
       wgmma::fence_operands(sacc);
       wgmma::fence_operands(pacc);
