@@ -23,7 +23,8 @@
 // ping-pong scheduling to the warp-specialised forward. set_flash_kernel picks one set for the
 // process.
 // The kernels are in detail/: flash_kernels.cuh (the mma.sync kernels and every launch),
-// flash_wgmma_kernels.cuh (the Hopper kernels) and flash_rows.cuh (the row code both share). This
+// flash_wgmma_kernels.cuh (the Hopper kernels), flash_ws_kernels.cuh (the warp-specialised Hopper
+// forwards) and flash_rows.cuh (the row code both share). This
 // header holds the entry points (raw views on a stream, and exec::cuda with tensor views).
 #pragma once
 

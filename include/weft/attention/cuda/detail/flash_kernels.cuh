@@ -1,7 +1,8 @@
 // weft/attention/cuda/detail/flash_kernels.cuh — the kernels behind weft/attention/cuda/flash.cuh
 // and their launches (shapes and scale checked first): the mma.sync forward, the D = rowsum(dO * O)
 // pass, the mma.sync backward, the float-to-element store, and the choice between them and the
-// Hopper kernels (flash_wgmma_kernels.cuh). The design is described at the top of flash.cuh.
+// Hopper kernels (flash_wgmma_kernels.cuh, flash_ws_kernels.cuh). The design is described at the
+// top of flash.cuh.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -13,6 +14,7 @@
 #include <weft/attention/common.hpp>
 #include <weft/attention/cuda/detail/flash_rows.cuh>
 #include <weft/attention/cuda/detail/flash_wgmma_kernels.cuh>
+#include <weft/attention/cuda/detail/flash_ws_kernels.cuh>
 #include <weft/attention/cuda/detail/mma.cuh>
 #include <weft/attention/softmax_state.hpp>
 #include <weft/core/config.hpp>
@@ -20,8 +22,6 @@
 #include <weft/core/error.hpp>
 #include <weft/core/math.hpp>
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -385,75 +385,6 @@ void check_kernel_args(bshd<T const> const& q, bshd<T const> const& k, bshd<T co
 inline void check_scale(float scale) {
   WEFT_EXPECTS(scale > 0.0f && std::isfinite(scale), "scale",
                "a finite positive softmax scale (resolve_scale(0, d) gives 1/sqrt(d))", scale);
-}
-
-//! cuTensorMapEncodeTiled of the driver, reached through the runtime (no link against libcuda);
-//! null where the driver has none. Looked up once.
-inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 const encode = [] {
-    // An error pending from earlier work is the caller's: surface it rather than clear it below.
-    WEFT_CUDA_TRY(cudaPeekAtLastError());
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    cudaError_t const e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                           cudaEnableDefault, &found);
-    if (e != cudaSuccess) (void)cudaGetLastError();  // the lookup's own error (not sticky)
-    return e == cudaSuccess && found == cudaDriverEntryPointSuccess
-               ? reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn)
-               : nullptr;
-  }();
-  return encode;
-}
-
-//! The TMA forward's tensor maps of q, k and v.
-struct forward_tensor_maps {
-  CUtensorMap q, k, v;
-};
-
-//! A tensor map of the [B, S, H, D] view x (16-bit elements) for boxes of 64 columns x `rows` rows
-//! of one head in the 128-byte swizzle: dimensions D, H, S, B (innermost first), rows past S
-//! zero-filled. False where TMA cannot describe the view (a pointer or stride off 16 bytes, a
-//! stride of 0, negative or of 2^40 bytes or more along a dimension of extent above 1, a dimension
-//! of 0 or of 2^31 or more) or the driver refuses it.
-template <class T>
-bool make_tile_map(CUtensorMap& map, bshd<T const> const& x, int rows) {
-  PFN_cuTensorMapEncodeTiled_v12000 const encode = tensor_map_encoder();
-  if (encode == nullptr) return false;
-  constexpr std::int64_t max_stride = std::int64_t(1) << 40;
-  std::int64_t const dims[4] = {x.d, x.h, x.s, x.b};
-  if (reinterpret_cast<std::uintptr_t>(x.data) % 16 != 0) return false;
-  for (std::int64_t const n : dims)
-    if (n <= 0 || n >= (std::int64_t(1) << 31)) return false;
-  std::int64_t strides[3] = {x.sh * 2, x.ss * 2, x.sb * 2};  // bytes, of dimensions 1..3
-  // A dimension of extent 1 is never stepped along: it takes the contiguous stride (the extent of
-  // the dimensions inside it), which is valid wherever those are.
-  std::int64_t natural = x.d * 2;
-  for (int i = 0; i < 3; ++i) {
-    if (dims[i + 1] == 1) strides[i] = natural;
-    if (strides[i] <= 0 || strides[i] % 16 != 0 || strides[i] >= max_stride) return false;
-    natural = strides[i] < max_stride / dims[i + 1] ? strides[i] * dims[i + 1] : max_stride;
-  }
-  cuuint64_t const gdim[4] = {cuuint64_t(dims[0]), cuuint64_t(dims[1]), cuuint64_t(dims[2]),
-                              cuuint64_t(dims[3])};
-  cuuint64_t const gstride[3] = {cuuint64_t(strides[0]), cuuint64_t(strides[1]),
-                                 cuuint64_t(strides[2])};
-  cuuint32_t const box[4] = {64, 1, cuuint32_t(rows), 1};
-  cuuint32_t const estride[4] = {1, 1, 1, 1};
-  CUresult const r = encode(
-      &map, mma::is_bf16<T> ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-      const_cast<void*>(static_cast<void const*>(x.data)), gdim, gstride, box, estride,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  return r == CUDA_SUCCESS;
-}
-
-//! Whether wgmma_tma's forward takes a launch with these views and layout (dense, each view one a
-//! tensor map describes), filling `maps` if so; otherwise wgmma_tma runs wgmma_ws's forward.
-template <class T>
-bool tma_forward_maps(forward_tensor_maps& maps, bshd<T const> const& q, bshd<T const> const& k,
-                      bshd<T const> const& v, seq_layout const& lay) {
-  return lay.cu_q == nullptr && make_tile_map(maps.q, q, fwd_block_q) &&
-         make_tile_map(maps.k, k, wg_block_k) && make_tile_map(maps.v, v, wg_block_k);
 }
 
 template <class K, class... A>
