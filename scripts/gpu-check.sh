@@ -138,10 +138,11 @@ case "$mode" in
     ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
     if [[ -n "${WEFT_GPU_CHECK_PROFILE:-}" && -n "$ncu" && -x "$dest/weft.bench.cuda.flash" ]]; then
       # kernel|flags (wgmma 1: the wgmma set, automatic's forward at d 128; 2: wgmma_ws, its
-      # forward and the two-warpgroup backward, automatic's backward; 4: wgmma_tma's forward).
+      # forward and the two-warpgroup backward, automatic's backward; 4: wgmma_tma's forward and
+      # TMA backward).
       for pass in "forward_kernel_wgmma|bwd:0/wgmma:1" "backward_kernel_wgmma|bwd:1/wgmma:1" \
         "forward_kernel_wgmma_ws|bwd:0/wgmma:2" "backward_kernel_wgmma|bwd:1/wgmma:2" \
-        "forward_kernel_wgmma_tma|bwd:0/wgmma:4"; do
+        "forward_kernel_wgmma_tma|bwd:0/wgmma:4" "backward_kernel_wgmma_tma|bwd:1/wgmma:4"; do
         echo "##### ${pass%%|*} ${pass#*|}"
         timeout 120 "$ncu" -k "regex:^${pass%%|*}\$" --launch-skip 1 --launch-count 1 \
           --section SpeedOfLight --section WarpStateStats --section SchedulerStats \

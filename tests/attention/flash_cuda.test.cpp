@@ -819,8 +819,9 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "CUDA flash forward/backward on wgmma_tma alone (TMA forward with ping-pong on dense views, "
-    "wgmma_ws's forward on packed documents, two-warpgroup backward) match the CPU kernel") {
+    "CUDA flash forward/backward on wgmma_tma alone (TMA forward with ping-pong and TMA "
+    "two-warpgroup backward on dense views, wgmma_ws's kernels on packed documents) match the CPU "
+    "kernel") {
   if (have_device() && wk::flash_kernel_in_use() == wk::flash_kernel::wgmma_ws) {
     // The grid's dense views are ones a tensor map describes (so the TMA kernel is what the dense
     // cases run); packed documents are not.
@@ -836,6 +837,14 @@ TEST_CASE(
     int const cu[2] = {0, 300};
     CHECK_FALSE(wk::flash_detail::tma_forward_maps(maps, dense, dense, dense,
                                                    {cu, cu, wa::causal_mode::none}));
+    // The backward's maps (q, k, v and dout): the same rule.
+    wk::flash_detail::backward_tensor_maps bmaps{};
+    CHECK(wk::flash_detail::tma_backward_maps(bmaps, dense, dense, dense, dense, {}));
+    CHECK(wk::flash_detail::tma_backward_maps(bmaps, one_head, one_head, one_head, one_head, {}));
+    CHECK_FALSE(wk::flash_detail::tma_backward_maps(bmaps, dense, broadcast, broadcast, dense, {}));
+    CHECK_FALSE(wk::flash_detail::tma_backward_maps(bmaps, dense, dense, dense, broadcast, {}));
+    CHECK_FALSE(wk::flash_detail::tma_backward_maps(bmaps, dense, dense, dense, dense,
+                                                    {cu, cu, wa::causal_mode::none}));
   }
   run_all_shapes_where_hopper_is_default(wk::flash_kernel::wgmma_tma);
 }

@@ -20,11 +20,12 @@
 // producer warpgroup loading for the two consumers), the backward's five products per 64 x 64
 // tile with two warpgroups sharing each query tile's loads, and the same row math.
 // flash_kernel::wgmma_tma (compiled, not yet run on a GPU) adds FlashAttention-3's TMA loads and
-// ping-pong scheduling to the warp-specialised forward. set_flash_kernel picks one set for the
-// process.
+// ping-pong scheduling to the warp-specialised forward, and TMA loads on mbarrier stages to the
+// two-warpgroup backward. set_flash_kernel picks one set for the process.
 // The kernels are in detail/: flash_kernels.cuh (the mma.sync kernels and every launch),
 // flash_wgmma_kernels.cuh (the Hopper kernels), flash_ws_kernels.cuh (the warp-specialised Hopper
-// forwards) and flash_rows.cuh (the row code both share). This
+// forwards), flash_tma_backward.cuh (wgmma_tma's backward) and flash_rows.cuh (the row code all
+// share). This
 // header holds the entry points (raw views on a stream, and exec::cuda with tensor views).
 #pragma once
 

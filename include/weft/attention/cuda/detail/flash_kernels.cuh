@@ -13,6 +13,7 @@
 #include <weft/attention/args.hpp>
 #include <weft/attention/common.hpp>
 #include <weft/attention/cuda/detail/flash_rows.cuh>
+#include <weft/attention/cuda/detail/flash_tma_backward.cuh>
 #include <weft/attention/cuda/detail/flash_wgmma_kernels.cuh>
 #include <weft/attention/cuda/detail/flash_ws_kernels.cuh>
 #include <weft/attention/cuda/detail/mma.cuh>
@@ -51,11 +52,13 @@ using ::weft::attention::detail::bshd;
 //! of each head dimension (wgmma_ws's at d = 64, wgmma's at d = 128); mma_sync elsewhere. These
 //! passed the gpu label on an H200 (benchmarks/RESULTS.md has their speeds). wgmma_tma:
 //! FlashAttention-3's forward (TMA loads by one producer thread, ping-pong between the consumer
-//! warpgroups, the overlap within each) on dense layouts a tensor map can describe, wgmma_ws's
-//! forward on the others, and wgmma_ws's backward kernel (at d = 64 with Pᵀ formed under dPᵀ's
-//! products); compiled, not yet run on a GPU, so no default uses it. flash_kernel_in_use() reports
-//! wgmma_tma when it is chosen; which forward a launch runs under it depends on its views
-//! (flash_detail::tma_forward_maps, three tensor-map encodes a launch, host-side).
+//! warpgroups, the overlap within each) and the two-warpgroup backward with TMA loads on mbarrier
+//! stages (no block-wide barrier in its loop) on dense layouts a tensor map can describe,
+//! wgmma_ws's kernels on the others (its backward at d = 64 with Pᵀ formed under dPᵀ's products);
+//! compiled, not yet run on a GPU, so no default uses it. flash_kernel_in_use() reports wgmma_tma
+//! when it is chosen; which kernels a launch runs under it depends on its views
+//! (flash_detail::tma_forward_maps and tma_backward_maps, three and four tensor-map encodes,
+//! host-side).
 enum class flash_kernel { mma_sync, wgmma, automatic, wgmma_ws, wgmma_tma };
 
 namespace flash_detail {
@@ -171,13 +174,7 @@ __global__ void __launch_bounds__(128)
   std::int64_t const rows = dout.b * dout.s * dout.h;
   if (row >= rows) return;
   std::int64_t const h = row % dout.h, s = (row / dout.h) % dout.s, b = row / (dout.h * dout.s);
-  T const* const g = dout.data + b * dout.sb + s * dout.ss + h * dout.sh;
-  O const* const x = o.data + b * o.sb + s * o.ss + h * o.sh;
-  float acc = 0.0f;
-  for (std::int64_t c = lane; c < dout.d; c += 32)
-    acc += static_cast<float>(g[c]) * static_cast<float>(x[c]);
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  float const acc = row_dot(dout, o, b, s, h, lane);
   if (lane == 0) dsum[(b * dout.h + h) * dout.s + s] = acc;
 }
 
@@ -556,6 +553,45 @@ void forward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<
            mask, scale, lay);
 }
 
+//! wgmma_tma's backward on a dense layout (tma_backward_maps accepted it): row_stats_kernel into
+//! a stream-ordered scratch, then backward_kernel_wgmma_tma (the overlap of Pᵀ and dPᵀ at d = 64,
+//! as wgmma_tma's fallback; float2 dQ atomics where v2).
+template <class T, class O>
+void tma_backward_launch(cudaStream_t stream, backward_tensor_maps const& maps, bshd<T const> q,
+                         bshd<T const> k, bshd<O const> o, bhs<float const> lse, bshd<T const> dout,
+                         bshd<float> dq, bshd<float> dk, bshd<float> dv, mask_rule mask,
+                         float scale, seq_layout lay, std::int64_t z, std::int64_t max_sk,
+                         bool v2) {
+  std::int64_t const tiles = (q.s + block_q - 1) / block_q;
+  std::int64_t const rows = q.b * q.h * tiles * block_q;  // padded to whole tiles
+  float* stats = nullptr;
+  WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&stats),
+                                static_cast<std::size_t>(rows) * 2 * sizeof(float), stream));
+  try {
+    row_stats_kernel<T, O>
+        <<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(dout, o, lse, stats, tiles);
+    WEFT_CUDA_TRY(cudaGetLastError());
+    dim3 const grid(static_cast<unsigned>((max_sk + 2 * block_k - 1) / (2 * block_k)),
+                    static_cast<unsigned>(k.h), static_cast<unsigned>(z));
+    auto const go = [&](auto kernel, std::size_t smem) {
+      launch(kernel, grid, 2 * threads, smem, stream, maps.q, maps.k, maps.v, maps.g, q, k,
+             static_cast<float const*>(stats), dq, dk, dv, mask, scale, lay);
+    };
+    if (q.d == 64 && v2)
+      go(backward_kernel_wgmma_tma<T, 64, true, true>, backward_tma_smem<64>);
+    else if (q.d == 64)
+      go(backward_kernel_wgmma_tma<T, 64, false, true>, backward_tma_smem<64>);
+    else if (v2)
+      go(backward_kernel_wgmma_tma<T, 128, true, false>, backward_tma_smem<128>);
+    else
+      go(backward_kernel_wgmma_tma<T, 128, false, false>, backward_tma_smem<128>);
+  } catch (...) {
+    cudaFreeAsync(stats, stream);
+    throw;
+  }
+  WEFT_CUDA_TRY(cudaFreeAsync(stats, stream));
+}
+
 template <class T, class O>
 void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd<T const> v,
                      bshd<O const> o, bhs<float const> lse, bshd<T const> dout, bshd<float> dq,
@@ -566,9 +602,21 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
                lay.cu_q ? "at most 65535 documents" : "a batch of at most 65535", z);
   // Checked before the scratch is allocated, so that a refusal leaks nothing.
   flash_kernel const kernels = launch_kernel(stream);
-  // wgmma_tma's backward is wgmma_ws's kernel (with the overlap of Pᵀ and dPᵀ).
   bool const two_wg = kernels == flash_kernel::wgmma_ws || kernels == flash_kernel::wgmma_tma;
   bool const wgmma = kernels == flash_kernel::wgmma || two_wg;
+  // Float2 dQ atomics where every row of dq is 8-byte aligned (D is even).
+  bool const v2 = reinterpret_cast<std::uintptr_t>(dq.data) % 8 == 0 && dq.sb % 2 == 0 &&
+                  dq.ss % 2 == 0 && dq.sh % 2 == 0;
+  if (kernels == flash_kernel::wgmma_tma) {
+    backward_tensor_maps maps;
+    if (tma_backward_maps(maps, q, k, v, dout, lay)) {
+      tma_backward_launch(stream, maps, q, k, o, lse, dout, dq, dk, dv, mask, scale, lay, z, max_sk,
+                          v2);
+      return;
+    }
+    // Packed documents, or views TMA cannot describe: wgmma_ws's kernel (below), with the
+    // overlap of Pᵀ and dPᵀ at d = 64.
+  }
   std::int64_t const rows = q.b * q.s * q.h;
   float* dsum = nullptr;
   WEFT_CUDA_TRY(cudaMallocAsync(reinterpret_cast<void**>(&dsum),
@@ -578,12 +626,9 @@ void backward_launch(cudaStream_t stream, bshd<T const> q, bshd<T const> k, bshd
     dsum_kernel<T, O><<<static_cast<unsigned>((rows + 3) / 4), 128, 0, stream>>>(dout, o, dsum);
     WEFT_CUDA_TRY(cudaGetLastError());
     if (two_wg) {
-      // Two warpgroups, 128 keys a CTA; float2 dQ atomics where every row of dq is 8-byte
-      // aligned (D is even).
+      // Two warpgroups, 128 keys a CTA.
       dim3 const grid2(static_cast<unsigned>((max_sk + 2 * block_k - 1) / (2 * block_k)),
                        static_cast<unsigned>(k.h), static_cast<unsigned>(z));
-      bool const v2 = reinterpret_cast<std::uintptr_t>(dq.data) % 8 == 0 && dq.sb % 2 == 0 &&
-                      dq.ss % 2 == 0 && dq.sh % 2 == 0;
       auto const go = [&](auto kernel, std::size_t smem) {
         launch(kernel, grid2, 2 * threads, smem, stream, q, k, v, lse,
                static_cast<float const*>(dsum), dout, dq, dk, dv, mask, scale, lay);

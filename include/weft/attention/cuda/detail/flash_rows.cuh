@@ -257,6 +257,21 @@ __device__ __forceinline__ void load_row_stats(float* s_lse, float* s_d, bhs<flo
   }
 }
 
+//! sum_c dout[b, s, h, c] · o[b, s, h, c] in f32 by one warp (lane `lane` of 32), every lane
+//! returning the sum: the backward's D of that row.
+template <class T, class O>
+__device__ __forceinline__ float row_dot(bshd<T const> const& dout, bshd<O const> const& o,
+                                         std::int64_t b, std::int64_t s, std::int64_t h, int lane) {
+  T const* const g = dout.data + b * dout.sb + s * dout.ss + h * dout.sh;
+  O const* const x = o.data + b * o.sb + s * o.ss + h * o.sh;
+  float acc = 0.0f;
+  for (std::int64_t c = lane; c < dout.d; c += 32)
+    acc += static_cast<float>(g[c]) * static_cast<float>(x[c]);
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  return acc;
+}
+
 //! Pᵀ = exp(Sᵀ − L) in place of sacc (recompute_probability's rule: 0 for masked scores and empty
 //! rows) and dSᵀ = Pᵀ ∘ (dPᵀ − D) in place of pacc, for this thread's keys key0 and key0 + 8 (the
 //! C-fragment rows) and the tile's queries i0 + 8·nt + 2t + (e & 1). Only a tile that crosses the

@@ -1,8 +1,9 @@
 // weft/attention/cuda/detail/flash_wgmma_kernels.cuh — the Hopper flash kernels
 // (flash_kernel::wgmma): the mma.sync kernels' tiling and row math (flash_rows.cuh) with the
 // products on warpgroup MMA (wgmma.cuh), the pieces of the forward the warp-specialised forwards
-// (flash_ws_kernels.cuh) share, and the backward in its one- and two-warpgroup forms (wgmma_ws's
-// and wgmma_tma's). Launched by flash_kernels.cuh.
+// (flash_ws_kernels.cuh) share, the backward's step (backward_tile, which wgmma_tma's backward in
+// flash_tma_backward.cuh shares) and the backward in its one- and two-warpgroup forms (wgmma_ws's;
+// wgmma_tma's on packed documents). Launched by flash_kernels.cuh.
 #pragma once
 
 #if !defined(__CUDACC__)
@@ -267,6 +268,163 @@ __device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float>
   }
 }
 
+//! The shared memory one backward step reads: this warpgroup's K and V tiles, the query tile's Q
+//! and dO (all 128-byte swizzled), this warpgroup's dSᵀ tile (its address and a generic pointer),
+//! and the query tile's row statistics (load_row_stats' L and D).
+struct backward_tile_smem {
+  std::uint32_t k, v, q, g, ds;
+  unsigned char* ds_ptr;
+  float const* lse;
+  float const* d;
+};
+
+//! One step of the wgmma backward for this thread's warpgroup (its 64 keys from key row jw
+//! against the query tile at i0, `rows` of whose rows are real): Sᵀ = K Qᵀ and dPᵀ = V dOᵀ, Pᵀ and
+//! dSᵀ (backward_probabilities), dV += Pᵀ dO and dK += dSᵀ Q into dv_acc and dk_acc, then
+//! keys_done() (the caller's barrier over the warpgroup: its dSᵀ is in shared memory, and its reads
+//! of Q, dO and the row statistics are over), then dQ = dS K added into dq by float atomics
+//! (float2 ones where V2), none where `skip`. The kernels' template flags as backward_kernel_wgmma.
+template <class T, int D, bool Fast, bool V2, bool Overlap, class KeysDone>
+__device__ __forceinline__ void backward_tile(float (&dk_acc)[D / 8][4], float (&dv_acc)[D / 8][4],
+                                              backward_tile_smem const& sm, bshd<float> dq,
+                                              cta_seq const& cs, mask_rule const& mask, float scale,
+                                              int h, std::int64_t jw, std::int64_t i0,
+                                              std::int64_t rows, std::int64_t key0, int warp, int g,
+                                              int t, bool skip, KeysDone&& keys_done) {
+  constexpr bool BF = mma::is_bf16<T>;
+  constexpr int NT_S = block_q / 8;
+  constexpr std::uint32_t block_bytes = 64u * 128;  // one 64-column block of a swizzled tile
+  std::uint32_t const s_k = sm.k, s_v = sm.v, s_q = sm.q, s_g = sm.g, s_ds = sm.ds;
+  unsigned char* const ds_ptr = sm.ds_ptr;
+  float const* const s_lse = sm.lse;
+  float const* const s_d = sm.d;
+  // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries each).
+  float sacc[NT_S][4], pacc[NT_S][4];
+#pragma unroll
+  for (int i = 0; i < NT_S; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sacc[i][e] = pacc[i][e] = 0.0f;
+  wgmma::fence_operands(sacc);
+  wgmma::fence_operands(pacc);
+  wgmma::fence();
+  if constexpr (Overlap) {
+    // Sᵀ and dPᵀ as two groups: Pᵀ is formed from Sᵀ while dPᵀ's products run.
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
+                              wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
+    wgmma::commit();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+      wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
+                              wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
+    wgmma::commit();
+    wgmma::fence_operands(pacc);
+    wgmma::wait<1>();
+    wgmma::fence_operands(sacc);
+    backward_probabilities<Fast, NT_S, prob_part>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0,
+                                                  key0, t, rows);
+    wgmma::fence_operands(sacc);  // Pᵀ is formed here, before the wait (not sunk past it)
+    wgmma::wait<0>();
+    wgmma::fence_operands(sacc);
+    wgmma::fence_operands(pacc);
+    backward_probabilities<Fast, NT_S, ds_part>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0,
+                                                key0, t, rows);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
+                              wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
+      wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
+                              wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(sacc);
+    wgmma::fence_operands(pacc);
+    backward_probabilities<Fast>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t, rows);
+  }
+
+  // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
+  std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
+#pragma unroll
+  for (int kk = 0; kk < block_q / 16; ++kk) {
+    ap[kk][0] = mma::pack2<BF>(sacc[2 * kk][0], sacc[2 * kk][1]);
+    ap[kk][1] = mma::pack2<BF>(sacc[2 * kk][2], sacc[2 * kk][3]);
+    ap[kk][2] = mma::pack2<BF>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
+    ap[kk][3] = mma::pack2<BF>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
+    ads[kk][0] = mma::pack2<BF>(pacc[2 * kk][0], pacc[2 * kk][1]);
+    ads[kk][1] = mma::pack2<BF>(pacc[2 * kk][2], pacc[2 * kk][3]);
+    ads[kk][2] = mma::pack2<BF>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
+    ads[kk][3] = mma::pack2<BF>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
+    int const r0 = warp * 16 + g, c0 = kk * 16 + 2 * t;
+    auto const put = [&](int r, int c, std::uint32_t x) {
+      *reinterpret_cast<std::uint32_t*>(ds_ptr + wgmma::sw128_offset<block_k>(r, c)) = x;
+    };
+    put(r0, c0, ads[kk][0]);
+    put(r0 + 8, c0, ads[kk][1]);
+    put(r0, c0 + 8, ads[kk][2]);
+    put(r0 + 8, c0 + 8, ads[kk][3]);
+  }
+  wgmma::fence_proxy_async();  // dSᵀ: generic stores, read by wgmma below
+
+  // dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end): k16 steps along the queries.
+  wgmma::fence_operands(dv_acc);
+  wgmma::fence_operands(dk_acc);
+  wgmma::fence_operands(ap);
+  wgmma::fence_operands(ads);
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < block_q / 16; ++kk) {
+    wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], wgmma::mnmajor_step<64>(s_g, kk), 1);
+    wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], wgmma::mnmajor_step<64>(s_q, kk), 1);
+  }
+  wgmma::commit();
+  wgmma::wait<0>();
+  wgmma::fence_operands(dv_acc);
+  wgmma::fence_operands(dk_acc);
+  wgmma::fence_operands(ap);
+  wgmma::fence_operands(ads);
+  keys_done();  // dSᵀ complete from every warp of the warpgroup
+
+  // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
+  // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
+#pragma unroll
+  for (int half = 0; half < D / 64; ++half) {
+    float qacc[8][4];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) qacc[i][0] = qacc[i][1] = qacc[i][2] = qacc[i][3] = 0.0f;
+    wgmma::fence_operands(qacc);
+    __syncwarp();  // reconverge after the previous half's row-bounded stores
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < block_k / 16; ++kk)
+      wgmma::mma_ss<BF, 1, 1>(qacc, wgmma::mnmajor_step<64>(s_ds, kk),
+                              wgmma::mnmajor_step<64>(s_k + std::uint32_t(half) * block_bytes, kk),
+                              kk > 0 ? 1 : 0);
+    wgmma::commit();
+    wgmma::wait<0>();
+    wgmma::fence_operands(qacc);
+    if constexpr (V2) {
+      if (!skip)
+        add_dq_v2(qacc, dq, cs, h, i0 + warp * 16, rows - warp * 16, half * 64, g, t, scale);
+    } else if (!skip) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        std::int64_t const qr = warp * 16 + g + r * 8;
+        if (qr >= rows) continue;
+        float* const dst =
+            dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
+#pragma unroll
+        for (int nt = 0; nt < 8; ++nt) {
+          atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
+          atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
+        }
+      }
+    }
+  }
+}
+
 //! The Hopper backward (flash_kernel::wgmma): backward_kernel's tiling (one warpgroup per 64-key
 //! tile of a KV head, looping over the group's heads and the 64-query tiles that see its keys)
 //! with the five products on warpgroup MMA, K, V, Q, dO and dSᵀ in 128-byte-swizzled shared
@@ -287,9 +445,10 @@ __device__ __forceinline__ void add_dq_v2(float const (&qacc)[8][4], bshd<float>
 //!   no test for a finite score; masked scores and a partial tile's padding rows by a select).
 //! - V2: dQ is added by float2 atomics (sm_90's vector atomicAdd), each thread's 2 adjacent
 //!   columns of a row at once: half the atomic instructions and L2 requests.
-//! - Overlap (flash_kernel::wgmma_tma's backward at d = 64): Sᵀ and dPᵀ are committed as two
-//!   groups, and Pᵀ is formed from Sᵀ while dPᵀ's products still run. (At d = 128 ptxas spills
-//!   40-48 bytes in this form, so wgmma_tma runs the kernel without it there.)
+//! - Overlap (flash_kernel::wgmma_tma's backward at d = 64, here where its TMA kernel does not
+//!   take the views): Sᵀ and dPᵀ are committed as two groups, and Pᵀ is formed from Sᵀ while dPᵀ's
+//!   products still run. (At d = 128 ptxas spills 40-48 bytes in this form, so wgmma_tma runs the
+//!   kernels without it there.)
 template <class T, int D, int WGS = 1, bool Fast = false, bool V2 = false, bool Overlap = false>
 __global__ void __launch_bounds__(threads* WGS)
     backward_kernel_wgmma(bshd<T const> q, bshd<T const> k, bshd<T const> v, bhs<float const> lse,
@@ -300,8 +459,6 @@ __global__ void __launch_bounds__(threads* WGS)
                 "warpgroups of 64-row tiles: the m64 of wgmma");
   static_assert(WGS == 1 || WGS == 2, "one or two warpgroups");
   constexpr int NTH = threads * WGS;
-  constexpr bool BF = mma::is_bf16<T>;
-  constexpr int NT_S = block_q / 8;
   constexpr int NT_D = D / 8;
   constexpr std::uint32_t tile_bytes = 64u * D * 2;  // K, V, Q, dO: 64 rows x D, swizzled
   constexpr std::uint32_t block_bytes = 64u * 128;   // one 64-column block of such a tile
@@ -395,137 +552,17 @@ __global__ void __launch_bounds__(threads* WGS)
     bool const skip =
         WGS == 2 && (jw >= cs.sk || (mask.causal && jw > i0 + rows - 1 + mask.offset));
 
-    // Sᵀ = K Qᵀ and dPᵀ = V dOᵀ (64 keys x 64 queries each).
-    float sacc[NT_S][4], pacc[NT_S][4];
-#pragma unroll
-    for (int i = 0; i < NT_S; ++i)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) sacc[i][e] = pacc[i][e] = 0.0f;
-    wgmma::fence_operands(sacc);
-    wgmma::fence_operands(pacc);
-    wgmma::fence();
-    if constexpr (Overlap) {
-      // Sᵀ and dPᵀ as two groups: Pᵀ is formed from Sᵀ while dPᵀ's products run.
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
-                                wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
-      wgmma::commit();
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk)
-        wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
-                                wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
-      wgmma::commit();
-      wgmma::fence_operands(pacc);
-      wgmma::wait<1>();
-      wgmma::fence_operands(sacc);
-      backward_probabilities<Fast, NT_S, prob_part>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0,
-                                                    key0, t, rows);
-      wgmma::fence_operands(sacc);  // Pᵀ is formed here, before the wait (not sunk past it)
-      wgmma::wait<0>();
-      wgmma::fence_operands(sacc);
-      wgmma::fence_operands(pacc);
-      backward_probabilities<Fast, NT_S, ds_part>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0,
-                                                  key0, t, rows);
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
-        wgmma::mma_ss<BF, 0, 0>(sacc, wgmma::kmajor_step<64>(s_k, kk),
-                                wgmma::kmajor_step<64>(s_q, kk), kk > 0 ? 1 : 0);
-        wgmma::mma_ss<BF, 0, 0>(pacc, wgmma::kmajor_step<64>(s_v, kk),
-                                wgmma::kmajor_step<64>(s_g, kk), kk > 0 ? 1 : 0);
-      }
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operands(sacc);
-      wgmma::fence_operands(pacc);
-      backward_probabilities<Fast>(sacc, pacc, s_lse, s_d, scale, cs, mask, jw, i0, key0, t, rows);
-    }
-
-    // Pᵀ and dSᵀ packed as A operands; dSᵀ also to shared memory (row key, column query) for dQ.
-    std::uint32_t ap[block_q / 16][4], ads[block_q / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < block_q / 16; ++kk) {
-      ap[kk][0] = mma::pack2<BF>(sacc[2 * kk][0], sacc[2 * kk][1]);
-      ap[kk][1] = mma::pack2<BF>(sacc[2 * kk][2], sacc[2 * kk][3]);
-      ap[kk][2] = mma::pack2<BF>(sacc[2 * kk + 1][0], sacc[2 * kk + 1][1]);
-      ap[kk][3] = mma::pack2<BF>(sacc[2 * kk + 1][2], sacc[2 * kk + 1][3]);
-      ads[kk][0] = mma::pack2<BF>(pacc[2 * kk][0], pacc[2 * kk][1]);
-      ads[kk][1] = mma::pack2<BF>(pacc[2 * kk][2], pacc[2 * kk][3]);
-      ads[kk][2] = mma::pack2<BF>(pacc[2 * kk + 1][0], pacc[2 * kk + 1][1]);
-      ads[kk][3] = mma::pack2<BF>(pacc[2 * kk + 1][2], pacc[2 * kk + 1][3]);
-      int const r0 = warp * 16 + g, c0 = kk * 16 + 2 * t;
-      auto const put = [&](int r, int c, std::uint32_t x) {
-        *reinterpret_cast<std::uint32_t*>(ds_ptr + wgmma::sw128_offset<block_k>(r, c)) = x;
-      };
-      put(r0, c0, ads[kk][0]);
-      put(r0 + 8, c0, ads[kk][1]);
-      put(r0, c0 + 8, ads[kk][2]);
-      put(r0 + 8, c0 + 8, ads[kk][3]);
-    }
-    wgmma::fence_proxy_async();  // dSᵀ: generic stores, read by wgmma below
-
-    // dV += Pᵀ dO, dK += dSᵀ Q (τ applied at the end): k16 steps along the queries.
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence_operands(dk_acc);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ads);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < block_q / 16; ++kk) {
-      wgmma::mma_rs<BF, 1>(dv_acc, ap[kk], wgmma::mnmajor_step<64>(s_g, kk), 1);
-      wgmma::mma_rs<BF, 1>(dk_acc, ads[kk], wgmma::mnmajor_step<64>(s_q, kk), 1);
-    }
-    wgmma::commit();
-    wgmma::wait<0>();
-    wgmma::fence_operands(dv_acc);
-    wgmma::fence_operands(dk_acc);
-    wgmma::fence_operands(ap);
-    wgmma::fence_operands(ads);
-    if constexpr (WGS == 1) {
-      __syncthreads();  // dSᵀ complete from every warp
-    } else if (wg == 0) {
-      named_barrier<1>(threads);  // from every warp of this warpgroup
-    } else {
-      named_barrier<2>(threads);
-    }
-
-    // dQ (64 queries x D) = dS K, 64 columns at a time: A = dS (M = queries, K = keys) from
-    // dSᵀ, B = K (K = keys, N = D), both MN-major; k16 steps along the keys.
-#pragma unroll
-    for (int half = 0; half < D / 64; ++half) {
-      float qacc[8][4];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) qacc[i][0] = qacc[i][1] = qacc[i][2] = qacc[i][3] = 0.0f;
-      wgmma::fence_operands(qacc);
-      __syncwarp();  // reconverge after the previous half's row-bounded stores
-      wgmma::fence();
-#pragma unroll
-      for (int kk = 0; kk < block_k / 16; ++kk)
-        wgmma::mma_ss<BF, 1, 1>(
-            qacc, wgmma::mnmajor_step<64>(s_ds, kk),
-            wgmma::mnmajor_step<64>(s_k + std::uint32_t(half) * block_bytes, kk), kk > 0 ? 1 : 0);
-      wgmma::commit();
-      wgmma::wait<0>();
-      wgmma::fence_operands(qacc);
-      if constexpr (V2) {
-        if (!skip)
-          add_dq_v2(qacc, dq, cs, h, i0 + warp * 16, rows - warp * 16, half * 64, g, t, scale);
-      } else if (!skip) {
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          std::int64_t const qr = warp * 16 + g + r * 8;
-          if (qr >= rows) continue;
-          float* const dst =
-              dq.data + cs.b * dq.sb + (cs.q0 + i0 + qr) * dq.ss + h * dq.sh + half * 64;
-#pragma unroll
-          for (int nt = 0; nt < 8; ++nt) {
-            atomicAdd(dst + nt * 8 + 2 * t, qacc[nt][2 * r] * scale);
-            atomicAdd(dst + nt * 8 + 2 * t + 1, qacc[nt][2 * r + 1] * scale);
+    backward_tile<T, D, Fast, V2, Overlap>(
+        dk_acc, dv_acc, backward_tile_smem{s_k, s_v, s_q, s_g, s_ds, ds_ptr, s_lse, s_d}, dq, cs,
+        mask, scale, h, jw, i0, rows, key0, warp, g, t, skip, [&] {
+          if constexpr (WGS == 1) {
+            __syncthreads();  // dSᵀ complete from every warp
+          } else if (wg == 0) {
+            named_barrier<1>(threads);  // from every warp of this warpgroup
+          } else {
+            named_barrier<2>(threads);
           }
-        }
-      }
-    }
+        });
     i0 = next_i0;
     hg = next_hg;
   }

@@ -209,6 +209,21 @@ __device__ __forceinline__ void tma_load_4d(std::uint32_t dst, void const* map, 
   __trap();
 #endif
 }
+//! A 1-D bulk copy (TMA without a tensor map): `bytes` contiguous bytes of global memory at `src`
+//! into shared memory at `dst` (both 16-byte aligned, bytes a multiple of 16), completing `bytes`
+//! of mbarrier `bar`'s transactions when they land.
+__device__ __forceinline__ void bulk_load(std::uint32_t dst, void const* src, std::uint32_t bytes,
+                                          std::uint32_t bar) {
+#if WEFT_WGMMA_DEVICE
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(dst),
+      "l"(reinterpret_cast<std::uint64_t>(src)), "r"(bytes), "r"(bar)
+      : "memory");
+#else
+  __trap();
+#endif
+}
 //! Brings a tensor map (a __grid_constant__ kernel parameter) into the TMA unit's cache.
 __device__ __forceinline__ void prefetch_tensor_map(void const* map) {
 #if WEFT_WGMMA_DEVICE
