@@ -141,8 +141,10 @@ __global__ void __launch_bounds__(2 * threads, 1)
   std::int64_t i_first = 0;
   if (mask.causal) i_first = j0 - mask.offset > 0 ? j0 - mask.offset : 0;
   // 32-bit row indices (tma_backward_maps admits only sequences below 2^31 rows): registers are
-  // short at d = 128.
-  int const it0 = static_cast<int>((i_first / block_q) * block_q);
+  // short at d = 128. The first tile is capped at the end of the queries first (a causal offset
+  // that masks every key puts it far beyond), so that the cast cannot wrap.
+  std::int64_t const it0_64 = (i_first / block_q) * block_q;
+  int const it0 = static_cast<int>(it0_64 < cs.sq ? it0_64 : cs.sq);
   int const sq = static_cast<int>(cs.sq);
   int const b = static_cast<int>(cs.b);
 
